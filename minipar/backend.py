@@ -1,0 +1,102 @@
+"""The one place that chooses the array library: NumPy on the CPU, CuPy on a GPU.
+
+Every other module asks this one for the array module (``xp``) instead of importing NumPy or
+CuPy by name, so the same code runs on a laptop and on a GPU node (the needle/CuPy idiom).
+
+    MINIPAR_DEVICE=cpu   always NumPy
+    MINIPAR_DEVICE=gpu   CuPy, and an error if CuPy or a GPU is missing
+    (unset / auto)       CuPy when it imports and sees a device, NumPy otherwise
+
+Moving data to the host is always explicit: ``to_numpy(a)``.
+"""
+import os
+
+import numpy
+
+_VALID_DEVICES = ("auto", "cpu", "gpu")
+_state = {"xp": None, "device": None}
+
+
+def _cupy_or_none():
+    """Return the cupy module when it imports and at least one GPU is visible, else None."""
+    try:
+        import cupy  # noqa: F401  (the one import of CuPy in minipar)
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return cupy
+    except Exception:
+        pass
+    return None
+
+
+def set_device(device):
+    """Choose the array module for new arrays: ``"cpu"``, ``"gpu"`` or ``"auto"``."""
+    device = str(device).lower()
+    if device not in _VALID_DEVICES:
+        raise ValueError(f"unknown device {device!r}: choose one of {', '.join(_VALID_DEVICES)}")
+    if device == "cpu":
+        _state.update(xp=numpy, device="cpu")
+        return "cpu"
+    cupy = _cupy_or_none()
+    if cupy is None:
+        if device == "gpu":
+            raise RuntimeError("device 'gpu' asked for (MINIPAR_DEVICE=gpu) but CuPy or a CUDA "
+                               "device is not available: pip install 'minipar[gpu]' on a GPU machine")
+        _state.update(xp=numpy, device="cpu")
+        return "cpu"
+    _state.update(xp=cupy, device="gpu")
+    return "gpu"
+
+
+def device():
+    """``"cpu"`` or ``"gpu"``: where new arrays are made."""
+    if _state["device"] is None:
+        set_device(os.environ.get("MINIPAR_DEVICE", "auto"))
+    return _state["device"]
+
+
+def xp():
+    """The array module for new arrays (numpy or cupy)."""
+    if _state["xp"] is None:
+        set_device(os.environ.get("MINIPAR_DEVICE", "auto"))
+    return _state["xp"]
+
+
+def is_gpu_array(a):
+    """True for a CuPy array (tested without importing CuPy)."""
+    return type(a).__module__.startswith("cupy")
+
+
+def get_array_module(*arrays):
+    """The module that owns these arrays: cupy if any of them is a CuPy array, else numpy."""
+    for a in arrays:
+        if is_gpu_array(a):
+            import cupy
+
+            return cupy
+    return numpy
+
+
+def asarray(data, dtype=None):
+    """An array of the current device's module (copying from the host when needed)."""
+    return xp().asarray(data, dtype=dtype)
+
+
+def to_numpy(a):
+    """Explicit device-to-host copy (a NumPy array passes through unchanged)."""
+    if is_gpu_array(a):
+        return a.get()
+    return numpy.asarray(a)
+
+
+def synchronize():
+    """Wait for the GPU's current stream (needed before MPI touches device memory); no-op on CPU."""
+    if device() == "gpu":
+        xp().cuda.get_current_stream().synchronize()
+
+
+def select_gpu(local_rank):
+    """Bind this process to GPU ``local_rank % count`` (one rank per GPU on a node); no-op on CPU."""
+    if device() == "gpu":
+        cupy = xp()
+        cupy.cuda.Device(local_rank % cupy.cuda.runtime.getDeviceCount()).use()

@@ -1,0 +1,99 @@
+"""Gradient checkpointing (re-materialisation): keep a segment's inputs, recompute its insides.
+
+Backward needs the activations of the forward pass. Storing all of them for an n-layer network
+costs O(n) memory. Chen et al. 2016 ("Training Deep Nets with Sublinear Memory Cost") keep only
+the input of each of k segments and re-run a segment's forward when backward reaches it:
+
+    memory ≈ k · (one segment input) + (n / k) · (one layer's activations)
+    minimised at k = √n, giving O(√n) memory for the price of one extra forward pass (≈ +33 %
+    compute when backward costs twice the forward).
+
+``checkpoint(fn, *args)`` runs ``fn`` once, learns which parameters it used, and frees everything it
+saved for backward except the inputs. When backward arrives it re-runs ``fn`` on the saved inputs
+with the random stream rewound (so dropout draws the same masks) and ``is_recomputing()`` true (so
+BatchNorm does not update its running statistics a second time), then back-propagates through
+the fresh graph: parameters receive their gradients there, the inputs' gradients flow on.
+
+Like ``torch.utils.checkpoint``, ``fn`` must receive every activation it reads as an argument.
+"""
+from . import memory, random
+from .autograd import Tensor, make_result, release, run_backward
+
+_recomputing = [0]
+
+
+def is_recomputing():
+    """True while a checkpointed segment is being re-run inside backward."""
+    return _recomputing[0] > 0
+
+
+def checkpoint(fn, *args):
+    """``fn(*args)`` (one Tensor out) without keeping its intermediate activations for backward."""
+    inputs = [a for a in args if isinstance(a, Tensor)]
+    rng_state = random.get_rng_state()
+    leaves = _detached(args)
+    out = fn(*leaves)
+    if not isinstance(out, Tensor):
+        raise TypeError(f"checkpoint: fn must return one Tensor, got {type(out).__name__}")
+    if not out.requires_grad:
+        return Tensor(out.data)
+    _release_graph(out)  # frees every array the segment saved; only its inputs stay alive
+
+    def backward(g):
+        state_now = random.get_rng_state()
+        random.set_rng_state(rng_state)
+        _recomputing[0] += 1
+        try:
+            fresh = _detached(args)
+            replay = fn(*fresh)
+            run_backward([replay], [g])
+        finally:
+            _recomputing[0] -= 1
+            random.set_rng_state(state_now)
+        return [f.grad for f in fresh if isinstance(f, Tensor)]
+
+    result = make_result(out.data, inputs, backward, "checkpoint")
+    if not result.requires_grad:  # the inputs need no gradient, but fn's parameters do
+        result.requires_grad = True
+        result._backward = backward
+        memory.remember(result)
+    return result
+
+
+def checkpoint_sequential(modules, segments, x):
+    """Run ``modules`` (a Sequential or a list) in ``segments`` contiguous pieces, checkpointing
+    every piece but the last (its activations are needed at once, as in PyTorch)."""
+    modules = list(modules)
+    if not isinstance(segments, int) or not 1 <= segments <= len(modules):
+        raise ValueError(f"checkpoint_sequential: segments must be an integer between 1 and the "
+                         f"number of modules ({len(modules)}), got {segments}")
+    bounds = [round(i * len(modules) / segments) for i in range(segments + 1)]
+    for i, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+        run = _run_segment(modules[lo:hi])
+        x = run(x) if i == segments - 1 else checkpoint(run, x)
+    return x
+
+
+def _run_segment(modules):
+    def run(x):
+        for module in modules:
+            x = module(x)
+        return x
+    return run
+
+
+def _detached(args):
+    """Fresh leaves sharing the inputs' arrays, so the segment's graph stops at them."""
+    return [Tensor(a.data, requires_grad=a.requires_grad) if isinstance(a, Tensor) else a
+            for a in args]
+
+
+def _release_graph(out):
+    """Release every graph node between ``out`` and the leaves it was computed from."""
+    stack = [out]
+    while stack:
+        node = stack.pop()
+        if node._backward is None:
+            continue
+        stack.extend(node._parents)
+        release(node)

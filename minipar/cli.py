@@ -1,0 +1,40 @@
+"""The ``minipar`` command. Each subcommand lives in its own module and registers itself here.
+
+    minipar lessons              list the lesson scripts and how to run them
+    minipar <sub> --help         help for any subcommand
+
+A subcommand module provides ``add_arguments(parser)`` and ``run(args) -> int``; add it to
+``SUBCOMMANDS`` below (name -> (module, one-line help)).
+"""
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "lessons": ("minipar.lessons_index", "list the lesson scripts and how to run them"),
+    "schedule": ("minipar.schedule_cli", "draw a pipeline schedule, its bubble and in-flight micro-batches"),
+}
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="minipar", description=__doc__.splitlines()[0])
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sub = subs.add_parser(name, help=help_text, description=help_text)
+        module = importlib.import_module(module_name)
+        module.add_arguments(sub)
+        sub.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 0
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

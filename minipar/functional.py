@@ -1,0 +1,233 @@
+"""Fused neural-network functions (``minipar.functional``, imported as ``F`` like PyTorch's).
+
+Each could be written from the ops in ``ops.py``; written whole, its backward is one formula
+instead of a chain of small ones, which is faster and saves fewer arrays. Each docstring gives the
+formula its backward implements.
+"""
+import math
+
+from . import backend, random
+from .autograd import Tensor, as_tensor, make_result
+
+
+def _xp(a):
+    return backend.get_array_module(a)
+
+
+def softmax(x, axis=-1):
+    """y = exp(x − max) / Σ exp(x − max);  dx = y ⊙ (g − Σ g⊙y)."""
+    x = as_tensor(x)
+    xp = _xp(x.data)
+    e = xp.exp(x.data - x.data.max(axis=axis, keepdims=True))
+    y = e / e.sum(axis=axis, keepdims=True)
+
+    def backward(g):
+        return (y * (g - (g * y).sum(axis=axis, keepdims=True)),)
+
+    return make_result(y, (x,), backward, "softmax")
+
+
+def _logsumexp(a, axis):
+    xp = _xp(a)
+    m = a.max(axis=axis, keepdims=True)
+    return m + xp.log(xp.exp(a - m).sum(axis=axis, keepdims=True))
+
+
+def log_softmax(x, axis=-1):
+    """y = x − logsumexp(x);  dx = g − softmax(x) ⊙ Σ g."""
+    x = as_tensor(x)
+    xp = _xp(x.data)
+    y = x.data - _logsumexp(x.data, axis)
+
+    def backward(g):
+        return (g - xp.exp(y) * g.sum(axis=axis, keepdims=True),)
+
+    return make_result(y, (x,), backward, "log_softmax")
+
+
+def cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
+    """Mean over targets of −log softmax(logits)[target], logits (..., C), integer target (...).
+
+    d/dlogits = (softmax(logits) − onehot(target)) / n, with ignored targets contributing 0.
+    """
+    logits = as_tensor(logits)
+    t = target.data if isinstance(target, Tensor) else target
+    xp = _xp(logits.data)
+    t = xp.asarray(t)
+    if t.dtype.kind not in "iu":
+        raise TypeError(f"cross_entropy: target must hold integer class indices, got {t.dtype}")
+    if logits.shape[:-1] != t.shape:
+        raise ValueError(f"cross_entropy: logits of shape {logits.shape} need a target of shape "
+                         f"{logits.shape[:-1]}, got {t.shape}")
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got "
+                         f"{reduction!r}")
+    classes = logits.shape[-1]
+    z = logits.data.reshape(-1, classes)
+    t = t.reshape(-1)
+    keep = t != ignore_index
+    if bool(((t[keep] < 0) | (t[keep] >= classes)).any()):
+        raise IndexError(f"cross_entropy: target values must lie in [0, {classes}) "
+                         f"(or equal ignore_index={ignore_index})")
+    safe_t = xp.where(keep, t, 0)
+    rows = xp.arange(z.shape[0])
+    lse = _logsumexp(z, -1)[:, 0]
+    losses = (lse - z[rows, safe_t]) * keep
+    n = max(int(keep.sum()), 1)
+    if reduction == "mean":
+        out = losses.sum() / n
+    elif reduction == "sum":
+        out = losses.sum()
+    else:
+        out = losses.reshape(logits.shape[:-1])
+
+    def backward(g):
+        p = xp.exp(z - lse[:, None])
+        p[rows, safe_t] -= 1
+        p *= keep[:, None]
+        if reduction == "none":
+            p *= g.reshape(-1)[:, None]
+        else:
+            p *= g / n if reduction == "mean" else g
+        return (p.reshape(logits.shape),)
+
+    return make_result(xp.asarray(out, dtype=logits.dtype), (logits,), backward, "cross_entropy")
+
+
+def gelu(x, approximate="tanh"):
+    """GeLU, tanh form (GPT-2): y = ½x(1 + tanh u), u = √(2/π)(x + 0.044715x³).
+
+    dy/dx = ½(1 + tanh u) + ½x(1 − tanh²u)·√(2/π)(1 + 3·0.044715x²).
+    """
+    if approximate != "tanh":
+        raise ValueError(f"gelu: only approximate='tanh' is implemented (got {approximate!r})")
+    x = as_tensor(x)
+    xp = _xp(x.data)
+    a = x.data
+    c = math.sqrt(2 / math.pi)
+    a2 = a * a  # (a ** 3 would call the slow general power function)
+    t = xp.tanh(c * a * (1 + 0.044715 * a2))
+    y = 0.5 * a * (1 + t)
+
+    def backward(g):
+        return (g * (0.5 * (1 + t) + 0.5 * a * (1 - t * t) * c * (1 + 3 * 0.044715 * a2)),)
+
+    return make_result(y, (x,), backward, "gelu")
+
+
+def dropout(x, p=0.5, training=True):
+    """Zero each element with probability p, scale the rest by 1/(1−p) (inverted dropout).
+
+    The mask comes from ``minipar.random``, so a checkpointed re-run draws the same mask.
+    """
+    if not 0 <= p < 1:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    x = as_tensor(x)
+    if not training or p == 0:
+        return x
+    xp = _xp(x.data)
+    mask = (random.generator(xp).random(x.shape) >= p) * x.data.dtype.type(1 / (1 - p))
+    mask = mask.astype(x.dtype, copy=False)
+    return make_result(x.data * mask, (x,), lambda g: (g * mask,), "dropout")
+
+
+def layer_norm(x, weight=None, bias=None, eps=1e-5):
+    """Normalise over the last axis: x̂ = (x − μ)/√(σ² + ε), y = x̂·w + b.
+
+    dx = (1/σ̂)·(ĝ − mean(ĝ) − x̂·mean(ĝ⊙x̂)) with ĝ = g⊙w;  dw = Σ g⊙x̂;  db = Σ g.
+    """
+    x = as_tensor(x)
+    xp = _xp(x.data)
+    mu = x.data.mean(axis=-1, keepdims=True)
+    xc = x.data - mu
+    rstd = 1 / xp.sqrt((xc * xc).mean(axis=-1, keepdims=True) + eps)
+    xhat = xc * rstd
+    y = xhat
+    if weight is not None:
+        y = y * weight.data
+    if bias is not None:
+        y = y + bias.data
+    batch_axes = tuple(range(x.ndim - 1))
+    parents = [p for p in (x, weight, bias) if p is not None]
+    w = None if weight is None else weight.data
+    has_bias = bias is not None
+
+    def backward(g):
+        gxhat = g * w if w is not None else g
+        gx = rstd * (gxhat - gxhat.mean(axis=-1, keepdims=True)
+                     - xhat * (gxhat * xhat).mean(axis=-1, keepdims=True))
+        grads = [gx]
+        if w is not None:
+            grads.append((g * xhat).sum(axis=batch_axes))
+        if has_bias:
+            grads.append(g.sum(axis=batch_axes))
+        return grads
+
+    return make_result(y, parents, backward, "layer_norm")
+
+
+def linear(x, weight, bias=None):
+    """y = x Wᵀ + b with W of shape (out, in), as in PyTorch.
+
+    dx = g W;  dW = gᵀ x (over all batch rows);  db = Σ g.
+    """
+    x = as_tensor(x)
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"linear: input has {x.shape[-1]} features (shape {x.shape}) but the "
+                         f"weight of shape {weight.shape} expects {weight.shape[1]}")
+    xd, wd = x.data, weight.data
+    y = xd @ wd.T
+    if bias is not None:
+        y += bias.data
+    parents = (x, weight) if bias is None else (x, weight, bias)
+    needs = [p.requires_grad for p in parents]
+
+    def backward(g):
+        g2 = g.reshape(-1, g.shape[-1])
+        grads = [g @ wd if needs[0] else None,
+                 g2.T @ xd.reshape(-1, xd.shape[-1]) if needs[1] else None]
+        if len(needs) == 3:
+            grads.append(g2.sum(axis=0) if needs[2] else None)
+        return grads
+
+    return make_result(y, parents, backward, "linear")
+
+
+def causal_self_attention(q, k, v, dropout_p=0.0, training=True):
+    """softmax(q kᵀ/√d + causal mask) v for q, k, v of shape (batch, heads, T, d).
+
+    With S = q kᵀ/√d, P = softmax(S) (then dropout), O = P v:
+    dV = Pᵀ dO;  dP = dO Vᵀ;  dS = P ⊙ (dP − Σ dP⊙P);  dQ = dS K/√d;  dK = dSᵀ Q/√d.
+    """
+    q, k, v = as_tensor(q), as_tensor(k), as_tensor(v)
+    if not (q.shape == k.shape == v.shape) or q.ndim != 4:
+        raise ValueError(f"causal_self_attention: q, k, v must share one (batch, heads, T, d) "
+                         f"shape, got {q.shape}, {k.shape}, {v.shape}")
+    xp = _xp(q.data)
+    T, d = q.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(d)
+    s = (q.data @ k.data.swapaxes(-1, -2)) * scale
+    future = xp.triu(xp.ones((T, T), dtype=bool), k=1)
+    s[..., future] = -xp.inf
+    s -= s.max(axis=-1, keepdims=True)
+    p = xp.exp(s, out=s)
+    p /= p.sum(axis=-1, keepdims=True)
+    mask = None
+    if training and dropout_p > 0:
+        mask = (random.generator(xp).random(p.shape) >= dropout_p).astype(p.dtype) / (1 - dropout_p)
+        pd = p * mask
+    else:
+        pd = p
+    out = pd @ v.data
+    qd, kd, vd = q.data, k.data, v.data
+
+    def backward(g):
+        gv = pd.swapaxes(-1, -2) @ g
+        gp = g @ vd.swapaxes(-1, -2)
+        if mask is not None:
+            gp *= mask
+        gs = p * (gp - (gp * p).sum(axis=-1, keepdims=True))
+        gs *= scale
+        return gs @ kd, gs.swapaxes(-1, -2) @ qd, gv
+
+    return make_result(out, (q, k, v), backward, "attention")

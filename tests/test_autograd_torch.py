@@ -1,0 +1,123 @@
+"""Every op's forward and gradients against PyTorch (float64), when PyTorch is installed."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra.numpy import mutually_broadcastable_shapes
+
+import minipar
+import minipar.functional as F
+
+torch = pytest.importorskip("torch")
+TF = torch.nn.functional
+rng = np.random.default_rng(1)
+
+
+def rand(*shape, positive=False):
+    a = rng.standard_normal(shape)
+    return np.abs(a) + 0.5 if positive else a
+
+
+def compare(mp_fn, torch_fn, *arrays, atol=1e-10):
+    """Run both on the same float64 inputs; compare outputs and input gradients."""
+    ours = [minipar.tensor(a, requires_grad=True) for a in arrays]
+    theirs = [torch.tensor(a, requires_grad=True) for a in arrays]
+    out_m, out_t = mp_fn(*ours), torch_fn(*theirs)
+    np.testing.assert_allclose(out_m.numpy(), out_t.detach().numpy(), atol=atol, rtol=1e-9)
+    g = rng.standard_normal(out_t.shape)
+    out_m.backward(g)
+    out_t.backward(torch.tensor(g))
+    for k, (m, t) in enumerate(zip(ours, theirs)):
+        expected = np.zeros(t.shape) if t.grad is None else t.grad.numpy()
+        got = np.zeros(m.shape) if m.grad is None else m.grad
+        np.testing.assert_allclose(got, expected, atol=atol, rtol=1e-9,
+                                   err_msg=f"gradient of input {k}")
+
+
+@settings(max_examples=20, deadline=None)
+@given(shapes=mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=3, max_side=3),
+       op=st.sampled_from(["add", "sub", "mul", "div", "pow"]))
+def test_binary_broadcasting(shapes, op):
+    sa, sb = shapes.input_shapes
+    fn = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+          "div": lambda a, b: a / b, "pow": lambda a, b: a ** b}[op]
+    compare(fn, fn, rand(*sa, positive=True), rand(*sb, positive=True))
+
+
+@pytest.mark.parametrize("name", ["exp", "log", "sqrt", "tanh", "sigmoid", "relu", "abs"])
+def test_unary(name):
+    compare(lambda a: getattr(a, name)(), lambda a: getattr(a, name)(), rand(3, 4, positive=True)
+            if name in ("log", "sqrt") else rand(3, 4))
+
+
+@pytest.mark.parametrize("sa,sb", [((2, 3), (3, 4)), ((5, 2, 3), (3, 4)), ((2, 1, 2, 3), (4, 3, 2)),
+                                   ((3,), (3, 2)), ((2, 3), (3,)), ((3,), (3,))])
+def test_matmul(sa, sb):
+    compare(lambda a, b: a @ b, lambda a, b: a @ b, rand(*sa), rand(*sb))
+
+
+@pytest.mark.parametrize("axis", [None, 1, (0, 2)])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_sum_mean(axis, keepdims):
+    dim = (0, 1, 2) if axis is None else axis
+    compare(lambda a: a.sum(axis=axis, keepdims=keepdims),
+            lambda a: a.sum(dim=dim, keepdim=keepdims), rand(2, 3, 4))
+    compare(lambda a: a.mean(axis=axis, keepdims=keepdims),
+            lambda a: a.mean(dim=dim, keepdim=keepdims), rand(2, 3, 4))
+
+
+def test_max_min_along_axis():
+    compare(lambda a: a.max(axis=1), lambda a: a.amax(dim=1), rand(3, 5))
+    compare(lambda a: a.min(axis=0, keepdims=True), lambda a: a.amin(dim=0, keepdim=True), rand(3, 5))
+
+
+def test_shapes_and_indexing():
+    x = rand(2, 3, 4)
+    compare(lambda a: a.reshape(6, 4), lambda a: a.reshape(6, 4), x)
+    compare(lambda a: a.permute(1, 2, 0), lambda a: a.permute(1, 2, 0), x)
+    compare(lambda a: a.transpose(0, 1), lambda a: a.transpose(0, 1), x)
+    compare(lambda a: a[:, 1:, ::2], lambda a: a[:, 1:, ::2], x)
+    idx = np.array([0, 2, 2])
+    compare(lambda a: a[:, idx], lambda a: a[:, torch.tensor(idx)], x)
+    index = rng.integers(0, 4, size=(2, 3, 5))
+    compare(lambda a: a.gather(2, index), lambda a: a.gather(2, torch.tensor(index)), x)
+
+
+def test_concat_stack_split_masked_fill():
+    a, b = rand(2, 3), rand(2, 3)
+    compare(lambda x, y: minipar.concat([x, y], axis=0), lambda x, y: torch.cat([x, y], 0), a, b)
+    compare(lambda x, y: minipar.stack([x, y], axis=2), lambda x, y: torch.stack([x, y], 2), a, b)
+    compare(lambda x: x.split(2, axis=1)[1], lambda x: x.split(2, dim=1)[1], rand(3, 5))
+    mask = rand(2, 3) > 0
+    compare(lambda x: x.masked_fill(mask, -1.5), lambda x: x.masked_fill(torch.tensor(mask), -1.5), a)
+
+
+def test_embedding():
+    ids = rng.integers(0, 7, size=(3, 4))
+    compare(lambda w: minipar.embedding(w, ids), lambda w: TF.embedding(torch.tensor(ids), w),
+            rand(7, 5))
+
+
+def test_functional():
+    x = rand(4, 6)
+    compare(lambda a: F.softmax(a, -1), lambda a: TF.softmax(a, -1), x)
+    compare(lambda a: F.log_softmax(a, 0), lambda a: TF.log_softmax(a, 0), x)
+    compare(lambda a: F.gelu(a), lambda a: TF.gelu(a, approximate="tanh"), x)
+    compare(lambda a, w, b: F.layer_norm(a, w, b), lambda a, w, b: TF.layer_norm(a, (6,), w, b),
+            rand(2, 4, 6), rand(6), rand(6))
+    compare(lambda a, w, b: F.linear(a, w, b), lambda a, w, b: TF.linear(a, w, b),
+            rand(2, 4, 6), rand(3, 6), rand(3))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy(reduction):
+    target = rng.integers(0, 5, size=(3, 4))
+    target[0, 1] = -100
+    compare(lambda z: F.cross_entropy(z, target, reduction=reduction),
+            lambda z: TF.cross_entropy(z.permute(0, 2, 1), torch.tensor(target),
+                                       reduction=reduction), rand(3, 4, 5))
+
+
+def test_causal_attention():
+    q, k, v = rand(2, 3, 5, 4), rand(2, 3, 5, 4), rand(2, 3, 5, 4)
+    compare(F.causal_self_attention,
+            lambda a, b, c: TF.scaled_dot_product_attention(a, b, c, is_causal=True), q, k, v)
