@@ -1,0 +1,1 @@
+"""Parallel strategies: data, tensor and pipeline parallelism, each in its own module."""

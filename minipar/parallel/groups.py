@@ -1,0 +1,112 @@
+"""The rank grid of 3D parallelism: which ranks share a tensor, a pipeline or a data group.
+
+W ranks are arranged as a grid of tp × dp × pp = W. Megatron-LM's default order makes the tensor
+coordinate vary fastest, then data, then pipeline (its order string "tp-dp-pp"), so
+
+    rank = tp_rank + tp · (dp_rank + dp · pp_rank)
+
+which keeps each tensor group, the chattiest (two all-reduces per layer, forward and backward), on
+neighbouring ranks, i.e. inside one node. A group of one kind is the set of ranks that differ
+only in that coordinate. For W = 16, tp = 2, pp = 4 (so dp = 2), as in Megatron's documentation:
+
+    tensor   [0, 1] [2, 3] [4, 5] ... [14, 15]
+    pipeline [0, 4, 8, 12] [1, 5, 9, 13] [2, 6, 10, 14] [3, 7, 11, 15]
+    data     [0, 2] [1, 3] [4, 6] [5, 7] ... [13, 15]
+"""
+import itertools
+
+KINDS = ("tp", "dp", "pp")
+NAMES = {"tp": "tensor", "dp": "data", "pp": "pipeline"}
+
+
+class RankGrid:
+    """The map rank <-> (tp, dp, pp) coordinates for ``world`` ranks, and every group."""
+
+    def __init__(self, world, tp=1, pp=1, order="tp-dp-pp"):
+        for name, value in (("world size", world), ("tp", tp), ("pp", pp)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if world % (tp * pp):
+            raise ValueError(f"world size {world} is not divisible by tp·pp = {tp}·{pp} = "
+                             f"{tp * pp}: the ranks cannot form a tp × dp × pp grid")
+        axes = order.split("-")
+        if sorted(axes) != sorted(KINDS):
+            raise ValueError(f"order {order!r} must name tp, dp and pp once each, fastest-varying "
+                             f"first (Megatron's default is 'tp-dp-pp')")
+        self.world, self.order = world, tuple(axes)
+        self.sizes = {"tp": tp, "dp": world // (tp * pp), "pp": pp}
+        self.tp, self.dp, self.pp = self.sizes["tp"], self.sizes["dp"], self.sizes["pp"]
+
+    def coords(self, rank):
+        """{'tp': i, 'dp': j, 'pp': k} of a rank: its digits in the mixed radix of ``order``."""
+        if not 0 <= rank < self.world:
+            raise ValueError(f"rank {rank} is outside the world of {self.world} ranks")
+        coords = {}
+        for axis in self.order:
+            rank, coords[axis] = divmod(rank, self.sizes[axis])
+        return coords
+
+    def rank(self, tp=0, dp=0, pp=0):
+        """The rank at the given coordinates (inverse of ``coords``)."""
+        coords = {"tp": tp, "dp": dp, "pp": pp}
+        rank, stride = 0, 1
+        for axis in self.order:
+            if not 0 <= coords[axis] < self.sizes[axis]:
+                raise ValueError(f"{axis} coordinate {coords[axis]} is outside 0..{self.sizes[axis] - 1}")
+            rank += coords[axis] * stride
+            stride *= self.sizes[axis]
+        return rank
+
+    def groups(self, kind):
+        """Every group of one kind ('tp', 'dp' or 'pp'), each a sorted list of ranks, in order of
+        their lowest rank."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown group kind {kind!r}: choose one of {', '.join(KINDS)}")
+        others = [axis for axis in KINDS if axis != kind]
+        found = []
+        for fixed in itertools.product(*(range(self.sizes[a]) for a in others)):
+            where = dict(zip(others, fixed))
+            found.append(sorted(self.rank(**{**where, kind: i}) for i in range(self.sizes[kind])))
+        return sorted(found)
+
+    def group_of(self, rank, kind):
+        """The group of one kind that contains ``rank``."""
+        return next(g for g in self.groups(kind) if rank in g)
+
+    def check(self):
+        """The groups are complete (each kind partitions the ranks) and orthogonal (groups of two
+        different kinds share at most one rank); raises AssertionError naming what is wrong."""
+        everyone = list(range(self.world))
+        for kind in KINDS:
+            members = sorted(r for g in self.groups(kind) for r in g)
+            assert members == everyone, f"{NAMES[kind]} groups do not cover every rank once"
+            assert all(len(g) == self.sizes[kind] for g in self.groups(kind))
+        for a, b in itertools.combinations(KINDS, 2):
+            for ga in self.groups(a):
+                for gb in self.groups(b):
+                    shared = set(ga) & set(gb)
+                    assert len(shared) <= 1, f"{NAMES[a]} group {ga} and {NAMES[b]} group {gb} " \
+                                             f"share ranks {sorted(shared)}"
+        return True
+
+    def as_dict(self):
+        """{'tensor': [[...]], 'pipeline': [[...]], 'data': [[...]]} plus sizes and coordinates."""
+        return {"world": self.world, "tp": self.tp, "dp": self.dp, "pp": self.pp,
+                "order": "-".join(self.order),
+                "tensor": self.groups("tp"), "pipeline": self.groups("pp"),
+                "data": self.groups("dp"),
+                "coords": [self.coords(r) for r in range(self.world)]}
+
+    def describe(self):
+        """The grid as text: each rank's coordinates, then every group."""
+        lines = [f"world {self.world} = tp {self.tp} × dp {self.dp} × pp {self.pp}  "
+                 f"(order {'-'.join(self.order)}, fastest first)", "",
+                 " rank   tp   dp   pp"]
+        for r in range(self.world):
+            c = self.coords(r)
+            lines.append(f"{r:5d} {c['tp']:4d} {c['dp']:4d} {c['pp']:4d}")
+        for kind in ("tp", "pp", "dp"):
+            groups = " ".join(str(g).replace(" ", "") for g in self.groups(kind))
+            lines.append(f"\n{NAMES[kind]} groups ({len(self.groups(kind))} of {self.sizes[kind]}): "
+                         f"{groups}")
+        return "\n".join(lines)

@@ -1,0 +1,27 @@
+"""Pipeline parallelism: schedules as data, their validator and simulator, and the partitioner.
+
+    schedules.py   per-rank action lists for naive, GPipe, 1F1B, interleaved 1F1B, ZB-H1, PipeDream
+    validate.py    every send has its receive, inputs come first, nothing waits forever
+    simulate.py    a schedule and per-action costs -> the timeline (minipar.trace Events)
+    partition.py   split a sequential model into stages: by layer names or balanced by cost
+
+A runtime executes the same lists and records the same events (sketch; see schedules.py for the
+contract):
+
+    schedule = validate(build("1f1b", p, m))
+    tracer = Tracer(rank)                                   # after a barrier
+    for a in schedule.actions[rank]:
+        with tracer.record(a.kind, a.mb, a.chunk):
+            if a.kind == "RECV_F": x[a.stage, a.mb] = comm.recv(a.peer, message_tag(a, S))
+            elif a.kind == "F":    y[a.stage, a.mb] = stage_fn[a.chunk](x[a.stage, a.mb])
+            elif a.kind == "SEND_F": pending.append(comm.isend(y[a.stage, a.mb], a.peer, message_tag(a, S)))
+            ...                    # B, W, R, RECV_B, SEND_B likewise; OPT_STEP: wait(pending), step
+    events = gather(tracer.events)  ->  bubble_fraction(events), peak_inflight(events), text_gantt(events)
+"""
+from .partition import balanced_split, split_after, stage_costs
+from .schedules import BUILDERS, Action, Schedule, ScheduleError, bubble_theory, build, message_tag
+from .simulate import simulate, unit_cost
+from .validate import validate
+
+__all__ = ["Action", "Schedule", "ScheduleError", "BUILDERS", "build", "bubble_theory", "message_tag",
+           "validate", "simulate", "unit_cost", "balanced_split", "split_after", "stage_costs"]

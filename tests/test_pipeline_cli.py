@@ -1,0 +1,38 @@
+"""``minipar schedule``: the drawing, the figures and the --json keys."""
+import json
+
+import pytest
+
+from minipar.cli import main
+from minipar.parallel.pipeline import BUILDERS
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_json_figures_for_p4_m8(name, capsys):
+    assert main(["schedule", "--schedule", name, "--stages", "4", "--microbatches", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"bubble_theory", "bubble_simulated", "peak_inflight"} <= set(out)
+    assert out["bubble_simulated"] == pytest.approx(out["bubble_theory"], abs=0.02)
+    assert len(out["peak_inflight"]) == 4
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_eight_stages_draw_and_write_files(name, capsys, tmp_path):
+    args = ["schedule", "--schedule", name, "--stages", "8", "--microbatches", "16",
+            "--trace", str(tmp_path / "t.json"), "--png", str(tmp_path / "t.png")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert out.count("\nrank ") == 8 and "bubble: theory" in out and "simulated" in out
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_text_output_and_clear_errors(capsys):
+    assert main(["schedule", "--schedule", "zb-h1", "--stages", "4", "--microbatches", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "3/27" in out and "peak in-flight micro-batches per rank: 4 3 2 1" in out
+    assert main(["schedule", "--schedule", "interleaved", "--stages", "4", "--microbatches", "6"]) == 2
+    assert "multiple of p=4" in capsys.readouterr().out
+    assert main(["schedule", "--schedule", "gpipe", "--stages", "2", "--microbatches", "4", "--remat",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["peak_inflight"] == [1, 1]

@@ -1,0 +1,120 @@
+"""Every pipeline schedule is valid, complete, and its simulated bubble and memory match theory."""
+from collections import Counter
+from fractions import Fraction
+
+import pytest
+
+from minipar.parallel.pipeline import BUILDERS, build, bubble_theory, simulate, validate
+from minipar.parallel.pipeline.schedules import (B, F, OPT_STEP, RECVS, SENDS, W, message_key,
+                                                 message_tag, weight_versions)
+from minipar.trace import bubble_fraction, peak_inflight
+
+def grid():
+    for p in (1, 2, 3, 4):
+        for m in sorted({1, max(1, p - 1), p, 2 * p + 1}):
+            for name in BUILDERS:
+                if name == "interleaved" and m % p:
+                    continue
+                yield name, p, m
+
+
+@pytest.mark.parametrize("name,p,m", list(grid()))
+def test_every_schedule_is_valid_and_complete(name, p, m):
+    s = validate(build(name, p, m))
+    counts = Counter((a.kind, a.stage, a.mb) for acts in s.actions for a in acts)
+    kinds = (F, B, W) if name == "zb-h1" else (F, B)
+    for stage in range(s.n_stages):
+        for mb in range(m):
+            assert [counts[(k, stage, mb)] for k in kinds] == [1] * len(kinds)
+    if name != "zb-h1":
+        assert not any(kind == W for kind, _, _ in counts)
+    opt = [sum(a.kind == OPT_STEP for a in acts) for acts in s.actions]
+    assert opt == ([m] * p if name == "pipedream" else [1] * p)
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_simulated_bubble_equals_theory_on_a_grid(name):
+    for p in range(1, 6):
+        for m in range(1, 11):
+            if name == "interleaved" and m % p:
+                continue
+            s = build(name, p, m)
+            _, num, den = bubble_theory(s)
+            assert bubble_fraction(simulate(s), p) == pytest.approx(num / den, abs=1e-9), (p, m)
+
+
+ISSUE_FIGURES = [("gpipe", None, Fraction(3, 11)), ("1f1b", None, Fraction(3, 11)),
+                 ("interleaved", 2, Fraction(3, 19)), ("zb-h1", None, Fraction(3, 27)),
+                 ("naive", None, Fraction(3, 4)), ("pipedream", None, Fraction(3, 11))]
+
+
+@pytest.mark.parametrize("name,v,expected", ISSUE_FIGURES)
+def test_issue_figures_for_p4_m8(name, v, expected):
+    s = build(name, 4, 8, v)
+    _, num, den = bubble_theory(s)
+    assert Fraction(num, den) == expected
+    assert bubble_fraction(simulate(s), 4) == pytest.approx(float(expected), abs=1e-12)
+
+
+def test_remat_gpipe_bubble_and_memory():
+    for p, m in [(2, 3), (4, 8), (3, 1)]:
+        s = validate(build("gpipe", p, m, remat=True))
+        _, num, den = bubble_theory(s)
+        events = simulate(s)
+        assert bubble_fraction(events, p) == pytest.approx(num / den)
+        assert peak_inflight(events, p) == [1] * p
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (3, 7), (4, 2)])
+def test_peak_inflight_gpipe_m_and_1f1b_p_minus_r(p, m):
+    assert peak_inflight(simulate(build("gpipe", p, m)), p) == [m] * p
+    for name in ("1f1b", "zb-h1", "pipedream"):
+        assert peak_inflight(simulate(build(name, p, m)), p) == [min(p - r, m) for r in range(p)]
+
+
+def test_interleaved_needs_m_multiple_of_p_and_chunks_only_there():
+    with pytest.raises(ValueError, match="multiple of p=4"):
+        build("interleaved", 4, 6)
+    with pytest.raises(ValueError, match="only the interleaved"):
+        build("1f1b", 4, 8, v=2)
+    with pytest.raises(ValueError, match="unknown schedule"):
+        build("dualpipe", 4, 8)
+    with pytest.raises(ValueError, match="at least 1"):
+        build("gpipe", 0, 8)
+    s = validate(build("interleaved", 4, 8, v=2))
+    assert {a.stage % 4 for a in s.actions[1] if a.stage >= 0} == {1}
+    assert {a.chunk for a in s.actions[1] if a.kind == F} == {0, 1}
+
+
+def test_interleaved_on_one_rank_hands_chunks_over_locally():
+    s = validate(build("interleaved", 1, 3, v=3))
+    assert not any(a.kind in SENDS or a.kind in RECVS for a in s.actions[0])
+
+
+def test_pipedream_weight_stashing_versions():
+    p, m = 4, 8
+    s = validate(build("pipedream", p, m))
+    versions = weight_versions(s)
+    for (stage, mb), (fwd, bwd) in versions.items():
+        assert fwd == bwd == max(0, mb - (p - 1 - stage))  # backward uses the stashed weights
+    for r, acts in enumerate(s.actions):  # each OPT_STEP produces the next version, in order
+        steps = [a.version for a in acts if a.kind == OPT_STEP]
+        assert steps == list(range(1, m + 1))
+
+
+def test_message_tags_pair_sends_with_receives_and_are_unique():
+    s = build("interleaved", 4, 8)
+    sends = [a for acts in s.actions for a in acts if a.kind in SENDS]
+    recvs = [a for acts in s.actions for a in acts if a.kind in RECVS]
+    tags = [sorted(message_tag(a, s.n_stages) for a in side) for side in (sends, recvs)]
+    assert tags[0] == tags[1]
+    assert len({message_tag(a, s.n_stages) for a in sends}) == len(sends)
+    assert {message_key(a) for a in sends} == {message_key(a) for a in recvs}
+
+
+def test_simulator_takes_costs_and_latency():
+    s = build("1f1b", 2, 2)
+    slow = simulate(s, cost=lambda a: {F: 1.0, B: 2.0}.get(a.kind, 0.0), latency=lambda a: 0.5)
+    fast = simulate(s)
+    assert max(e.end for e in slow) == max(e.end for e in fast) + 2 * 0.5  # two hops on the path
+    assert {e.kind for e in slow} >= {"F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "OPT_STEP"}

@@ -1,0 +1,95 @@
+"""Timelines: bubble and memory from events, text Gantt, Chrome-trace JSON and PNG."""
+import json
+import struct
+import zlib
+
+import pytest
+
+from minipar.parallel.pipeline import build, simulate
+from minipar.trace import (Event, Tracer, bubble_fraction, bubble_per_rank, chrome_trace, peak_inflight,
+                           png_bytes, render_pixels, text_gantt, write_chrome_trace, write_png)
+
+
+def test_text_gantt_snapshot():
+    assert text_gantt(simulate(build("gpipe", 2, 2))) == (
+        "rank 0 | F0 F1 .  .  .  B0 B0 B1 B1\n"
+        "rank 1 | .  F0 F1 B0 B0 B1 B1 .  .")
+    assert text_gantt(simulate(build("zb-h1", 2, 2))) == (
+        "rank 0 | F0 F1 .  B0 W0 B1 W1\n"
+        "rank 1 | .  F0 B0 F1 B1 W0 W1")
+    assert text_gantt(simulate(build("interleaved", 2, 2))).splitlines()[0].startswith("rank 0 | F0a F1a F0b")
+
+
+def test_bubble_counts_waiting_receives_as_idle():
+    events = [Event(0, 0, 2, "F", 0), Event(1, 0, 1, "RECV_F", 0), Event(1, 1, 2, "F", 0)]
+    assert bubble_per_rank(events) == [0.0, 0.5]
+    assert bubble_fraction(events) == 0.25
+
+
+def test_peak_inflight_with_recompute_and_ties():
+    events = [Event(0, 0, 1, "F", 0), Event(0, 1, 2, "F", 1), Event(0, 2, 3, "R", 0),
+              Event(0, 3, 4, "B", 0), Event(0, 4, 5, "R", 1), Event(0, 5, 6, "B", 1)]
+    assert peak_inflight(events) == [1]
+    kept = [Event(0, 0, 1, "F", 0), Event(0, 1, 2, "B", 0), Event(0, 2, 3, "F", 1), Event(0, 3, 4, "B", 1)]
+    assert peak_inflight(kept) == [1]  # a backward ending frees before the next forward starts
+
+
+def test_tracer_records_events_like_the_simulator():
+    ticks = iter(range(100))
+    tracer = Tracer(rank=3, clock=lambda: next(ticks))
+    with tracer.record("F", mb=2, chunk=1):
+        pass
+    assert tracer.events == [Event(3, 1, 2, "F", 2, 1)]
+
+
+def test_chrome_trace_structure(tmp_path):
+    events = simulate(build("1f1b", 2, 2))
+    path = tmp_path / "t.json"
+    write_chrome_trace(events, path)
+    trace = json.loads(path.read_text())
+    complete = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    meta = [e for e in trace["traceEvents"] if e["ph"] == "M"]
+    assert {e["tid"] for e in complete} == {0, 1} and {e["pid"] for e in complete} == {0}
+    names = {(e["tid"], e["args"]["name"]) for e in meta if e["name"] == "thread_name"}
+    assert names == {(0, "rank 0"), (1, "rank 1")}
+    f0 = next(e for e in complete if e["name"] == "F0" and e["tid"] == 1)
+    assert (f0["ts"], f0["dur"], f0["cat"], f0["args"]) == (1e6, 1e6, "F", {"mb": 0, "chunk": 0})
+    assert all(e["dur"] > 0 for e in complete)
+    assert chrome_trace(events, to_us=1.0)["traceEvents"][-1]["dur"] < 10
+
+
+def decode_png(data):
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, chunks = 8, {}
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos:pos + 4])
+        tag, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
+        assert struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])[0] == zlib.crc32(tag + body)
+        chunks[tag] = chunks.get(tag, b"") + body
+        pos += 12 + length
+    width, height, depth, colour = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
+    raw = zlib.decompress(chunks[b"IDAT"])
+    assert (depth, colour) == (8, 2) and len(raw) == height * (1 + 3 * width)
+    rows = [raw[y * (1 + 3 * width) + 1:(y + 1) * (1 + 3 * width)] for y in range(height)]
+    return width, height, [[tuple(r[3 * x:3 * x + 3]) for x in range(width)] for r in rows]
+
+
+def test_png_writer_round_trip():
+    pixels = [[(255, 0, 0), (0, 255, 0)], [(0, 0, 255), (9, 9, 9)]]
+    assert decode_png(png_bytes(pixels))[2] == pixels
+
+
+def test_png_of_a_schedule(tmp_path):
+    events = simulate(build("gpipe", 2, 2))  # 9 time units, 2 ranks
+    write_png(events, tmp_path / "g.png", px_per_unit=4, row_height=10)
+    width, height, pixels = decode_png((tmp_path / "g.png").read_bytes())
+    assert (width, height) == (36, 20)
+    assert pixels[15][0] == (255, 255, 255)          # rank 1 idle at the start
+    assert pixels[5][0] != (255, 255, 255)           # rank 0 runs F0
+    assert render_pixels(events, px_per_unit=4, row_height=10) == pixels
+
+
+def test_empty_and_unknown_inputs():
+    assert text_gantt([]) == ""
+    with pytest.raises(ValueError):
+        bubble_fraction([])
