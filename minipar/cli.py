@@ -12,6 +12,7 @@ import sys
 
 SUBCOMMANDS = {
     "lessons": ("minipar.lessons_index", "list the lesson scripts and how to run them"),
+    "bench": ("minipar.bench", "benchmark collectives against MPI's own: bench allreduce"),
     "groups": ("minipar.groups_cli", "print the data x tensor x pipeline rank grid and its groups"),
     "schedule": ("minipar.schedule_cli", "draw a pipeline schedule, its bubble and in-flight micro-batches"),
 }

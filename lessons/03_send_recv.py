@@ -1,0 +1,72 @@
+"""Lesson 3: point-to-point messages: ping-pong latency and bandwidth, a deadlock and two ways out.
+
+    mpiexec -n 2 python lessons/03_send_recv.py
+
+Everything later (collectives, data parallel, pipelines) is built from send and recv. A message
+of n bytes costs about alpha + n * beta: alpha is the latency (software, handshake), 1/beta the
+bandwidth. A ping-pong measures both: rank 0 sends, rank 1 sends it back; half the round trip is
+one message. Then a deadlock: both ranks send a large message first and receive second. A large
+send waits until the receiver posts its receive (rendezvous), so both wait for ever. Two ways
+out: ``sendrecv`` (send and receive as one call) or non-blocking ``isend`` + ``recv`` + ``wait``.
+"""
+import time
+
+import numpy as np
+
+from minipar import comm
+
+world = comm.world()
+rank, peer = world.rank, 1 - world.rank
+if world.size != 2:
+    raise SystemExit("run with exactly 2 ranks: mpiexec -n 2 python lessons/03_send_recv.py")
+
+
+def ping_pong(nbytes, iters):
+    """Seconds for one message of n bytes: half the median round trip."""
+    buf = np.zeros(nbytes, np.uint8)
+    times = []
+    for _ in range(iters):
+        world.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            world.send(buf, 1)
+            world.recv(buf, 1)
+        else:
+            world.recv(buf, 0)
+            world.send(buf, 0)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)) / 2
+
+
+if rank == 0:
+    print("1. Ping-pong: one message of n bytes takes alpha + n*beta")
+    print(f"{'bytes':>10s} {'time_us':>9s} {'GB/s':>7s}")
+for nbytes in [8, 1024, 64 << 10, 1 << 20, 8 << 20]:
+    t = ping_pong(nbytes, 30 if nbytes < (1 << 20) else 8)
+    if rank == 0:
+        print(f"{nbytes:10d} {t * 1e6:9.1f} {nbytes / t / 1e9:7.2f}")
+world.counters.reset()
+
+# 2. The deadlock. A blocking send of a large message returns only once the receiver has posted
+# its receive. We start the send non-blocking and give it a second, as a blocking send would be.
+big = np.ones(8 << 20, np.uint8)
+got = np.empty_like(big)
+request = world.isend(big, peer)
+deadline = time.perf_counter() + 1.0
+while not request.test() and time.perf_counter() < deadline:
+    time.sleep(0.01)
+stuck = not request.done
+if rank == 0:
+    print("\n2. Both ranks: send(8 MiB) then recv.")
+    print("   after 1 s the send has " + ("NOT completed: each rank waits for the other to "
+          "receive. With a blocking send this is a deadlock." if stuck else
+          "completed (this MPI buffered it eagerly; with larger messages it would not)."))
+world.recv(got, peer)  # way out 1: post the receive while the send is in flight, then wait
+request.wait()
+if rank == 0:
+    print("   way out 1: isend, then recv, then wait  -> completed")
+
+world.sendrecv(big, peer, got, peer)  # way out 2: one call that sends and receives together
+if rank == 0:
+    print("   way out 2: sendrecv                     -> completed")
+    print(f"\n3. Counters of rank 0 for part 2: {world.counters.snapshot()}")

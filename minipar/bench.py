@@ -1,0 +1,11 @@
+"""``minipar bench allreduce``: time every all-reduce algorithm against MPI's (see comm/bench.py)."""
+from minipar.comm import bench
+
+
+def add_arguments(parser):
+    parser.add_argument("what", choices=["allreduce"], help="the collective to benchmark")
+    bench.add_arguments(parser)
+
+
+def run(args):
+    return bench.run(args)

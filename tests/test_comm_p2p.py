@@ -1,0 +1,76 @@
+"""Point-to-point calls, sub-groups, the non-blocking all-reduce, the benchmark, and CuPy arrays."""
+import numpy as np
+import pytest
+
+from minipar.testing import run_on_ranks
+
+
+def p2p_body():
+    from minipar import comm
+
+    world = comm.world()
+    r, p = world.rank, world.size
+    right, left = (r + 1) % p, (r - 1) % p
+    got = np.empty(5, np.int64)
+    # a ring of non-blocking messages, then blocking ones with a tag
+    recv = world.irecv(got, left, tag=3)
+    world.isend(np.full(5, r, np.int64), right, tag=3).wait()
+    assert (recv.wait() == left).all()
+    if r == 0:
+        world.send(np.arange(5.0)[::-1], 1)  # non-contiguous send: copied
+    elif r == 1:
+        assert (world.recv(np.empty(5), 0) == np.arange(5.0)[::-1]).all()
+    # sub-groups: split by parity, and an explicit rank list
+    half = world.split(r % 2)
+    assert half.size == (p + 1 - r % 2) // 2 and half.rank == r // 2
+    total = half.all_reduce(np.array([r]), algorithm="ring")
+    assert total[0] == sum(range(r % 2, p, 2))
+    firsts = world.group([2, 0])
+    if r in (0, 2):
+        assert firsts.rank == (1 if r == 0 else 0)
+        assert firsts.all_reduce(np.array([r + 1.0]), algorithm="recursive_halving")[0] == 4.0
+    else:
+        assert firsts is None
+    # non-blocking all-reduce: MPI's Iallreduce and a hand-coded one on the worker thread
+    x = np.arange(1000.0) * (r + 1)
+    works = [world.iall_reduce(x, algorithm=a) for a in ("mpi", "ring", "recursive_halving")]
+    want = np.arange(1000.0) * p * (p + 1) / 2
+    for work in works:
+        assert np.allclose(work.wait(), want)
+    world.barrier()
+    return world.counters.snapshot()["messages_sent"]
+
+
+@pytest.mark.mpi
+def test_p2p_groups_and_nonblocking_all_reduce():
+    sent = run_on_ranks(p2p_body, 4)
+    assert all(s > 0 for s in sent)
+
+
+def bench_body():
+    from minipar.comm import bench, communicator
+
+    rows = bench.run_bench(communicator.world(), [8, 4096], ["ring", "recursive_doubling"],
+                           1 << 20, as_json=True)
+    return [(row["algorithm"], row["wrong"], row["time_us"] > 0) for row in rows]
+
+
+@pytest.mark.mpi
+def test_benchmark_runs_and_counts_no_wrong_results():
+    rows = run_on_ranks(bench_body, 2)[0]
+    assert [a for a, _, _ in rows] == ["mpi", "ring", "recursive_doubling"] * 2
+    assert all(wrong == 0 and positive for _, wrong, positive in rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+@pytest.mark.parametrize("aware", ["0", None])
+def test_collectives_on_cupy_arrays(aware):
+    cupy = pytest.importorskip("cupy")
+    if cupy.cuda.runtime.getDeviceCount() == 0:
+        pytest.skip("no GPU")
+    from test_comm_collectives import collectives_body
+
+    env = {"MINIPAR_DEVICE": "gpu", **({"MINIPAR_CUDA_AWARE": aware} if aware else {})}
+    failures = sum(run_on_ranks(collectives_body, 2, env=env, timeout=300), [])
+    assert not failures, "\n".join(failures[:50])
