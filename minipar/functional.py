@@ -110,7 +110,13 @@ def gelu(x, approximate="tanh"):
     y = 0.5 * a * (1 + t)
 
     def backward(g):
-        return (g * (0.5 * (1 + t) + 0.5 * a * (1 - t * t) * c * (1 + 3 * 0.044715 * a2)),)
+        d = 1 - t * t  # the same formula, in place: fewer temporary arrays
+        d *= a
+        d *= c * (1 + 3 * 0.044715 * a2)
+        d += 1 + t
+        d *= 0.5
+        d *= g
+        return (d,)
 
     return make_result(y, (x,), backward, "gelu")
 
@@ -176,7 +182,8 @@ def linear(x, weight, bias=None):
         raise ValueError(f"linear: input has {x.shape[-1]} features (shape {x.shape}) but the "
                          f"weight of shape {weight.shape} expects {weight.shape[1]}")
     xd, wd = x.data, weight.data
-    y = xd @ wd.T
+    x2 = xd.reshape(-1, xd.shape[-1])  # all batch rows as one matrix: one BLAS call, not many
+    y = (x2 @ wd.T).reshape(xd.shape[:-1] + (wd.shape[0],))
     if bias is not None:
         y += bias.data
     parents = (x, weight) if bias is None else (x, weight, bias)
@@ -184,8 +191,8 @@ def linear(x, weight, bias=None):
 
     def backward(g):
         g2 = g.reshape(-1, g.shape[-1])
-        grads = [g @ wd if needs[0] else None,
-                 g2.T @ xd.reshape(-1, xd.shape[-1]) if needs[1] else None]
+        grads = [(g2 @ wd).reshape(xd.shape) if needs[0] else None,
+                 g2.T @ x2 if needs[1] else None]
         if len(needs) == 3:
             grads.append(g2.sum(axis=0) if needs[2] else None)
         return grads

@@ -1,0 +1,135 @@
+"""Optimizers against PyTorch's update rules over several steps; clipping; state round trips."""
+import numpy as np
+import pytest
+
+import minipar
+from minipar import nn, optim
+from nn_torch_twins import requires_torch, torch
+
+RNG = np.random.default_rng(0)
+SHAPES = [(3, 4), (4,), (2, 2, 2)]
+
+
+def _params(values):
+    return [nn.Parameter(v.copy()) for v in values]
+
+
+def _run(ours, params, grads_per_step):
+    for grads in grads_per_step:
+        for p, g in zip(params, grads):
+            p.grad = g.copy()
+        ours.step()
+
+
+CASES = [
+    ("SGD", dict(lr=0.1)),
+    ("SGD", dict(lr=0.1, momentum=0.9)),
+    ("SGD", dict(lr=0.1, momentum=0.9, weight_decay=0.01)),
+    ("SGD", dict(lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True)),
+    ("Adam", dict(lr=0.01)),
+    ("Adam", dict(lr=0.01, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.1)),
+    ("AdamW", dict(lr=0.01)),
+    ("AdamW", dict(lr=0.01, betas=(0.8, 0.99), weight_decay=0.5)),
+]
+
+
+@requires_torch
+@pytest.mark.parametrize("name,kwargs", CASES)
+def test_updates_match_torch(name, kwargs):
+    values = [RNG.standard_normal(s) for s in SHAPES]
+    steps = [[RNG.standard_normal(s) for s in SHAPES] for _ in range(5)]
+    params = _params(values)
+    ours = getattr(optim, name)(params, **kwargs)
+    _run(ours, params, steps)
+    tparams = [torch.tensor(v, requires_grad=True) for v in values]
+    theirs = getattr(torch.optim, name)(tparams, **kwargs)
+    for grads in steps:
+        for p, g in zip(tparams, grads):
+            p.grad = torch.tensor(g)
+        theirs.step()
+    for p, t in zip(params, tparams):
+        np.testing.assert_allclose(p.numpy(), t.detach().numpy(), rtol=1e-12, atol=1e-14)
+
+
+@requires_torch
+@pytest.mark.parametrize("max_norm", [0.5, 100.0])
+def test_clip_grad_norm_matches_torch(max_norm):
+    grads = [RNG.standard_normal(s) for s in SHAPES]
+    params = _params([np.zeros(s) for s in SHAPES])
+    for p, g in zip(params, grads):
+        p.grad = g.copy()
+    tparams = [torch.zeros(s, dtype=torch.float64, requires_grad=True) for s in SHAPES]
+    for p, g in zip(tparams, grads):
+        p.grad = torch.tensor(g)
+    total = optim.clip_grad_norm_(params, max_norm)
+    ref = torch.nn.utils.clip_grad_norm_(tparams, max_norm)
+    assert abs(total - ref.item()) < 1e-12
+    for p, t in zip(params, tparams):
+        np.testing.assert_allclose(p.grad, t.grad.numpy(), rtol=1e-12)
+
+
+def test_clip_does_not_touch_shared_gradient_arrays():
+    shared = np.ones(4)
+    a, b = _params([np.zeros(4), np.zeros(4)])
+    a.grad = b.grad = shared
+    optim.clip_grad_norm(params=[a, b], max_norm=1.0)
+    np.testing.assert_array_equal(shared, np.ones(4))
+
+
+def test_step_builds_no_graph_and_keeps_arrays():
+    model = nn.Linear(3, 2)
+    opt = optim.AdamW(model.parameters(), lr=0.1)
+    arrays = [p.data for p in model.parameters()]
+    model(minipar.ones(4, 3)).sum().backward()
+    opt.step()
+    assert all(p.is_leaf and p.data is a for p, a in zip(model.parameters(), arrays))
+    opt.zero_grad()
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_state_is_keyed_by_index_and_counted():
+    params = _params([np.zeros(s, dtype=np.float32) for s in SHAPES])
+    opt = optim.Adam(params)
+    _run(opt, params, [[np.ones(s, dtype=np.float32) for s in SHAPES]])
+    assert sorted(opt.state) == [0, 1, 2] and opt.state[0]["step"] == 1
+    assert opt.state_bytes() == 2 * 4 * sum(int(np.prod(s)) for s in SHAPES)
+    sgd = optim.SGD(params, lr=0.1)
+    _run(sgd, params, [[np.ones(s, dtype=np.float32) for s in SHAPES]])
+    assert sgd.state_bytes() == 0
+
+
+def test_state_dict_round_trip_continues_identically():
+    values = [RNG.standard_normal(s) for s in SHAPES]
+    steps = [[RNG.standard_normal(s) for s in SHAPES] for _ in range(4)]
+    a_params = _params(values)
+    a = optim.AdamW(a_params, lr=0.05)
+    _run(a, a_params, steps[:2])
+    b_params = _params([p.numpy() for p in a_params])
+    b = optim.AdamW(b_params, lr=0.9)
+    b.load_state_dict(a.state_dict())
+    assert b.lr == 0.05
+    _run(a, a_params, steps[2:])
+    _run(b, b_params, steps[2:])
+    for p, q in zip(a_params, b_params):
+        np.testing.assert_array_equal(p.numpy(), q.numpy())
+
+
+def test_load_state_dict_mismatch_errors():
+    params = _params([np.zeros(s) for s in SHAPES])
+    adam = optim.Adam(params)
+    _run(adam, params, [[np.ones(s) for s in SHAPES]])
+    with pytest.raises(ValueError, match="hyperparameters"):
+        optim.SGD(params, lr=0.1).load_state_dict(adam.state_dict())
+    other = optim.Adam(_params([np.zeros(s) for s in [(3, 4), (5,), (2, 2, 2)]]))
+    with pytest.raises(ValueError, match=r"state\[1\]\['exp_avg'\] has shape \(4,\), parameter 1 "
+                                         r"has shape \(5,\)"):
+        other.load_state_dict(adam.state_dict())
+    with pytest.raises(ValueError, match="optimizer has 1 parameters"):
+        optim.Adam(params[:1]).load_state_dict(adam.state_dict())
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="empty"):
+        optim.SGD([], lr=0.1)
+    with pytest.raises(ValueError, match="Nesterov"):
+        optim.SGD(_params([np.zeros(2)]), lr=0.1, nesterov=True)
