@@ -1,0 +1,388 @@
+"""Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): each layer's matrices split over ranks.
+
+A linear layer Y = X Aᵀ (A of shape (out, in), as in ``nn.Linear``) splits over the p ranks of a
+tensor group in two ways:
+
+    column parallel   A's output rows split: rank i holds A_i, computes Y_i = X A_iᵀ, a slice
+                      of Y's features. X must be whole on every rank.
+    row parallel      A's input columns split: rank i holds A_i and the matching slice X_i of
+                      the input; Y = Σ_i X_i A_iᵀ, one all-reduce.
+
+The MLP GeLU(X A₁ᵀ) A₂ᵀ takes A₁ column-parallel and A₂ row-parallel. GeLU acts elementwise, so
+it commutes with slicing features: each rank applies it to its own slice, and the only sum comes
+at the end. Splitting A₁ by rows would leave partial sums, and GeLU(a + b) ≠ GeLU(a) + GeLU(b),
+so an all-reduce would be needed before the GeLU. Attention splits the same way, by heads.
+
+Operators that take tensors in and out of the parallel region (Megatron's
+``tensor_parallel/mappings.py``); each one's backward is its conjugate's forward:
+
+    operator                              forward              backward
+    copy_to_tensor_region (f)             identity             all-reduce
+    reduce_from_tensor_region (g)         all-reduce           identity
+    scatter_to_tensor_region              keep my features     all-gather features
+    gather_from_tensor_region             all-gather features  keep my features
+  sequence parallelism (Korthikanti et al. 2022), along T of (B, T, C):
+    scatter_to_sequence_region            keep my T slice      all-gather T
+    gather_from_sequence_region           all-gather T         reduce-scatter T
+    reduce_scatter_to_sequence_region     reduce-scatter T     all-gather T
+
+With sequence parallelism, LayerNorm, dropout and the residual stream work on 1/p of the
+sequence. Each f becomes an all-gather of T and each g a reduce-scatter of T. The bytes stay the
+same (a ring all-reduce *is* a reduce-scatter followed by an all-gather), and the activations
+outside the matmuls are stored p times smaller.
+
+Initialisation is Megatron's CPU path: every rank draws the full serial weight from the same seed
+and keeps its slice. A parallel layer therefore equals its serial twin (``nn.Linear``,
+``nn.MLP``, ...) built with the same seed. ``shard`` does the slicing. A module's ``tp_split``
+names which of its parameters are split and how; parameters it does not name are replicated.
+"""
+from .. import backend, nn, ops
+from .. import functional as F
+from ..autograd import Tensor, as_tensor, make_result
+from ..nn import Module, Parameter
+
+SEQ = 1  # the sequence axis of (B, T, C) activations
+
+
+# ----------------------------------------------------------------------------------------------
+# Which part of a serial weight a rank keeps
+# ----------------------------------------------------------------------------------------------
+
+def divide(n, p, what):
+    """n / p, or a ValueError that every rank raises alike (each checks the same numbers)."""
+    if n % p:
+        raise ValueError(f"{what} {n} is not divisible by the tensor-parallel size {p}: every "
+                         f"rank must hold an equal share (choose tp among the divisors of {n})")
+    return n // p
+
+
+def shard(full, axis, rank, size, stride=1):
+    """Rank's part of ``full`` along ``axis``. The axis is cut into ``stride`` blocks (q, k and v
+    of a fused QKV weight) and each block into ``size`` pieces; the rank keeps its piece of each."""
+    xp = backend.get_array_module(full)
+    a = xp.moveaxis(full, axis, 0)
+    n = divide(a.shape[0] // stride, size, "split dimension")
+    part = a.reshape(stride, size, n, *a.shape[1:])[:, rank].reshape(stride * n, *a.shape[1:])
+    return xp.ascontiguousarray(xp.moveaxis(part, 0, axis))
+
+
+def unshard(parts, axis, stride=1):
+    """The inverse of ``shard``: ``parts`` (size, *local shape) stacked over ranks -> full."""
+    xp = backend.get_array_module(parts)
+    a = xp.moveaxis(parts, axis + 1, 1)  # (size, local n, ...)
+    size, n, rest = a.shape[0], a.shape[1] // stride, a.shape[2:]
+    a = a.reshape(size, stride, n, *rest).swapaxes(0, 1).reshape(stride * size * n, *rest)
+    return xp.moveaxis(a, 0, axis)
+
+
+def split_specs(module):
+    """{parameter name: (axis, stride)} for the split parameters of ``module``'s tree."""
+    specs = {}
+    for prefix, m in module.named_modules():
+        for attr, spec in getattr(m, "tp_split", {}).items():
+            if getattr(m, attr) is not None:
+                specs[f"{prefix}.{attr}" if prefix else attr] = spec
+    return specs
+
+
+def allreduce_replicated_grads(module, group):
+    """Sum the gradients of the replicated parameters over ``group``. Under sequence parallelism
+    each rank's LayerNorms, biases and position table saw only its own tokens."""
+    split = split_specs(module)
+    for name, p in module.named_parameters():
+        if name not in split and p.grad is not None:
+            p.grad = _all_reduce(p.grad, group, -1, ("grads", "backward"))
+
+
+# ----------------------------------------------------------------------------------------------
+# The collectives, logged for accounting
+# ----------------------------------------------------------------------------------------------
+
+_logs = []  # the active CollectiveLogs
+
+
+class CollectiveLog:
+    """Context: records every collective the operators below run, as dicts with ``op``,
+    ``where`` (the module's name), ``direction`` (forward/backward), ``bytes`` (the whole tensor:
+    an all-reduce's input, an all-gather's output, a reduce-scatter's input) and ``sent`` (this
+    rank's bytes on the wire, from the group's counters)."""
+
+    def __init__(self):
+        self.events = []
+
+    def __enter__(self):
+        _logs.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _logs.remove(self)
+
+
+def _logged(op, group, note, nbytes, run):
+    before = group.counters.bytes_sent
+    out = run()
+    for log in _logs:
+        log.events.append({"op": op, "where": note[0], "direction": note[1], "bytes": int(nbytes),
+                           "sent": group.counters.bytes_sent - before})
+    return out
+
+
+def _contiguous(a):
+    return backend.get_array_module(a).ascontiguousarray(a)
+
+
+def _identity(a, group, axis, note):
+    return a
+
+
+def _all_reduce(a, group, axis, note, op="sum"):
+    return _logged("all_reduce", group, note, a.nbytes, lambda: group.all_reduce(a, op=op))
+
+
+def _keep_mine(a, group, axis, note):
+    n = divide(a.shape[axis], group.size, "sequence length" if axis == SEQ else "feature size")
+    index = [slice(None)] * a.ndim
+    index[axis] = slice(group.rank * n, (group.rank + 1) * n)
+    return _contiguous(a[tuple(index)])
+
+
+def _all_gather(a, group, axis, note):
+    xp = backend.get_array_module(a)
+    parts = _logged("all_gather", group, note, a.nbytes * group.size,
+                    lambda: group.all_gather(_contiguous(a)))
+    return xp.concatenate(list(parts), axis=axis)
+
+
+def _reduce_scatter(a, group, axis, note):
+    xp = backend.get_array_module(a)
+    n = divide(a.shape[axis], group.size, "sequence length")
+    front = _contiguous(xp.moveaxis(a, axis, 0))
+    mine = _logged("reduce_scatter", group, note, a.nbytes, lambda: group.reduce_scatter(front))
+    return _contiguous(xp.moveaxis(mine.reshape(n, *front.shape[1:]), 0, axis))
+
+
+def _mapping(op, x, group, where, forward, backward, axis):
+    x = as_tensor(x)
+    out = forward(x.data, group, axis, (where, "forward"))
+    return make_result(out, (x,), lambda g: (backward(g, group, axis, (where, "backward")),), op)
+
+
+# ----------------------------------------------------------------------------------------------
+# The conjugate operators (Megatron's names)
+# ----------------------------------------------------------------------------------------------
+
+def copy_to_tensor_region(x, group, where="f"):
+    """f: identity forward, all-reduce backward (conjugate: g). Before a column-parallel linear:
+    every rank's slice of the layer contributes to dX."""
+    return _mapping("f", x, group, where, _identity, _all_reduce, -1)
+
+
+def reduce_from_tensor_region(x, group, where="g"):
+    """g: all-reduce forward, identity backward (conjugate: f). After a row-parallel linear."""
+    return _mapping("g", x, group, where, _all_reduce, _identity, -1)
+
+
+def scatter_to_tensor_region(x, group, where="scatter"):
+    """Keep this rank's slice of the last axis; backward all-gathers it (conjugate: gather)."""
+    return _mapping("scatter", x, group, where, _keep_mine, _all_gather, -1)
+
+
+def gather_from_tensor_region(x, group, where="gather"):
+    """All-gather the last axis; backward keeps this rank's slice (conjugate: scatter)."""
+    return _mapping("gather", x, group, where, _all_gather, _keep_mine, -1)
+
+
+def scatter_to_sequence_region(x, group, where="scatter_seq"):
+    """Keep this rank's slice of T; backward all-gathers T (conjugate: gather_from_sequence)."""
+    return _mapping("scatter_seq", x, group, where, _keep_mine, _all_gather, SEQ)
+
+
+def gather_from_sequence_region(x, group, where="gather_seq"):
+    """All-gather T, backward reduce-scatter T (conjugate: reduce_scatter_to_sequence). Takes the
+    place of f before a column-parallel linear under sequence parallelism."""
+    return _mapping("gather_seq", x, group, where, _all_gather, _reduce_scatter, SEQ)
+
+
+def reduce_scatter_to_sequence_region(x, group, where="reduce_scatter_seq"):
+    """Reduce-scatter T, backward all-gather T (conjugate: gather_from_sequence). Takes the place
+    of g after a row-parallel linear under sequence parallelism."""
+    return _mapping("reduce_scatter_seq", x, group, where, _reduce_scatter, _all_gather, SEQ)
+
+
+# ----------------------------------------------------------------------------------------------
+# Layers
+# ----------------------------------------------------------------------------------------------
+
+class ColumnParallelLinear(Module):
+    """Y_i = X A_iᵀ + b_i. Rank i holds out/p of the weight's rows (and of the bias). The input
+    enters through f, or through an all-gather of T under sequence parallelism. The output stays
+    split unless ``gather_output``. ``stride`` (Megatron's name) splits each of that many row
+    blocks separately: 3 for a fused QKV weight, so a rank keeps q, k and v of the same heads."""
+
+    def __init__(self, in_features, out_features, group, bias=True, gather_output=False,
+                 stride=1, sequence_parallel=False, dtype="float32"):
+        super().__init__()
+        divide(out_features // stride, group.size, "output size")
+        self.group, self.gather_output, self.sequence_parallel = group, gather_output, \
+            sequence_parallel
+        self.where = "column"
+        full = nn.Linear(in_features, out_features, bias, dtype)  # drawn whole on every rank
+        self.weight = Parameter(shard(full.weight.data, 0, group.rank, group.size, stride))
+        self.bias = Parameter(shard(full.bias.data, 0, group.rank, group.size, stride)) \
+            if bias else None
+        self.tp_split = {"weight": (0, stride), "bias": (0, stride)}
+
+    def forward(self, x):
+        enter = gather_from_sequence_region if self.sequence_parallel else copy_to_tensor_region
+        y = F.linear(enter(x, self.group, self.where), self.weight, self.bias)
+        return gather_from_tensor_region(y, self.group, self.where) if self.gather_output else y
+
+
+class RowParallelLinear(Module):
+    """Y = Σ_i X_i A_iᵀ + b. Rank i holds in/p of the weight's columns and the input slice X_i
+    (scattered first unless ``input_is_parallel``). The partial products are summed by g, or by a
+    reduce-scatter of T under sequence parallelism. The bias is replicated and added once, after
+    the sum."""
+
+    def __init__(self, in_features, out_features, group, bias=True, input_is_parallel=True,
+                 sequence_parallel=False, dtype="float32"):
+        super().__init__()
+        divide(in_features, group.size, "input size")
+        self.group, self.input_is_parallel, self.sequence_parallel = group, input_is_parallel, \
+            sequence_parallel
+        self.where = "row"
+        full = nn.Linear(in_features, out_features, bias, dtype)
+        self.weight = Parameter(shard(full.weight.data, 1, group.rank, group.size))
+        self.bias = Parameter(full.bias.data) if bias else None
+        self.tp_split = {"weight": (1, 1)}
+
+    def forward(self, x):
+        if not self.input_is_parallel:
+            x = scatter_to_tensor_region(x, self.group, self.where)
+        leave = reduce_scatter_to_sequence_region if self.sequence_parallel \
+            else reduce_from_tensor_region
+        y = leave(F.linear(x, self.weight), self.group, self.where)
+        return y if self.bias is None else y + self.bias
+
+
+class ParallelMLP(Module):
+    """nn.MLP split: c_fc column-parallel -> GeLU on each rank's slice -> c_proj row-parallel.
+    One all-reduce forward (g) and one backward (f). The GeLU is what decides the split: see the
+    module docstring."""
+
+    def __init__(self, n_embd, group, dropout=0.0, hidden=None, sequence_parallel=False,
+                 dtype="float32"):
+        super().__init__()
+        hidden = hidden or 4 * n_embd
+        divide(hidden, group.size, "MLP hidden size")
+        self.c_fc = ColumnParallelLinear(n_embd, hidden, group, sequence_parallel=sequence_parallel,
+                                         dtype=dtype)
+        self.gelu = nn.GELU()
+        self.c_proj = RowParallelLinear(hidden, n_embd, group, sequence_parallel=sequence_parallel,
+                                        dtype=dtype)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class ParallelSelfAttention(Module):
+    """nn.CausalSelfAttention split by heads. Rank i owns H/p whole heads: its rows of q, k and v
+    (c_attn column-parallel with stride 3) and the matching input columns of c_proj (row-parallel).
+    Heads attend independently, so the only sum is c_proj's.
+
+    Attention dropout draws this rank's mask for its own heads. That is correct training, but it
+    is not the serial model's mask sliced, so equivalence with the serial model needs
+    dropout = 0. Megatron keeps a separate random stream per tensor rank for this."""
+
+    def __init__(self, n_embd, n_head, group, dropout=0.0, sequence_parallel=False,
+                 dtype="float32"):
+        super().__init__()
+        if n_embd % n_head:
+            raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}")
+        self.n_head, self.head_dim, self.p = n_head, n_embd // n_head, dropout
+        self.local_heads = divide(n_head, group.size, "number of attention heads")
+        self.c_attn = ColumnParallelLinear(n_embd, 3 * n_embd, group, stride=3,
+                                           sequence_parallel=sequence_parallel, dtype=dtype)
+        self.c_proj = RowParallelLinear(n_embd, n_embd, group, sequence_parallel=sequence_parallel,
+                                        dtype=dtype)
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        qkv = self.c_attn(x)  # (B, T, 3·H/p·d): [q, k, v] of this rank's heads
+        B, T, _ = qkv.shape
+        H, d = self.local_heads, self.head_dim
+        qkv = qkv.reshape(B, T, 3, H, d).permute(2, 0, 3, 1, 4)  # (3, B, H/p, T, d)
+        y = F.causal_self_attention(qkv[0], qkv[1], qkv[2], dropout_p=self.p,
+                                    training=self.training)
+        return self.resid_dropout(self.c_proj(y.permute(0, 2, 1, 3).reshape(B, T, H * d)))
+
+
+class VocabParallelEmbedding(Module):
+    """nn.Embedding split by vocabulary. Rank i holds rows [i·V/p, (i+1)·V/p). A token outside
+    that range gets a zero vector, so g's sum (or a reduce-scatter of T under sequence
+    parallelism) gives every token its one owner's row."""
+
+    def __init__(self, num_embeddings, embedding_dim, group, sequence_parallel=False,
+                 dtype="float32"):
+        super().__init__()
+        self.num_embeddings = num_embeddings
+        self.per_rank = divide(num_embeddings, group.size, "vocabulary size")
+        self.vocab_start = group.rank * self.per_rank
+        self.group, self.sequence_parallel, self.where = group, sequence_parallel, "embedding"
+        full = nn.Embedding(num_embeddings, embedding_dim, dtype)
+        self.weight = Parameter(shard(full.weight.data, 0, group.rank, group.size))
+        self.tp_split = {"weight": (0, 1)}
+
+    def forward(self, ids):
+        ids = ids.data if isinstance(ids, Tensor) else backend.asarray(ids)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_embeddings):
+            raise IndexError(f"embedding: ids must lie in [0, {self.num_embeddings}), got "
+                             f"[{int(ids.min())}, {int(ids.max())}]")
+        xp = backend.get_array_module(ids)
+        local = ids - self.vocab_start
+        mine = (local >= 0) & (local < self.per_rank)
+        rows = ops.embedding(self.weight, xp.where(mine, local, 0))
+        rows = rows * mine[..., None].astype(rows.dtype)
+        leave = reduce_scatter_to_sequence_region if self.sequence_parallel \
+            else reduce_from_tensor_region
+        return leave(rows, self.group, self.where)
+
+
+def vocab_parallel_cross_entropy(local_logits, targets, group, where="loss"):
+    """Mean cross-entropy from each rank's vocabulary slice of the logits, none gathered.
+
+    With z the logits of one token and M = max_v z_v:
+        loss = log Σ_v exp(z_v − M) − (z_target − M)
+    Three all-reduces of one number per token give it: the max (op max), the sum of exponentials,
+    and the target's shifted logit (only its owner contributes a non-zero). The backward pass
+    needs no communication: d loss/d z_v = (softmax(z)_v − [v = target]) / n on each local slice.
+    """
+    logits = as_tensor(local_logits)
+    t = targets.data if isinstance(targets, Tensor) else backend.asarray(targets)
+    if logits.shape[:-1] != t.shape:
+        raise ValueError(f"vocab_parallel_cross_entropy: logits of shape {logits.shape} need "
+                         f"targets of shape {logits.shape[:-1]}, got {t.shape}")
+    xp = backend.get_array_module(logits.data)
+    v_local = logits.shape[-1]
+    z = logits.data.reshape(-1, v_local)
+    local_t = t.reshape(-1) - group.rank * v_local
+    mine = (local_t >= 0) & (local_t < v_local)
+    local_t = xp.where(mine, local_t, 0)
+    rows = xp.arange(z.shape[0])
+    note = (where, "forward")
+    z = z - _all_reduce(z.max(axis=-1), group, -1, note, op="max")[:, None]
+    e = xp.exp(z)
+    total = _all_reduce(e.sum(axis=-1), group, -1, note)
+    z_target = _all_reduce(z[rows, local_t] * mine, group, -1, note)
+    n = z.shape[0]
+    loss = (xp.log(total) - z_target).sum() / n
+
+    def backward(g):
+        grad = e / total[:, None]
+        grad[rows, local_t] -= mine
+        grad *= g / n
+        return (grad.reshape(logits.shape),)
+
+    return make_result(xp.asarray(loss, dtype=logits.dtype), (logits,), backward,
+                       "vocab_parallel_cross_entropy")

@@ -1,0 +1,321 @@
+"""Tensor parallelism equals the serial model: layers, loss, whole GPT, training, accounting.
+
+One launch of 4 ranks checks tensor size 4 (the world) and tensor size 2 (groups [0, 1] and
+[2, 3] from the rank grid, as a 3D run would build them), all in float64 to 1e-10. A second
+launch of 2 ranks checks that bad input raises the same clear error on every rank.
+"""
+import numpy as np
+import pytest
+
+from minipar.testing import run_on_ranks
+
+TOL = 1e-10
+B, T, C, H, V = 2, 8, 16, 4, 32
+
+
+def _setup():
+    from minipar import comm
+    from minipar.parallel.groups import RankGrid
+
+    world = comm.world()
+    grid = RankGrid(world.size, tp=2)
+    pairs = [world.group(ranks) for ranks in grid.groups("tp")]  # collective: every rank builds all
+    return world, next(g for g in pairs if g is not None)
+
+
+def _err(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return float(np.max(np.abs(a - b))) if a.size else 0.0
+
+
+def _compare_layer(name, serial, parallel, group, x, seq=False, loss_weight=None):
+    """Forward and backward both; returns [(what, max error)] for output, dx and every slice."""
+    from minipar import Tensor
+    from minipar.parallel.tensor import allreduce_replicated_grads, shard
+    from minipar.parallel.tensor_gpt import local_slices
+
+    r, p = group.rank, group.size
+    cut = (lambda a: shard(a, 1, r, p)) if seq else (lambda a: a)
+    xs = Tensor(x.copy(), requires_grad=x.dtype.kind == "f")
+    xp_ = Tensor(cut(x).copy(), requires_grad=x.dtype.kind == "f")
+    ys, yp = serial(xs), parallel(xp_)
+    w = loss_weight if loss_weight is not None else np.cos(np.arange(ys.size)).reshape(ys.shape)
+    (ys * w).sum().backward()
+    (yp * cut(w)).sum().backward()
+    if seq:
+        allreduce_replicated_grads(parallel, group)
+    out = [(f"{name} output", _err(yp.data, cut(ys.data)))]
+    if xs.requires_grad:
+        out.append((f"{name} dx", _err(xp_.grad, cut(xs.grad))))
+    want = local_slices(parallel, {n: q.grad for n, q in serial.named_parameters()}, group)
+    for n, q in parallel.named_parameters():
+        out.append((f"{name} d{n}", _err(q.grad, want[n])))
+    return out
+
+
+def _mappings(group):
+    """Each operator's forward and backward against NumPy, from every rank's input X[r] and
+    output gradient W[r] (the same arrays drawn on every rank)."""
+    from minipar import Tensor
+    from minipar.parallel import tensor as tp
+
+    r, p = group.rank, group.size
+    X = np.random.default_rng(5).standard_normal((p, B, T, C))
+    c, t = slice(r * C // p, (r + 1) * C // p), slice(r * T // p, (r + 1) * T // p)
+    cat = np.concatenate
+    expected = {  # operator: (forward, backward) as functions of X and W
+        "copy_to_tensor_region": (lambda: X[r], lambda W: W.sum(0)),
+        "reduce_from_tensor_region": (lambda: X.sum(0), lambda W: W[r]),
+        "scatter_to_tensor_region": (lambda: X[r][..., c], lambda W: cat(list(W), -1)),
+        "gather_from_tensor_region": (lambda: cat(list(X), -1),
+                                      lambda W: W[r][..., r * C:(r + 1) * C]),
+        "scatter_to_sequence_region": (lambda: X[r][:, t], lambda W: cat(list(W), 1)),
+        "gather_from_sequence_region": (lambda: cat(list(X), 1),
+                                        lambda W: W.sum(0)[:, r * T:(r + 1) * T]),
+        "reduce_scatter_to_sequence_region": (lambda: X.sum(0)[:, t], lambda W: cat(list(W), 1)),
+    }
+    found = []
+    for i, (name, (forward, backward)) in enumerate(expected.items()):
+        x = Tensor(X[r].copy(), requires_grad=True)
+        y = getattr(tp, name)(x, group)
+        W = np.random.default_rng(10 + i).standard_normal((p,) + y.shape)
+        (y * W[r]).sum().backward()
+        found += [(f"{name} forward", _err(y.data, forward())),
+                  (f"{name} backward", _err(x.grad, backward(W)))]
+    return found
+
+
+def _layers(group, seq):
+    """MLP, attention (with and without sequence parallelism), embedding, cross-entropy."""
+    import minipar
+    from minipar import Tensor, functional as F, nn
+    from minipar.parallel import tensor as tp
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((B, T, C))
+    found = []
+    kw = {"sequence_parallel": seq}
+    tag = "sp " if seq else ""
+    minipar.manual_seed(1)
+    serial = nn.MLP(C).double()
+    minipar.manual_seed(1)
+    found += _compare_layer(tag + "mlp", serial, tp.ParallelMLP(C, group, **kw).double(), group,
+                            x, seq)
+    minipar.manual_seed(2)
+    serial = nn.CausalSelfAttention(C, H).double()
+    minipar.manual_seed(2)
+    found += _compare_layer(tag + "attention", serial,
+                            tp.ParallelSelfAttention(C, H, group, **kw).double(), group, x, seq)
+    if seq:
+        return found
+    minipar.manual_seed(4)  # gather_output=True, then input_is_parallel=False: whole in and out
+    serial = nn.Sequential(nn.Linear(C, 8), nn.Linear(8, C)).double()
+    minipar.manual_seed(4)
+    found += _compare_layer("column-row", serial, nn.Sequential(
+        tp.ColumnParallelLinear(C, 8, group, gather_output=True),
+        tp.RowParallelLinear(8, C, group, input_is_parallel=False)).double(), group, x)
+    ids = rng.integers(0, V, (B, T))
+    minipar.manual_seed(3)
+    serial = nn.Embedding(V, C).double()
+    minipar.manual_seed(3)
+    found += _compare_layer("embedding", serial, tp.VocabParallelEmbedding(V, C, group).double(),
+                            group, ids)
+    logits = rng.standard_normal((B, T, V)) * 3
+    targets = rng.integers(0, V, (B, T))
+    full = Tensor(logits.copy(), requires_grad=True)
+    mine = Tensor(tp.shard(logits, 2, group.rank, group.size).copy(), requires_grad=True)
+    loss_s = F.cross_entropy(full, targets)
+    loss_p = tp.vocab_parallel_cross_entropy(mine, targets, group)
+    loss_s.backward()
+    loss_p.backward()
+    found.append(("cross-entropy loss", _err(loss_p.data, loss_s.data)))
+    found.append(("cross-entropy dlogits",
+                  _err(mine.grad, tp.shard(full.grad, 2, group.rank, group.size))))
+    return found
+
+
+def _gpt(group, seq):
+    """Whole-model loss, logits and gradients; gather_to_serial; three AdamW steps."""
+    import minipar
+    from minipar import nn, optim
+    from minipar.parallel import tensor as tp
+    from minipar.parallel.tensor_gpt import (TensorParallelGPT, copy_serial_slices,
+                                             gather_to_serial, local_slices, shard_from_serial)
+
+    config = nn.GPTConfig(vocab_size=V, block_size=T, n_layer=2, n_head=H, n_embd=C)
+    rng = np.random.default_rng(1)
+    ids, targets = rng.integers(0, V, (B, T)), rng.integers(0, V, (B, T))
+    tag = "sp " if seq else ""
+    minipar.manual_seed(7)
+    serial = nn.GPT(config).double()
+    model = shard_from_serial(serial, group, sequence_parallel=seq)
+    found = []
+    minipar.manual_seed(7)
+    fresh = TensorParallelGPT(config, group, sequence_parallel=seq).double()
+    state = dict(model.named_parameters())
+    found += [(f"{tag}init {n}", _err(q.data, state[n].data)) for n, q in fresh.named_parameters()]
+    full = gather_to_serial(model, group)
+    found += [(f"{tag}gather {n}", _err(full[n], q.data)) for n, q in serial.named_parameters()]
+    minipar.manual_seed(8)  # a pipeline stage loaded from the same stage of the serial model
+    stage = TensorParallelGPT(config, group, seq).double().to_sequential()[2:]
+    copy_serial_slices(stage, serial.to_sequential()[2:], group)
+    with minipar.no_grad():
+        loss_stages = model.loss(stage(model.to_sequential()[:2](ids)), targets)
+        loss_whole = model(ids, targets)[1]
+    found.append((f"{tag}two stages loss", _err(loss_stages.data, loss_whole.data)))
+    opt_s = optim.AdamW(serial.parameters(), lr=1e-2)
+    opt_p = optim.AdamW(model.parameters(), lr=1e-2)
+    for step in range(3):
+        logits_s, loss_s = serial(ids, targets)
+        logits_p, loss_p = model(ids, targets)
+        loss_s.backward()
+        loss_p.backward()
+        model.finalize_grads()
+        found.append((f"{tag}step {step} loss", _err(loss_p.data, loss_s.data)))
+        if step == 0:
+            found.append((f"{tag}logits", _err(logits_p.data, tp.shard(logits_s.data, 2, group.rank,
+                                                                      group.size))))
+            want = local_slices(model, {n: q.grad for n, q in serial.named_parameters()}, group)
+            found += [(f"{tag}grad {n}", _err(q.grad, want[n]))
+                      for n, q in model.named_parameters()]
+        opt_s.step()
+        opt_p.step()
+        opt_s.zero_grad()
+        opt_p.zero_grad()
+    return found
+
+
+def _accounting(group, seq):
+    """Counts and sizes of the tensor-group collectives of one step of a 2-layer model."""
+    import minipar
+    from minipar import nn
+    from minipar.parallel.tensor import CollectiveLog
+    from minipar.parallel.tensor_gpt import TensorParallelGPT, tally
+
+    config = nn.GPTConfig(vocab_size=V, block_size=T, n_layer=2, n_head=H, n_embd=C)
+    minipar.manual_seed(0)
+    model = TensorParallelGPT(config, group, sequence_parallel=seq).double()
+    ids = np.random.default_rng(2).integers(0, V, (B, T))
+    with CollectiveLog() as log:
+        _, loss = model(ids, ids)
+        loss.backward()
+        model.finalize_grads()
+    table = tally(log.events)
+    return {where: {d: {op: row[:2] for op, row in ops_.items()} for d, ops_ in dirs.items()}
+            for where, dirs in table.items()}
+
+
+def equivalence_body():
+    world, pair = _setup()
+    results = {}
+    for name, group in (("tp4", world), ("tp2", pair)):
+        found = _mappings(group)
+        for seq in (False, True):
+            found += _layers(group, seq) + _gpt(group, seq)
+        results[name] = {"worst": max(found, key=lambda item: item[1]), "checked": len(found),
+                         "bad": [item for item in found if not item[1] <= TOL]}
+        results[name]["accounting"] = _accounting(group, False)
+        results[name]["accounting_sp"] = _accounting(group, True)
+    return results
+
+
+@pytest.fixture(scope="module")
+def equivalence():
+    return run_on_ranks(equivalence_body, 4, timeout=240)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("tp", ["tp4", "tp2"])
+def test_layers_gpt_and_training_equal_serial(equivalence, tp):
+    for rank, result in enumerate(equivalence):
+        assert result[tp]["checked"] > 60
+        assert not result[tp]["bad"], f"rank {rank}: {result[tp]['bad']}"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("tp", ["tp4", "tp2"])
+def test_accounting_two_all_reduces_each_way_per_layer(equivalence, tp):
+    """Megatron's count: per layer 2 all-reduces forward and 2 backward of B·T·C floats."""
+    act = B * T * C * 8
+    table = equivalence[0][tp]["accounting"]
+    for layer in ("blocks.0", "blocks.1"):
+        assert table[layer] == {"forward": {"all_reduce": [2, 2 * act]},
+                                "backward": {"all_reduce": [2, 2 * act]}}
+    assert table["embed"] == {"forward": {"all_reduce": [1, act]}}
+    assert table["lm_head"] == {"backward": {"all_reduce": [1, act]}}
+    assert table["loss"] == {"forward": {"all_reduce": [3, 3 * B * T * 8]}}  # one number a token
+    assert all(result[tp]["accounting"] == table for result in equivalence)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("tp", ["tp4", "tp2"])
+def test_accounting_sequence_parallel(equivalence, tp):
+    """Each all-reduce becomes a reduce-scatter or an all-gather of the same whole tensor."""
+    act = B * T * C * 8
+    table = equivalence[0][tp]["accounting_sp"]
+    for layer in ("blocks.0", "blocks.1"):
+        for direction in ("forward", "backward"):
+            assert table[layer][direction] == {"all_gather": [2, 2 * act],
+                                               "reduce_scatter": [2, 2 * act]}
+    assert table["embed"] == {"forward": {"reduce_scatter": [1, act]},
+                              "backward": {"all_gather": [1, act]}}  # g's backward was identity
+    assert table["lm_head"] == {"forward": {"all_gather": [1, act]},
+                                "backward": {"reduce_scatter": [1, act]}}
+    assert set(table["grads"]["backward"]) == {"all_reduce"}  # LayerNorm, bias, wpe grads
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input: the same clear error on every rank
+# ----------------------------------------------------------------------------------------------
+
+def bad_input_body():
+    from minipar import comm, nn
+    from minipar.parallel import tensor as tp
+    from minipar.parallel.tensor_gpt import TensorParallelGPT
+
+    g = comm.world()
+    cases = {
+        "heads": lambda: TensorParallelGPT(nn.GPTConfig(n_embd=12, n_head=3, vocab_size=32), g),
+        "hidden": lambda: TensorParallelGPT(nn.GPTConfig(n_embd=9, n_head=3, vocab_size=32), g),
+        "vocab": lambda: TensorParallelGPT(nn.GPTConfig(vocab_size=65), g),
+        "attention heads": lambda: tp.ParallelSelfAttention(12, 3, g),
+        "mlp hidden": lambda: tp.ParallelMLP(8, g, hidden=9),
+        "column": lambda: tp.ColumnParallelLinear(4, 5, g),
+        "row": lambda: tp.RowParallelLinear(5, 4, g),
+        "embedding": lambda: tp.VocabParallelEmbedding(65, 4, g),
+        "sequence": lambda: TensorParallelGPT(nn.GPTConfig(vocab_size=32, n_embd=8, n_head=2),
+                                              g, sequence_parallel=True)(np.zeros((1, 5), int)),
+        "targets": lambda: tp.vocab_parallel_cross_entropy(np.zeros((2, 3, 4)), np.zeros(2, int),
+                                                           g),
+    }
+    seen = {}
+    for case, make in cases.items():
+        try:
+            make()
+            seen[case] = "no error"
+        except (ValueError, IndexError) as error:
+            seen[case] = str(error)
+    g.barrier()  # nobody is left inside a collective
+    return seen
+
+
+@pytest.mark.mpi
+def test_bad_input_is_the_same_clear_error_on_every_rank():
+    per_rank = run_on_ranks(bad_input_body, 2, timeout=60)
+    expected = {"heads": "number of attention heads n_head 3",
+                "hidden": "hidden size n_embd 9",
+                "vocab": "vocabulary size 65",
+                "attention heads": "number of attention heads 3",
+                "mlp hidden": "MLP hidden size 9",
+                "column": "output size 5",
+                "row": "input size 5",
+                "embedding": "vocabulary size 65",
+                "sequence": "sequence length 5",
+                "targets": "need targets of shape (2, 3)"}
+    for rank, seen in enumerate(per_rank):
+        assert seen == per_rank[0], f"rank {rank} saw different errors"
+        for case, words in expected.items():
+            assert words in seen[case], f"rank {rank}, {case}: {seen[case]}"
+            if case != "targets":
+                assert "not divisible by the tensor-parallel size 2" in seen[case]
