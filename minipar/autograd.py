@@ -159,8 +159,17 @@ class Tensor:
 
 
 def run_backward(roots, grads, retain_graph=False):
-    """Propagate ``grads`` (arrays, one per root) back through the graph below ``roots``."""
+    """Propagate ``grads`` (arrays, one per root) back through the graph below ``roots``.
+
+    A leaf's gradient is final once every node that uses it has run, so each leaf is finished
+    (``.grad`` set, post-accumulate hooks called) right then, while backward goes on, not at its
+    place in the topological order (which may be the very end)."""
     order = _topological_order(roots)
+    uses = {}  # leaf id -> how many (node, parent) edges still have to deliver a gradient
+    for node in order:
+        for parent in node._parents:
+            if parent.requires_grad and parent._backward is None:
+                uses[id(parent)] = uses.get(id(parent), 0) + 1
     pending = {}
     for root, g in zip(roots, grads):
         _accumulate(pending, root, g)
@@ -168,15 +177,9 @@ def run_backward(roots, grads, retain_graph=False):
         g = pending.pop(id(node), None)
         if g is None:
             continue
-        if node._hooks:
-            for hook in node._hooks:
-                new = hook(g)
-                g = g if new is None else _as_array(getattr(new, "data", new), g.dtype)
-        if node._backward is None:  # a leaf: keep the gradient
-            node.grad = g if node.grad is None else node.grad + g
-            if node._post_hooks:
-                for hook in node._post_hooks:
-                    hook(node)
+        g = _apply_hooks(node, g)
+        if node._backward is None:  # a leaf not finished below (a root, or some use got no grad)
+            _finish_leaf(node, g)
             continue
         if node._retain:
             node.grad = g if node.grad is None else node.grad + g
@@ -184,8 +187,26 @@ def run_backward(roots, grads, retain_graph=False):
         for parent, pg in zip(node._parents, parent_grads):
             if pg is not None and parent.requires_grad:
                 _accumulate(pending, parent, pg)
+            if parent.requires_grad and parent._backward is None:
+                uses[id(parent)] -= 1
+                if uses[id(parent)] == 0 and id(parent) in pending:
+                    _finish_leaf(parent, _apply_hooks(parent, pending.pop(id(parent))))
         if not retain_graph:
             release(node)
+
+
+def _apply_hooks(node, g):
+    for hook in node._hooks or ():
+        new = hook(g)
+        g = g if new is None else _as_array(getattr(new, "data", new), g.dtype)
+    return g
+
+
+def _finish_leaf(node, g):
+    """Keep a leaf's gradient, then tell its post-accumulate hooks."""
+    node.grad = g if node.grad is None else node.grad + g
+    for hook in node._post_hooks or ():
+        hook(node)
 
 
 def release(node):

@@ -1,0 +1,120 @@
+"""Lesson 06: ZeRO: shard the optimizer state and the gradients, keep the same loss curve.
+
+    mpiexec -n 4 python lessons/06_zero.py
+    mpiexec -n 2 python lessons/06_zero.py --quick   (a few seconds: the smoke run)
+
+Plain data parallelism keeps a full copy of everything on every rank: for Adam in float32 that is
+4 bytes of parameters, 4 of gradients and 8 of optimizer state per parameter, 16 in all, however
+many ranks share the work. ZeRO (Rajbhandari et al. 2020) cuts the redundant copies: stage 1
+gives each rank 1/N of the optimizer state (it updates only its 1/N of the parameters, then an
+all-gather shares them), stage 2 also keeps only 1/N of the reduced gradients. Part 1 measures
+the bytes one rank holds, right after backward, for N = 1 .. world size (groups carved out of the
+world with ``split``). Part 2 trains a tiny GPT on the Python documentation with plain DDP, ZeRO-1
+and ZeRO-2 on all ranks and prints the three loss curves side by side: the same numbers.
+"""
+import argparse
+
+import numpy as np
+
+import minipar
+import minipar.nn as nn
+from minipar import comm, optim
+from minipar.data import CharTokenizer, load_text
+from minipar.parallel.data import DistributedDataParallel
+from minipar.parallel.sampler import local_batch_size
+from minipar.parallel.zero import ZeRO
+
+CONFIG = dict(block_size=32, n_layer=2, n_head=4, n_embd=64)
+GLOBAL_BATCH = 24  # divides among 1, 2, 3, 4, 6 or 8 ranks
+
+
+def say(world, *text):
+    if world.rank == 0:
+        print(*text, flush=True)
+
+
+def make(kind, group, vocab):
+    """(model, step, zero_grad, memory) functions for plain data parallel or ZeRO stage 1/2."""
+    minipar.manual_seed(0)
+    model = nn.GPT(nn.GPTConfig(vocab_size=vocab, **CONFIG))
+    adamw = lambda params: optim.AdamW(params, lr=3e-3)  # noqa: E731
+    if kind == "DP":
+        net = DistributedDataParallel(model, group, bucket_cap_mb=0.25)
+        opt = adamw(model.parameters())
+        return model, opt.step, opt.zero_grad, lambda: {"parameters": sum(p.data.nbytes for p in
+                                                         model.parameters()),
+                                         "gradients": net.gradient_bytes(),
+                                         "optimizer_state": opt.state_bytes()}
+    zero = ZeRO(model, adamw, group, stage=int(kind[-1]), bucket_cap_mb=0.25)
+    return model, zero.step, zero.zero_grad, zero.memory_bytes
+
+
+def global_batch(data, step):
+    """The step's global batch, the same on every rank (a seeded generator)."""
+    starts = np.random.default_rng(step).integers(0, len(data) - CONFIG["block_size"] - 1,
+                                                  GLOBAL_BATCH)
+    windows = data[starts[:, None] + np.arange(CONFIG["block_size"] + 1)]
+    return windows[:, :-1], windows[:, 1:]
+
+
+def train_steps(kind, group, data, vocab, steps):
+    """Losses (mean over the global batch) and this rank's memory after the last backward."""
+    model, step, zero_grad, memory = make(kind, group, vocab)
+    b = local_batch_size(GLOBAL_BATCH, group.size)
+    mine = slice(group.rank * b, (group.rank + 1) * b)
+    losses = []
+    for s in range(steps):
+        x, y = global_batch(data, s)
+        zero_grad()
+        loss = model(x[mine], y[mine])[1]
+        loss.backward()
+        held = memory()  # after backward, before the step: gradients at their largest
+        step()
+        losses.append(group.all_reduce(np.array([loss.item()]), op="avg")[0])
+    return losses, held
+
+
+def part1_memory(world, data, vocab):
+    say(world, "Part 1: kB one rank holds after backward (parameters / gradients / optimizer "
+               "state), float32 AdamW, tiny GPT")
+    say(world, f"  {'N':>2s}  {'plain DP':>20s}  {'ZeRO-1':>20s}  {'ZeRO-2':>20s}")
+    for k in range(1, world.size + 1):
+        group = world.split(0 if world.rank < k else 1)
+        if world.rank < k:
+            cells = []
+            for kind in ("DP", "ZeRO-1", "ZeRO-2"):
+                _, held = train_steps(kind, group, data, vocab, steps=2)  # state exists after 1
+                cells.append("/".join(f"{held[key] / 1e3:.0f}" for key in
+                                      ("parameters", "gradients", "optimizer_state")))
+            say(world, f"  {k:2d}  " + "  ".join(f"{c:>20s}" for c in cells))
+        world.barrier()
+    say(world, "  ZeRO-1 divides the optimizer state by N, ZeRO-2 the gradients too; parameters "
+               "stay whole (that is stage 3). DP's gradients live in its bucket buffers.")
+
+
+def part2_same_curve(world, data, vocab, steps):
+    say(world, f"\nPart 2: the loss curve on {world.size} ranks, global batch {GLOBAL_BATCH}")
+    curves = {kind: train_steps(kind, world, data, vocab, steps)[0]
+              for kind in ("DP", "ZeRO-1", "ZeRO-2")}
+    say(world, f"  {'step':>4s} {'plain DP':>10s} {'ZeRO-1':>10s} {'ZeRO-2':>10s}")
+    for s in range(0, steps, max(1, steps // 8)):
+        say(world, f"  {s:4d} " + " ".join(f"{curves[k][s]:10.5f}" for k in curves))
+    gap = max(abs(a - b) for k in ("ZeRO-1", "ZeRO-2") for a, b in zip(curves["DP"], curves[k]))
+    say(world, f"  largest loss difference from plain DP over {steps} steps: {gap:.1e} "
+               f"(float32 rounding)")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
+    args = parser.parse_args()
+    world = comm.world()
+    text = load_text("pydoc")
+    tok = CharTokenizer(text)
+    data = tok.encode(text)
+    part1_memory(world, data, tok.vocab_size)
+    part2_same_curve(world, data, tok.vocab_size, steps=4 if args.quick else 40)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""Data parallelism with all-reduce: every rank holds the whole model, sees 1/N of the batch, and
+the ranks average their gradients before each step (Li et al. 2020, "PyTorch Distributed").
+
+    model = DistributedDataParallel(net, comm, bucket_cap_mb=1, algorithm="ring")
+    loss = loss_fn(model(x_local), y_local)   # the mean over this rank's local batch
+    loss.backward()                           # buckets are averaged while backward goes on
+    optimizer.step()                          # every rank applies the same averaged gradient
+
+Why averaging is right. With equal local batches of b samples, the gradient of the global mean
+loss (1/Nb) sum_i l_i is (1/N) sum_r [(1/b) sum_{i in r} l_i]': the average over ranks of each
+rank's local-mean gradient. So N ranks take exactly the steps serial training takes on the
+global batch (up to rounding); unequal local batches would need weights b_r / B instead, which
+is why ``sampler.local_batch_size`` refuses a global batch that does not divide.
+
+Start. ``broadcast_parameters`` copies rank 0's parameters and buffers to every rank: values
+that differ elsewhere are OVERWRITTEN, and they are also detected: the names that differed are
+kept in ``model.mismatched`` and, by default, a warning names them (``on_mismatch="raise"``
+refuses instead, with the same error on every rank).
+
+Buckets (the overlap). Gradients become ready roughly in reverse parameter order (the last layer
+first), so parameters are grouped in reverse order into buckets of about ``bucket_cap_mb``, each
+with one contiguous buffer. A parameter's post-accumulate-grad hook copies its gradient into its
+bucket; when a bucket is full it is handed to ``comm.iall_reduce`` (average), which runs on the
+communicator's background thread while backward computes the next layers (NumPy and MPI drop the
+GIL, so the two really run together). Buckets are launched strictly in bucket order, so every
+rank issues the same collectives in the same order. When the last bucket has been launched,
+the hook waits for all of them and points each ``p.grad`` at its averaged slice: once
+``loss.backward()`` returns, the gradients are averaged. Contract: if some parameters got no
+gradient in a step (unused), their buckets never fill; call ``model.synchronize()`` before
+``optimizer.step()`` (it is a no-op when backward already finished the job). ``overlap=False``
+keeps the buckets but reduces them one after another once backward has ended (the benchmark's
+baseline). Inside ``with model.no_sync():`` gradients only accumulate locally (gradient
+accumulation); the first backward outside it averages the accumulated sums.
+"""
+import contextlib
+import warnings
+
+from .. import backend
+from ..comm import world
+from ..nn.module import Module
+
+
+# ----------------------------------------------------------------------------------------------
+# Pieces shared with the parameter server and ZeRO
+# ----------------------------------------------------------------------------------------------
+
+def broadcast_parameters(module, comm, on_mismatch="warn"):
+    """Give every rank rank 0's parameters and buffers (in place); return the names that differed
+    on this rank. ``on_mismatch``: "warn" (overwrite and warn), "ignore", or "raise" (every rank
+    raises the same ValueError naming the ranks and parameters that differed)."""
+    if on_mismatch not in ("warn", "ignore", "raise"):
+        raise ValueError(f"on_mismatch must be 'warn', 'ignore' or 'raise', got {on_mismatch!r}")
+    tensors = [(name, p.data) for name, p in module.named_parameters()]
+    differed = []
+    for name, array in tensors + list(module.named_buffers()):
+        theirs = comm.broadcast(array, root=0)
+        if not backend.get_array_module(array).array_equal(theirs, array):
+            differed.append(name)
+        array[...] = theirs
+    everyone = comm.mpi.allgather(differed)  # a small check, not part of the algorithm
+    summary = "; ".join(f"rank {r}: {', '.join(names)}"
+                        for r, names in enumerate(everyone) if names)
+    if summary and on_mismatch == "raise":
+        raise ValueError(f"parameters differ from rank 0's at wrap time ({summary}); seed every "
+                         f"rank alike (minipar.manual_seed) or pass on_mismatch='warn'")
+    if differed and on_mismatch == "warn":
+        warnings.warn(f"rank {comm.rank}: {len(differed)} parameters/buffers differed from rank "
+                      f"0's and were overwritten by the broadcast: {', '.join(differed)}")
+    return differed
+
+
+def make_buckets(params, cap_bytes):
+    """Parameters in reverse order, cut into consecutive groups of at most ``cap_bytes`` (a larger
+    parameter gets a bucket of its own; a change of dtype starts a new bucket)."""
+    buckets, size = [], 0
+    for p in reversed(params):
+        if not buckets or size + p.data.nbytes > cap_bytes or p.dtype != buckets[-1][0].dtype:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(p)
+        size += p.data.nbytes
+    return buckets
+
+
+def offsets(params):
+    """Start of each parameter in a flat vector of ``params`` laid end to end, and the total."""
+    starts, total = [], 0
+    for p in params:
+        starts.append(total)
+        total += p.size
+    return starts, total
+
+
+def flatten_parameters(params, size=None):
+    """One contiguous vector holding the params' values end to end (zero-padded to ``size``);
+    every ``p.data`` becomes a view of it, so writing the vector writes the parameters."""
+    starts, n = offsets(params)
+    flat = backend.get_array_module(params[0].data).zeros(n if size is None else size,
+                                                          params[0].dtype)
+    for p, o in zip(params, starts):
+        flat[o:o + p.size] = p.data.reshape(-1)
+        p.data = flat[o:o + p.size].reshape(p.shape)
+    return flat
+
+
+def flatten_grads(params, out):
+    """Copy the params' gradients end to end into ``out`` (zeros for a missing gradient)."""
+    for p, o in zip(params, offsets(params)[0]):
+        out[o:o + p.size] = 0 if p.grad is None else p.grad.reshape(-1)
+    return out
+
+
+def gradient_bytes(params):
+    """Bytes of the arrays the params' gradients live in (a shared bucket buffer counts once)."""
+    bases = {}
+    for p in params:
+        if p.grad is not None:
+            base = p.grad if p.grad.base is None else p.grad.base
+            bases[id(base)] = base.nbytes
+    return sum(bases.values())
+
+
+class ReadyQueue:
+    """Calls ``launch(i)`` for bucket i once every parameter of it has its gradient, in bucket
+    order (so all ranks issue the same collectives in the same order), then ``finish()`` after
+    the last bucket. ``enabled = False`` (no_sync) makes the hooks do nothing."""
+
+    def __init__(self, buckets, launch, finish):
+        self.sizes = [len(b) for b in buckets]
+        self.bucket_of = {id(p): i for i, b in enumerate(buckets) for p in b}
+        self.launch, self.finish, self.enabled = launch, finish, True
+        self.reset()
+        for b in buckets:
+            for p in b:
+                p.register_post_accumulate_grad_hook(self.ready)
+
+    def reset(self):
+        self.missing, self.next, self.active = list(self.sizes), 0, False
+
+    def ready(self, p):
+        if not self.enabled:
+            return
+        self.active = True
+        self.missing[self.bucket_of[id(p)]] -= 1
+        while self.next < len(self.sizes) and self.missing[self.next] == 0:
+            self.launch(self.next)
+            self.next += 1
+        if self.next == len(self.sizes):
+            self.flush()
+
+    def flush(self):
+        """Launch the buckets still waiting (a missing gradient counts as zero), then finish."""
+        if not self.active:
+            return
+        while self.next < len(self.sizes):
+            self.launch(self.next)
+            self.next += 1
+        self.finish()
+        self.reset()
+
+
+# ----------------------------------------------------------------------------------------------
+# DistributedDataParallel
+# ----------------------------------------------------------------------------------------------
+
+class DistributedDataParallel(Module):
+    """Wrap ``module``: rank 0's parameters everywhere, gradients averaged over ``comm`` in
+    buckets of ``bucket_cap_mb`` with all-reduce ``algorithm`` (any of ``comm.ALGORITHMS``),
+    overlapping backward when ``overlap``. See the module docstring for the contract."""
+
+    def __init__(self, module, comm=None, bucket_cap_mb=25.0, algorithm="ring", overlap=True,
+                 on_mismatch="warn"):
+        super().__init__()
+        self.module = module
+        self.comm = comm or world()
+        self.algorithm, self.overlap = algorithm, overlap
+        self.mismatched = broadcast_parameters(module, self.comm, on_mismatch)
+        params = [p for p in module.parameters() if p.requires_grad]
+        self.buckets = make_buckets(params, bucket_cap_mb * 2**20)
+        self.grad_buffers = [backend.get_array_module(b[0].data).zeros(offsets(b)[1], b[0].dtype)
+                        for b in self.buckets]
+        self.works = [None] * len(self.buckets)
+        self.queue = ReadyQueue(self.buckets, self._launch, self._finish)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward inside accumulates gradients locally; no communication."""
+        self.queue.enabled = False
+        try:
+            yield
+        finally:
+            self.queue.enabled = True
+
+    def synchronize(self):
+        """Finish averaging this step's gradients (needed only when some parameter got none)."""
+        self.queue.flush()
+
+    def _launch(self, i):
+        buf = flatten_grads(self.buckets[i], self.grad_buffers[i])
+        if self.overlap:
+            self.works[i] = self.comm.iall_reduce(buf, op="avg", algorithm=self.algorithm, out=buf)
+
+    def _finish(self):
+        for i, (bucket, buf) in enumerate(zip(self.buckets, self.grad_buffers)):
+            if self.overlap:
+                self.works[i].wait()
+                self.works[i] = None
+            else:
+                self.comm.all_reduce(buf, op="avg", algorithm=self.algorithm, out=buf)
+            for p, o in zip(bucket, offsets(bucket)[0]):
+                p.grad = buf[o:o + p.size].reshape(p.shape)
+
+    def gradient_bytes(self):
+        """Bytes of gradient memory on this rank: the bucket buffers the gradients live in."""
+        return sum(int(b.nbytes) for b in self.grad_buffers)
