@@ -13,7 +13,9 @@ def lessons():
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
         summary = doc.strip().splitlines()[0] if doc.strip() else ""
         run = re.search(r"^\s*(mpiexec .*|python .*)$", doc, re.M)
-        found.append((path, summary, run.group(1).strip() if run else f"python lessons/{path.name}"))
+        command = re.split(r"\s{2,}", run.group(1).strip())[0] if run else \
+            f"python lessons/{path.name}"
+        found.append((path, summary, command))
     return found
 
 

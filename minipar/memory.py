@@ -94,7 +94,9 @@ def remember(node):
     """Called by the engine when ``node`` records a graph (no-op unless a tracker is active)."""
     if not _active:
         return
-    buffers = saved_buffers(node._backward)
+    # A closure may keep a leaf's raw array (``linear`` keeps ``weight.data``): not an activation.
+    leaves = {id(_base(p.data)) for p in node._parents if p._backward is None and not p._parents}
+    buffers = tuple(b for b in saved_buffers(node._backward) if b[0] not in leaves)
     if not buffers:
         return
     trackers = tuple(_active)

@@ -143,7 +143,7 @@ def _read_results(folder, nprocs):
 def _load(name):
     """The callable (or, for a script, a function running it as __main__) named by target."""
     if ":" not in name:
-        return lambda *args: runpy.run_path(name, run_name="__main__") and None
+        return lambda *args: _run_script(name, args)
     where, function = name.rsplit(":", 1)
     if where.endswith(".py"):
         spec = importlib.util.spec_from_file_location(
@@ -154,6 +154,12 @@ def _load(name):
     else:
         module = importlib.import_module(where)
     return getattr(module, function)
+
+
+def _run_script(path, args):
+    """Run a script as ``__main__`` with ``args`` as its command line (``sys.argv[1:]``)."""
+    sys.argv = [path, *(str(a) for a in args)]
+    runpy.run_path(path, run_name="__main__")
 
 
 def _watchdog(folder, rank):

@@ -134,13 +134,16 @@ def _work(events):
 
 
 def _cell_label(e, chunked):
+    if e.kind == "OPT_STEP":
+        return "S"  # the optimizer step
     return e.label + (chr(ord("a") + e.chunk) if chunked and e.mb >= 0 else "")
 
 
 def text_gantt(events, n_ranks=None, unit=None):
     """A text Gantt chart: one row per rank, one column per ``unit`` of time (default: the
     shortest work event), each cell the action running then (``F3``, ``B3``, ``W3``; chunk letters
-    ``F3a``/``F3b`` when ranks hold several chunks) or ``.`` when the rank is idle."""
+    ``F3a``/``F3b`` when ranks hold several chunks; ``S`` the optimizer step) or ``.`` when the
+    rank is idle."""
     work = _work(events)
     if not work:
         return ""

@@ -1,12 +1,14 @@
-"""Pipeline parallelism: schedules as data, their validator and simulator, and the partitioner.
+"""Pipeline parallelism: schedules as data, validated, simulated and run; the partitioner.
 
     schedules.py   per-rank action lists for naive, GPipe, 1F1B, interleaved 1F1B, ZB-H1, PipeDream
     validate.py    every send has its receive, inputs come first, nothing waits forever
     simulate.py    a schedule and per-action costs -> the timeline (minipar.trace Events)
     partition.py   split a sequential model into stages: by layer names or balanced by cost
+    runtime.py     ``Pipeline`` runs the lists for real: the engine computes, send/recv carry
+    measure.py     a schedule run at a chosen cost per action (the waiting kernel), its bubble
 
-A runtime executes the same lists and records the same events (sketch; see schedules.py for the
-contract):
+The runtime executes the same lists and records the same events; in outline (schedules.py has
+the contract):
 
     schedule = validate(build("1f1b", p, m))
     tracer = Tracer(rank)                                   # after a barrier
@@ -19,9 +21,11 @@ contract):
     events = gather(tracer.events)  ->  bubble_fraction(events), peak_inflight(events), text_gantt(events)
 """
 from .partition import balanced_split, split_after, stage_costs
+from .runtime import Pipeline
 from .schedules import BUILDERS, Action, Schedule, ScheduleError, bubble_theory, build, message_tag
 from .simulate import simulate, unit_cost
 from .validate import validate
 
 __all__ = ["Action", "Schedule", "ScheduleError", "BUILDERS", "build", "bubble_theory", "message_tag",
-           "validate", "simulate", "unit_cost", "balanced_split", "split_after", "stage_costs"]
+           "validate", "simulate", "unit_cost", "balanced_split", "split_after", "stage_costs",
+           "Pipeline"]

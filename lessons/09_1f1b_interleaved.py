@@ -1,0 +1,137 @@
+"""Lesson 9: 1F1B, interleaved stages, zero bubble and PipeDream: less memory, smaller bubbles.
+
+    mpiexec -n 4 python lessons/09_1f1b_interleaved.py        (add --quick for a smoke run)
+
+1F1B (PipeDream-Flush, Narayanan et al. 2021) runs the same F and B as GPipe in another order:
+rank r does p - 1 - r forwards, then alternates one forward and one backward. A backward frees
+its micro-batch's activations as early as possible, so rank r holds at most p - r micro-batches
+instead of m, with GPipe's bubble (p - 1)/(m + p - 1). Part 1 measures both from the runtime's
+counters.
+
+Part 2 measures bubbles from real traces (the waiting kernel of measure.py): interleaving v
+model chunks per rank (stages r, r + p, ...) shrinks the fill and drain v times,
+(p - 1)/(v m + p - 1); ZB-H1 (Qi et al. 2023) splits the backward into B (input gradient, on
+the critical path) and W (weight gradient, which nothing waits for) and fills the drain with
+W's: (p - 1)/(3 m + p - 1) when F = B = W.
+
+Part 3: PipeDream (Narayanan et al. 2019) drops the flush: every stage updates its weights after
+each backward. Weight stashing makes a micro-batch's backward use the weights its forward used,
+but stage r runs p - 1 - r versions behind the last stage: the staleness printed per micro-batch.
+"""
+import argparse
+import os
+
+os.environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")  # a waiting rank sleeps, not spins
+
+import numpy as np  # noqa: E402
+
+import minipar  # noqa: E402
+from minipar import comm, nn, optim  # noqa: E402
+from minipar.parallel.pipeline import Pipeline, bubble_theory, build  # noqa: E402
+from minipar.parallel.pipeline.measure import measure_bubble  # noqa: E402
+from minipar.parallel.pipeline.schedules import weight_versions  # noqa: E402
+from minipar.trace import text_gantt  # noqa: E402
+
+world = comm.world()
+rank, p = world.rank, world.size
+
+
+def say(*lines):
+    if rank == 0:
+        print(*lines, sep="\n", flush=True)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--unit", type=float, default=0.02, help="seconds per stage forward")
+    parser.add_argument("--quick", action="store_true", help="short units, a smaller model")
+    return parser.parse_args(argv)
+
+
+def mse(out, target):
+    return ((out - target) ** 2).mean()
+
+
+def model(width, n_blocks):
+    minipar.manual_seed(0)
+    return nn.Sequential(*[nn.Block(width, n_head=4) for _ in range(n_blocks)])
+
+
+def part1_memory(m, shape):
+    batch, seq, width = shape
+    x = np.random.default_rng(0).standard_normal((batch, seq, width)).astype("float32")
+    say(f"Part 1. Activation memory per rank: {p} stages of 2 GPT blocks (width {width}), "
+        f"m = {m} micro-batches")
+    stats = {}
+    for name in ("gpipe", "1f1b", "zb-h1"):
+        pipe = Pipeline(model(width, 2 * p), build(name, p, m), world, mse, memory=True)
+        pipe.step(x, x)
+        stats[name] = world.mpi.gather(pipe.stats, root=0)
+    say(f"{'rank':>4}{'GPipe live':>12}{'MB':>7}{'1F1B live':>11}{'MB':>7}{'theory p-r':>12}"
+        f"{'ZB-H1 live':>12}{'MB':>7}")
+    for r in range(p if rank == 0 else 0):
+        g, o, z = (stats[name][r] for name in ("gpipe", "1f1b", "zb-h1"))
+        say(f"{r:>4}{g['peak_live']:>12}{g['peak_bytes'] / 1e6:>7.2f}{o['peak_live']:>11}"
+            f"{o['peak_bytes'] / 1e6:>7.2f}{p - r:>12}{z['peak_live']:>12}"
+            f"{z['peak_bytes'] / 1e6:>7.2f}")
+    say("GPipe holds all m micro-batches on every rank; 1F1B p - r on rank r. ZB-H1 counts the "
+        "same live micro-batches,\nbut keeps each graph until its W: more bytes (this engine's W "
+        "is a second pass over the kept graph).")
+
+
+def part2_bubbles(unit, m, repeats):
+    say(f"\nPart 2. Bubbles on p = {p} ranks, m = {m}, measured from traces (unit "
+        f"{unit * 1e3:g} ms per stage forward, F = 1, B = 2 or B = W = 1)",
+        f"{'schedule':<18}{'formula':<22}{'theory':>12}{'measured':>10}")
+    gantts = {}
+    for name, v in (("gpipe", None), ("1f1b", None), ("interleaved", 2), ("zb-h1", None)):
+        schedule = build(name, p, m, v)
+        measured = measure_bubble(world, schedule, unit, repeats)
+        if rank == 0:
+            formula, num, den = bubble_theory(schedule)
+            label = name + (f" v={v}" if v else "")
+            say(f"{label:<18}{formula.split(' if')[0]:<22}{f'{num}/{den} = {num / den:.3f}':>12}"
+                f"{measured[0]:>10.3f}")
+            gantts[label] = text_gantt(measured[1], p, unit=unit / (v or 1))
+    say("\nmeasured interleaved v=2 (a, b: the rank's chunks 0 and 1, each half a stage's cost):",
+        gantts.get("interleaved v=2", ""),
+        "\nmeasured zb-h1 (W: weight gradients, run late on later ranks to fill the drain):",
+        gantts.get("zb-h1", ""))
+
+
+def part3_pipedream(m, width):
+    say(f"\nPart 3. PipeDream on p = {p} ranks, m = {m}: the weight version each micro-batch's F "
+        f"and B used, per stage")
+    x = np.random.default_rng(1).standard_normal((2 * m, width))
+    minipar.manual_seed(0)
+    layers = nn.Sequential(*[nn.Linear(width, width) for _ in range(p)]).double()
+    pipe = Pipeline(layers, build("pipedream", p, m), world, mse,
+                    optimizer=lambda ps: optim.SGD(ps, lr=0.01))
+    pipe.step(x, x)
+    parts = world.mpi.gather(pipe.versions_used, root=0) or []
+    used = {key: versions for part in parts for key, versions in part.items()}
+    say("  mb " + "".join(f"{f'stage {s} F/B':>14}" for s in range(p)) + f"{'staleness':>22}")
+    for k in range(m if rank == 0 else 0):
+        cells = "".join(f"{'v%d/v%d' % used[(s, k)]:>14}" for s in range(p))
+        stale = [used[(p - 1, k)][0] - used[(s, k)][0] for s in range(p)]
+        say(f"{k:>4} {cells}{str(stale):>22}")
+    if rank == 0:
+        assert used == weight_versions(build("pipedream", p, m)), "runtime and schedule disagree"
+    say("F and B of a micro-batch use the same stashed version; stage r lags the last stage by "
+        "up to p - 1 - r updates.")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.quick:
+        part1_memory(4, (8, 8, 32))
+        part2_bubbles(0.004, 4, 1)
+        part3_pipedream(4, 4)
+    else:
+        part1_memory(8, (16, 32, 64))
+        part2_bubbles(args.unit, 8, 2)
+        part3_pipedream(8, 8)
+
+
+if __name__ == "__main__":
+    main()

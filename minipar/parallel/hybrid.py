@@ -1,0 +1,146 @@
+"""3D parallelism: data × tensor × pipeline on Megatron's rank grid (Narayanan et al. 2021).
+
+Each rank has coordinates (tp, dp, pp) in the grid of ``groups.RankGrid`` and belongs to one group
+of each kind. The three strategies nest, each using only its own group:
+
+    tensor    the layers of the GPT are split over the tensor group (tensor.py, tensor_gpt.py):
+              two all-reduces per transformer layer forward and two backward
+    pipeline  the split GPT's layers are cut into pp stages, one per rank of the pipeline group,
+              run by a schedule (pipeline/runtime.py): activations and their gradients move
+              between neighbouring stages
+    data      the ranks of a data group hold the same slices of the same stages and see
+              different shards of the batch; after the pipeline's last backward, each
+              averages its gradients over the data group, then every rank steps its optimizer
+
+So a step on the global batch of N sequences goes: rank (tp, dp, pp) takes the dp-th shard of
+N/dp sequences (the same shard for every tp and pp coordinate), the pipeline splits it into m
+micro-batches, and the gradients that reach the optimizer are those of the mean loss over all N:
+the serial model's (``tests/test_hybrid.py`` checks the losses step by step).
+
+    groups = ParallelGroups(world, tp=2, pp=2)      # dp = world.size / (tp·pp)
+    trainer = Trainer3D(config, groups, schedule="1f1b", microbatches=4)
+    loss = trainer.step(ids, targets)               # the global batch, the same on every rank
+"""
+from .. import backend, nn, random
+from ..optim import AdamW
+from .data import flatten_grads, offsets
+from .groups import RankGrid
+from .pipeline.runtime import Pipeline
+from .pipeline.schedules import build
+from .tensor_gpt import TensorParallelGPT, check_config
+
+
+class ParallelGroups:
+    """This rank's place in the grid and one communicator per group kind (tensor, pipeline,
+    data), each ordered by that coordinate: ``pipeline.rank`` is this rank's stage."""
+
+    def __init__(self, world, tp=1, pp=1, order="tp-dp-pp"):
+        self.world = world
+        self.grid = RankGrid(world.size, tp=tp, pp=pp, order=order)
+        self.coords = self.grid.coords(world.rank)
+        comms = {}
+        for kind in ("tp", "pp", "dp"):  # every rank joins every split, in the same order
+            groups = self.grid.groups(kind)
+            color = next(i for i, g in enumerate(groups) if world.rank in g)
+            comms[kind] = world.split(color, key=self.coords[kind])
+        self.tensor, self.pipeline, self.data = comms["tp"], comms["pp"], comms["dp"]
+
+    def describe(self):
+        c = self.coords
+        return (f"rank {self.world.rank}: tp {c['tp']} dp {c['dp']} pp {c['pp']}  "
+                f"tensor {self.grid.group_of(self.world.rank, 'tp')} "
+                f"pipeline {self.grid.group_of(self.world.rank, 'pp')} "
+                f"data {self.grid.group_of(self.world.rank, 'dp')}")
+
+
+class DataParallelOptimizer:
+    """An optimizer that first averages its parameters' gradients over the data group.
+
+    The gradients are laid end to end in one buffer and all-reduced once (``op="avg"``): the
+    data-parallel reduction of Megatron, done after the pipeline's flush."""
+
+    def __init__(self, optimizer, params, data_comm, algorithm="auto"):
+        self.optimizer, self.params, self.comm, self.algorithm = optimizer, params, data_comm, algorithm
+        self._flat = None
+
+    def step(self):
+        if self.comm.size > 1 and self.params:
+            if self._flat is None:
+                self._flat = backend.get_array_module(self.params[0].data).zeros(
+                    offsets(self.params)[1], self.params[0].dtype)
+            flat = flatten_grads(self.params, self._flat)
+            self.comm.all_reduce(flat, op="avg", algorithm=self.algorithm, out=flat)
+            for p, o in zip(self.params, offsets(self.params)[0]):
+                p.grad = flat[o:o + p.size].reshape(p.shape)  # views, valid until next step
+        self.optimizer.step()
+
+    def zero_grad(self):
+        self.optimizer.zero_grad()
+
+
+class Trainer3D:
+    """The tiny GPT trained with data, tensor and pipeline parallelism at once.
+
+    Every rank builds the serial ``nn.GPT(config)`` from ``seed`` and keeps its tensor slices
+    (``TensorParallelGPT``); the pipeline keeps this rank's stages of them (equal numbers of
+    layers: embedding, blocks, final LayerNorm, LM head). ``make_optimizer(params)`` defaults to
+    AdamW(lr=1e-3, weight_decay=0), the same as a serial run would use.
+    """
+
+    def __init__(self, config, groups, schedule="1f1b", microbatches=None, chunks=None,
+                 make_optimizer=None, seed=0, dtype="float32", algorithm="auto", trace=False):
+        check_config(config, groups.grid.tp)
+        layers = config.n_layer + 3  # embedding, blocks, ln_f, lm_head
+        stages = groups.grid.pp * (chunks or 1)
+        if layers < stages:
+            raise ValueError(f"the GPT has {layers} pipeline layers (embedding, {config.n_layer} "
+                             f"blocks, final LayerNorm, LM head), fewer than the {stages} stages "
+                             f"asked for (pp={groups.grid.pp}"
+                             f"{f' x {chunks} chunks' if chunks else ''})")
+        self.config, self.groups = config, groups
+        random.manual_seed(seed)
+        self.model = TensorParallelGPT(config, groups.tensor).astype(dtype)
+        make_optimizer = make_optimizer or (lambda ps: AdamW(ps, lr=1e-3, weight_decay=0.0))
+        self.schedule = build(schedule, groups.grid.pp, microbatches or groups.grid.pp, chunks)
+        self.pipe = Pipeline(
+            self.model.to_sequential(), self.schedule, groups.pipeline, self.model.loss,
+            optimizer=lambda ps: DataParallelOptimizer(make_optimizer(ps), ps, groups.data,
+                                                       algorithm),
+            trace=trace)
+
+    def local_shard(self, array):
+        """This rank's rows of the global batch: the dp-th of dp equal shards."""
+        dp, n = self.groups.grid.dp, len(array)
+        if n % dp:
+            raise ValueError(f"the global batch of {n} sequences does not divide among the "
+                             f"{dp} data-parallel ranks")
+        i = self.groups.coords["dp"]
+        return array[i * n // dp:(i + 1) * n // dp]
+
+    def step(self, ids, targets):
+        """One training step on the global batch (the same arrays on every rank). Returns the
+        global mean loss on every rank."""
+        loss = self.pipe.step(self.local_shard(ids), self.local_shard(targets))
+        last = self.groups.grid.pp - 1
+        # the loss lives on the last stage: average it over the data group, hand it to everyone
+        value = backend.xp().asarray([loss if loss is not None else 0.0], dtype="float64")
+        if self.groups.pipeline.rank == last:
+            self.groups.data.all_reduce(value, op="avg", algorithm="mpi", out=value)
+        self.groups.pipeline.broadcast(value, root=last, out=value)
+        return float(value[0])
+
+
+def serial_losses(config, batches, make_optimizer=None, seed=0, dtype="float32"):
+    """The reference: the serial GPT trained on the same global batches with the same seed."""
+    random.manual_seed(seed)
+    model = nn.GPT(config).astype(dtype)
+    make_optimizer = make_optimizer or (lambda ps: AdamW(ps, lr=1e-3, weight_decay=0.0))
+    optimizer = make_optimizer(model.parameters())
+    losses = []
+    for ids, targets in batches:
+        model.zero_grad()
+        _, loss = model(ids, targets)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses

@@ -1,0 +1,308 @@
+"""The pipeline runtime: one executor runs any schedule, each rank walking its own list of actions.
+
+    pipe = Pipeline(model, build("1f1b", p, m), comm, loss_fn, optimizer=lambda ps: SGD(ps, 0.1))
+    loss = pipe.step(x, y)        # one training step: m micro-batches through the p ranks
+
+Stages. ``model`` is a ``Sequential`` built the same way on every rank (same seed); it is cut into
+S = p*v contiguous stages (``bounds``, default equal layer counts, see partition.py) and rank r
+keeps stages r, r+p, ... as its chunks 0, 1, ... (schedules.py). What each action does:
+
+    RECV_F  receive a header (dtype, shape) and then the activation of (stage, mb)
+    F       y = stage(x) on a fresh leaf x; at the last stage y is the micro-batch's loss
+            (with re-materialisation under no_grad: only x is kept)
+    R       re-run F with its graph from the kept x, the random stream rewound (dropout)
+    SEND_F  isend the header and y
+    RECV_B  receive dL/dy: the shape of the y this rank computed, so no header is needed
+    B       backward from (y, dL/dy) to dL/dx and, unless W is separate, dL/dW
+    W       zero bubble: dL/dW alone (see below)
+    SEND_B  isend dL/dx
+    OPT_STEP   complete the pending sends, then optimizer.step()
+
+Sends are posted with ``isend`` and completed at the OPT_STEP (or the end of the step), receives
+block: the contract of schedules.py, which ``validate`` (run before anything else) proves
+deadlock-free. Messages carry the tag ``message_tag``, a header and its activation share it
+(MPI keeps messages of one sender and tag in order).
+
+Loss scaling. Synchronous schedules: micro-batch k holds n_k of the N samples and its loss is
+``loss_fn(y_k, t_k) * n_k / N``, so, ``loss_fn`` being a mean over samples, the gradients summed
+over the m micro-batches are the full batch's: the serial model's, whatever m is. They are
+applied once, at OPT_STEP, and kept until the next step (for inspection).
+
+Splitting B and W. An op of this engine decides at forward time which input gradients its
+backward computes, so the split is two passes over one retained graph: B runs ``run_backward``
+with the stage's parameters switched off (only dL/dx is kept) and ``retain_graph``; W runs it
+again with the input switched off and frees the graph. Both passes do the whole backward's
+arithmetic here (W costs a second backward, and activations stay alive until W); the split
+is right in *when* each gradient is ready, which the benchmark times with its waiting kernel.
+Zero Bubble's kernels (Qi et al. 2023) compute W from each layer's stashed input and output
+gradient at the cost of the weight half only.
+
+PipeDream (asynchronous). Each micro-batch is its own SGD step (loss unscaled) and OPT_STEP
+follows every B. Weight stashing: an update writes into a fresh copy of the weights, so the
+arrays a micro-batch's forward used stay alive, and its B runs with them swapped back in
+(``Action.version``); a version is dropped once its last backward is done. ``versions_used``
+records, per (stage, mb), the version F found live and the one B swapped in.
+
+Counters, per step in ``stats``: ``peak_live`` (most micro-batches whose activations this rank
+holds: from the start of F to the end of B, or during F and from R to B with
+re-materialisation), ``peak_bytes`` (``ActivationMemory``, when ``memory=True``). With
+``trace=True`` every action is recorded as a ``minipar.trace`` Event (``events``), after a
+barrier; ``delay(action)`` seconds, if given, is the least time an action takes: a waiting
+kernel that sleeps the rest, so p ranks can run side by side on fewer cores.
+"""
+import contextlib
+import time
+
+from minipar import backend, random
+from minipar import checkpoint as _checkpoint
+from minipar.autograd import Tensor, set_grad_enabled, run_backward
+from minipar.memory import ActivationMemory
+from minipar.nn import Sequential
+from minipar.trace import Tracer
+
+from .partition import balanced_split, split_layers
+from .schedules import B, COMPUTE, F, OPT_STEP, RECVS, SENDS, message_tag
+from .validate import validate
+
+HEADER = 8  # int64 words before an activation: dtype character, ndim, up to 6 dimensions
+
+
+class Pipeline:
+    """This rank's stages of ``model`` and an executor for ``schedule`` (module docstring)."""
+
+    def __init__(self, model, schedule, comm, loss_fn, optimizer=None, bounds=None, delay=None,
+                 trace=False, memory=False):
+        self.schedule = validate(schedule)  # a broken schedule stops here, on every rank
+        if comm.size != schedule.ranks:
+            raise ValueError(f"schedule {schedule.name!r} is for {schedule.ranks} ranks but the "
+                             f"communicator has {comm.size}")
+        self.comm, self.rank, self.loss_fn = comm, comm.rank, loss_fn
+        self.n_stages, layers = schedule.n_stages, list(model)
+        self.bounds = bounds or balanced_split([1] * len(layers), self.n_stages)
+        if len(self.bounds) != self.n_stages:
+            raise ValueError(f"{len(self.bounds)} stage bounds for {self.n_stages} stages")
+        stages = split_layers(layers, self.bounds)
+        mine = range(self.rank, self.n_stages, comm.size)  # stage s lives on rank s % p
+        self.stages = {s: Sequential(*stages[s]) for s in mine}
+        self.params = [q for stage in self.stages.values() for q in stage.parameters()]
+        self.optimizer = optimizer(self.params) if optimizer and self.params else None
+        self.delay, self.trace, self.memory = delay, trace, memory
+        self.events, self.stats = [], {}
+        self._run = {kind: getattr(self, "_" + kind.lower())
+                     for kind in COMPUTE + SENDS + RECVS + (OPT_STEP,)}
+
+    def parameters(self):
+        return list(self.params)
+
+    # --- one step -------------------------------------------------------------------------------
+    def step(self, x=None, y=None):
+        """Run this rank's actions for one batch; ``x`` is needed where stage 0 lives, ``y`` where
+        the last stage lives. Returns the batch loss there (PipeDream: the mean micro-batch loss),
+        None elsewhere."""
+        m = self.schedule.microbatches
+        self._x, self._y = _split(x, m, "inputs"), _split(y, m, "targets")
+        self._scale = [1.0] * m if self.schedule.asynchronous or y is None else \
+            [len(t) / len(y) for t in self._y]
+        self.inputs, self.outputs, self.arrived, self.rng = {}, {}, {}, {}
+        self.sends, self.losses, self.live, self.peak_live = [], [], 0, 0
+        self.version, self.stash, self.uses, self.versions_used = 0, {}, {}, {}
+        for q in self.params:
+            q.grad = None
+        tracer = None
+        if self.trace:
+            self.comm.barrier()
+            tracer = Tracer(self.rank)
+        with (ActivationMemory() if self.memory else contextlib.nullcontext()) as mem:
+            for a in self.schedule.actions[self.rank]:
+                with tracer.record(a.kind, a.mb, a.chunk) if tracer else contextlib.nullcontext():
+                    start = time.perf_counter()
+                    self._run[a.kind](a)
+                    rest = self.delay(a) - (time.perf_counter() - start) if self.delay else 0
+                    if rest > 0:  # the waiting kernel: sleep out the rest of the action's cost
+                        time.sleep(rest)
+        self._complete_sends()
+        self.events = tracer.events if tracer else []
+        self.stats = {"peak_live": self.peak_live, "peak_bytes": mem.peak_bytes if mem else None}
+        if self.n_stages - 1 not in self.stages:
+            return None
+        return sum(self.losses) / (m if self.schedule.asynchronous else 1)
+
+    # --- compute --------------------------------------------------------------------------------
+    def _forward(self, a, x):
+        y = self.stages[a.stage](x)
+        if a.stage == self.n_stages - 1:
+            target = self._y[a.mb]
+            y = self.loss_fn(y, Tensor(target)) * self._scale[a.mb]
+        return y
+
+    def _f(self, a):
+        key = (a.stage, a.mb)
+        x = Tensor(self._x[a.mb] if a.stage == 0 else self.arrived.pop((F,) + key))
+        if a.stage > 0:
+            x.requires_grad_(True)
+        self.inputs[key], self.rng[key] = x, random.get_rng_state()
+        self._stash(a)
+        self._count(+1)
+        with set_grad_enabled(not self.schedule.remat):
+            y = self.outputs[key] = self._forward(a, x)
+        if self.schedule.remat:
+            self._count(-1)
+        if a.stage == self.n_stages - 1:
+            self.losses.append(y.item())
+        elif self.schedule.rank_of(a.stage + 1) == self.rank:  # the next stage is here (p = 1)
+            self.arrived[(F, a.stage + 1, a.mb)] = y.data
+
+    def _r(self, a):
+        """Re-materialise: the forward again, with its graph, from the kept input."""
+        key = (a.stage, a.mb)
+        now = random.get_rng_state()
+        random.set_rng_state(self.rng[key])
+        _checkpoint._recomputing[0] += 1  # BatchNorm: do not update running statistics twice
+        try:
+            self._count(+1)
+            self.outputs[key] = self._forward(a, self.inputs[key])
+        finally:
+            _checkpoint._recomputing[0] -= 1
+            random.set_rng_state(now)
+
+    def _b(self, a):
+        key = (a.stage, a.mb)
+        y, x = self.outputs[key], self.inputs[key]
+        last = a.stage == self.n_stages - 1
+        g = backend.xp().ones_like(y.data) if last else self.arrived.pop((B,) + key)
+        split = self.schedule.split_backward
+        with self._weights(a):
+            if not split:
+                run_backward([y], [g])
+            elif x.requires_grad:  # B of the first stage has no input gradient to compute
+                with _switched_off(self.stages[a.stage].parameters()):
+                    run_backward([y], [g], retain_graph=True)
+        if split:
+            self.arrived[("W",) + key] = g
+        else:
+            del self.outputs[key], self.inputs[key]
+        self._count(-1)
+        if a.stage > 0:
+            if self.schedule.rank_of(a.stage - 1) == self.rank:
+                self.arrived[(B, a.stage - 1, a.mb)] = x.grad
+            else:
+                self.arrived[("dx",) + key] = x.grad
+
+    def _w(self, a):
+        key = (a.stage, a.mb)
+        y, x = self.outputs.pop(key), self.inputs.pop(key)
+        with _switched_off([x]):
+            run_backward([y], [self.arrived.pop(("W",) + key)])
+
+    def _opt_step(self, a):
+        if not self.schedule.asynchronous:
+            self._complete_sends()
+            if self.optimizer:
+                self.optimizer.step()
+            return
+        # PipeDream: the update writes into fresh arrays; the old ones stay stashed if needed
+        for q in self.params:
+            q.data = q.data.copy()
+        if self.optimizer:
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+        self.version = a.version
+
+    # --- messages -------------------------------------------------------------------------------
+    def _tag(self, a):
+        return message_tag(a, self.n_stages)
+
+    def _recv_f(self, a):
+        host = backend.get_array_module()
+        header = self.comm.recv(host.empty(HEADER, dtype="int64"), a.peer, self._tag(a))
+        dtype, shape = host.dtype(chr(header[0])), tuple(int(n) for n in header[2:2 + header[1]])
+        out = backend.xp().empty(shape, dtype=dtype)
+        self.arrived[(F, a.stage, a.mb)] = self.comm.recv(out, a.peer, self._tag(a))
+
+    def _send_f(self, a):
+        y = self.outputs[(a.stage, a.mb)].data
+        if y.ndim > HEADER - 2:
+            raise ValueError(f"activations of {y.ndim} dimensions do not fit the message header")
+        header = backend.get_array_module().zeros(HEADER, dtype="int64")
+        header[:2 + y.ndim] = [ord(y.dtype.char), y.ndim, *y.shape]
+        self.sends += [self.comm.isend(header, a.peer, self._tag(a)),
+                       self.comm.isend(y, a.peer, self._tag(a))]
+
+    def _recv_b(self, a):
+        y = self.outputs[(a.stage, a.mb)]
+        out = backend.xp().empty(y.shape, dtype=y.dtype)
+        self.arrived[(B, a.stage, a.mb)] = self.comm.recv(out, a.peer, self._tag(a))
+
+    def _send_b(self, a):
+        dx = self.arrived.pop(("dx", a.stage, a.mb))
+        self.sends.append(self.comm.isend(dx, a.peer, self._tag(a)))
+
+    def _complete_sends(self):
+        for request in self.sends:
+            request.wait()
+        self.sends = []
+
+    # --- bookkeeping ------------------------------------------------------------------------------
+    def _count(self, step):
+        self.live += step
+        self.peak_live = max(self.peak_live, self.live)
+
+    def _stash(self, a):
+        """PipeDream: note that a backward will need the weights this forward runs with."""
+        if a.version is None:
+            return
+        if a.version != self.version:
+            raise RuntimeError(f"rank {self.rank}: {a} expects weight version {a.version}, "
+                               f"the current one is {self.version}")
+        self.stash.setdefault(a.version, [q.data for q in self.params])
+        self.uses[a.version] = self.uses.get(a.version, 0) + 1
+        self.versions_used[(a.stage, a.mb)] = (self.version,)
+
+    @contextlib.contextmanager
+    def _weights(self, a):
+        """PipeDream: swap in the weights stashed for B ``a`` (its forward's version), then put
+        the current ones back."""
+        version = a.version
+        if version is None:
+            yield
+            return
+        current = [q.data for q in self.params]
+        self.versions_used[(a.stage, a.mb)] += (version,)
+        for q, stashed in zip(self.params, self.stash[version]):
+            q.data = stashed
+        try:
+            yield
+        finally:
+            for q, now in zip(self.params, current):
+                q.data = now
+            self.uses[version] -= 1
+            if not self.uses[version]:
+                del self.stash[version], self.uses[version]
+
+
+@contextlib.contextmanager
+def _switched_off(tensors):
+    """Tensors temporarily not requiring gradients: backward passes them by."""
+    tensors = [t for t in tensors if t.requires_grad]
+    for t in tensors:
+        t.requires_grad = False
+    try:
+        yield
+    finally:
+        for t in tensors:
+            t.requires_grad = True
+
+
+def _split(batch, m, what):
+    """``m`` micro-batches along the first axis (sizes differ by at most one), or None."""
+    if batch is None:
+        return None
+    if len(batch) < m:
+        raise ValueError(f"cannot cut a batch of {len(batch)} {what} into {m} micro-batches")
+    return backend.get_array_module(batch).array_split(batch, m)
+
+
+def gather_events(comm, events, root=0):
+    """Every rank's trace events on ``root`` (one list, pickled by mpi4py), None elsewhere."""
+    parts = comm.mpi.gather(events, root=root)
+    return [e for part in parts for e in part] if parts is not None else None
