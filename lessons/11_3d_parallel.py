@@ -34,6 +34,8 @@ def parse_args():
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
     p.add_argument("--check-steps", type=int, default=5, help="steps compared with serial")
     p.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
+    p.add_argument("--trace", metavar="FILE", help="write every rank's last step as Chrome-trace "
+                                                   "JSON (open it in Perfetto)")
     p.add_argument("--quick", action="store_true", help="a few steps of a smaller model")
     return p.parse_args()
 
@@ -116,6 +118,11 @@ def main():
         forward = sorted(e.duration for e in mine if e.kind == "F")
         print(trace.text_gantt(mine, unit=forward[len(forward) // 2]))  # a cell: one forward
         print(f"  bubble measured {trace.bubble_fraction(mine):.2f}")
+        if args.trace:
+            every = [trace.Event(r, e.start, e.end, e.kind, e.mb, e.chunk)
+                     for r, evs in enumerate(events) for e in evs]
+            trace.write_chrome_trace(every, args.trace, n_ranks=world.size)
+            print(f"  all {world.size} ranks' timelines written to {args.trace} (ui.perfetto.dev)")
     totals = world.mpi.gather(moved, root=0)
     if world.rank == 0:
         print(f"\n  bytes sent per step, summed over all {world.size} ranks "

@@ -1,4 +1,5 @@
 """Lesson 11 (3D parallelism, the flagship demo) runs under mpiexec and checks itself."""
+import json
 import os
 
 import pytest
@@ -9,7 +10,17 @@ LESSON = os.path.join(os.path.dirname(__file__), "..", "lessons", "11_3d_paralle
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("nprocs,extra", [(8, []), (4, ["--tp", "2", "--pp", "2"])])
-def test_lesson11_quick(nprocs, extra):
+def test_lesson11_quick_2x2x2():
     """The lesson asserts by itself that its losses equal serial training's and fall."""
-    run_on_ranks(LESSON, nprocs, args=("--quick", *extra), timeout=240)
+    run_on_ranks(LESSON, 8, args=("--quick",), timeout=240)
+
+
+@pytest.mark.mpi
+def test_lesson11_quick_on_4_ranks_writes_a_chrome_trace(tmp_path):
+    path = tmp_path / "timeline.json"
+    run_on_ranks(LESSON, 4, args=("--quick", "--tp", "2", "--pp", "2", "--trace", str(path)),
+                 timeout=240)
+    events = json.loads(path.read_text())["traceEvents"]
+    work = [e for e in events if e.get("ph") == "X"]
+    assert {e["tid"] for e in work} == {0, 1, 2, 3}  # one row per rank
+    assert {e["name"][0] for e in work} >= {"F", "B"}
