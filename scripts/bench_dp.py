@@ -1,13 +1,14 @@
 """Data-parallel throughput: minipar DDP, overlap on and off, against torch DDP (gloo), 1-2 ranks.
 
-    python scripts/bench_dp.py            (about a minute)
-    python scripts/bench_dp.py --quick    (a smoke run)
+    python scripts/bench_dp.py              (about 40 s: 64 and 256 samples per rank)
+    python scripts/bench_dp.py --repeat 3   (three launches per rank count, medians)
+    python scripts/bench_dp.py --quick      (a smoke run)
 
-Weak scaling: every rank trains on its own 64 samples a step, so N ranks process 64·N samples a
-step and perfect scaling is N times the throughput. One launch of ``mpiexec -n N`` per rank
-count runs, in the same processes and on the same model (an MLP 512-1024-1024-1024-10, 2.6 M
-float32 parameters, SGD with momentum, 2 MB gradient buckets in both libraries), one BLAS
-thread per rank:
+Weak scaling: every rank trains on its own b samples a step (``--batches``, default 64 and
+256), so N ranks process b·N samples a step and perfect scaling is N times the throughput. One
+launch of ``mpiexec -n N`` per rank count runs, in the same processes and on the same model (an
+MLP 512-1024-1024-1024-10, 2.6 M float32 parameters, SGD with momentum, 2 MB gradient buckets
+in both libraries), one BLAS thread per rank:
 
     no comm         minipar under ``no_sync()``: forward + backward + step, no gradient traffic
                     (what the step would cost if communication were free)
@@ -18,13 +19,19 @@ thread per rank:
                     ranks find each other through MASTER_ADDR=127.0.0.1 and a free port, and read
                     their rank and size from mpiexec's PMI_RANK / PMI_SIZE
 
-Step time is the median over steps of the slowest rank; throughput = 64·N / step time. The
-closing lines give 2-rank/1-rank throughput (goal >= 1.8 on a 2-core machine), minipar over
-torch step time (goal <= 1.2), the gain from overlap, and where the time goes (exposed
-communication = overlap-on step minus no-comm step). On a machine shared with other jobs the
-figures are noisy: the table says how many cores and what load average it ran with.
+The runs take turns (``--rounds`` rounds of ``--steps`` steps each), so a change of load during
+a launch slows them all alike. Step time is the median over steps of the slowest rank (and over
+launches with ``--repeat``); throughput = b·N / step time. The closing lines give 2-rank/1-rank
+throughput (goal >= 1.8 on a 2-core machine), minipar over torch step time (goal <= 1.2), the
+gain from overlap (each with its range over launches), and where the time goes (exposed
+communication = overlap-on step minus no-comm step). On 2 cores with 2 ranks there is no idle
+core: the copies that move gradients between ranks take CPU time from compute whether they
+overlap backward or not, so the per-rank batch decides the scaling (the communication is the
+same 10.5 MB a step, the compute grows with b). On a machine shared with other jobs the figures
+are noisy: the table says how many cores and what load average it ran with.
 """
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -33,30 +40,37 @@ import subprocess
 import sys
 import time
 
-LOCAL_BATCH, SIZES, BUCKET_MB = 64, (512, 1024, 1024, 1024, 10), 2.0
+SIZES, BUCKET_MB = (512, 1024, 1024, 1024, 10), 2.0
 
 
 # ----------------------------------------------------------------------------------------------
-# The rank side: python scripts/bench_dp.py --worker STEPS (under mpiexec)
+# The rank side: python scripts/bench_dp.py --worker ... (under mpiexec)
 # ----------------------------------------------------------------------------------------------
 
-def timed(world, step, steps):
-    """Median seconds per step of the slowest rank (after two warm-up steps)."""
+def timed(world, steps, rounds, runs):
+    """Median seconds per step of the slowest rank, for each of ``runs`` (name -> step function).
+
+    The runs take turns: ``rounds`` rounds of ``steps`` steps each (after a warm-up step), so a
+    change of machine load in the middle hits every run alike instead of one of them."""
     import numpy as np
 
-    for _ in range(2):
+    times = {name: [] for name in runs}
+    for name, step in runs.items():
         step()
-    times = []
-    for _ in range(steps):
-        world.barrier()
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    slowest = world.all_reduce(np.array(times), op="max", algorithm="mpi")
-    return statistics.median(slowest.tolist())
+    for _ in range(rounds):
+        for name, step in runs.items():
+            for _ in range(steps):
+                world.barrier()
+                t0 = time.perf_counter()
+                step()
+                times[name].append(time.perf_counter() - t0)
+    slowest = {name: world.all_reduce(np.array(t), op="max", algorithm="mpi")
+               for name, t in times.items()}
+    return {name: statistics.median(t.tolist()) for name, t in slowest.items()}
 
 
-def minipar_runs(world, steps, algorithm):
+def minipar_runs(world, batch, algorithm):
+    """Step functions: no comm, overlap on, overlap off (three models, the same start)."""
     import numpy as np
 
     import minipar
@@ -66,9 +80,9 @@ def minipar_runs(world, steps, algorithm):
     from minipar.parallel.data import DistributedDataParallel
 
     rng = np.random.default_rng(world.rank)
-    x = rng.standard_normal((LOCAL_BATCH, SIZES[0])).astype("float32")
-    y = rng.integers(0, SIZES[-1], LOCAL_BATCH)
-    results = {}
+    x = minipar.tensor(rng.standard_normal((batch, SIZES[0])).astype("float32"))
+    y = rng.integers(0, SIZES[-1], batch)
+    runs = {}
     for name, overlap in (("no comm", True), ("overlap on", True), ("overlap off", False)):
         minipar.manual_seed(0)
         layers = []
@@ -79,25 +93,26 @@ def minipar_runs(world, steps, algorithm):
                                       algorithm=algorithm)
         opt = optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
 
-        def step():
+        def step(ddp=ddp, opt=opt, sync=name != "no comm"):
             opt.zero_grad()
-            F.cross_entropy(ddp(minipar.tensor(x)), y).backward()
+            with contextlib.nullcontext() if sync else ddp.no_sync():
+                F.cross_entropy(ddp(x), y).backward()
             opt.step()
-        if name == "no comm":
-            with ddp.no_sync():
-                results[name] = timed(world, step, steps)
-        else:
-            results[name] = timed(world, step, steps)
-    return results
+        runs[name] = step
+    return runs
 
 
-def torch_run(world, steps):
-    import torch
-    import torch.distributed as dist
-
+def torch_runs(world, batch):
+    """The torch DDP step function (gloo), or none when PyTorch is not installed."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return {}
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=int(os.environ["PMI_RANK"]),
-                            world_size=int(os.environ["PMI_SIZE"]))
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", rank=int(os.environ["PMI_RANK"]),
+                                world_size=int(os.environ["PMI_SIZE"]))
     torch.manual_seed(0)
     layers = []
     for i in range(len(SIZES) - 1):
@@ -106,28 +121,26 @@ def torch_run(world, steps):
                                                       bucket_cap_mb=BUCKET_MB)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     g = torch.Generator().manual_seed(world.rank)
-    x = torch.randn(LOCAL_BATCH, SIZES[0], generator=g)
-    y = torch.randint(0, SIZES[-1], (LOCAL_BATCH,), generator=g)
+    x = torch.randn(batch, SIZES[0], generator=g)
+    y = torch.randint(0, SIZES[-1], (batch,), generator=g)
 
     def step():
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
-    result = timed(world, step, steps)
-    dist.destroy_process_group()
-    return result
+    return {"torch DDP": step}
 
 
-def worker(steps, with_torch, algorithm):
+def worker(steps, rounds, batches, with_torch, algorithm):
     from minipar import comm
 
     world = comm.world()
-    results = minipar_runs(world, steps, algorithm)
-    if with_torch:
-        try:
-            results["torch DDP"] = torch_run(world, steps)
-        except ImportError:
-            pass  # PyTorch is optional
+    results = {}
+    for batch in batches:
+        runs = minipar_runs(world, batch, algorithm)
+        if with_torch:
+            runs.update(torch_runs(world, batch))
+        results[batch] = timed(world, steps, rounds, runs)
     if world.rank == 0:
         print("RESULT " + json.dumps(results), flush=True)
 
@@ -142,58 +155,96 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(nprocs, steps, with_torch, algorithm):
+def launch(nprocs, args):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from minipar.testing import RANK_ENV, mpiexec
 
     env = {**os.environ, **RANK_ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "GLOO_SOCKET_IFNAME": "lo"}
     command = [mpiexec(), "-n", str(nprocs), sys.executable, os.path.abspath(__file__),
-               "--worker", str(steps), "--algorithm", algorithm] + ([] if with_torch else
-                                                                    ["--no-torch"])
+               "--worker", "--steps", str(args.steps), "--rounds", str(args.rounds),
+               "--batches", args.batches, "--algorithm", args.algorithm] + (
+                   ["--no-torch"] if args.no_torch else [])
     out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     line = [s for s in out.stdout.splitlines() if s.startswith("RESULT ")]
     if out.returncode or not line:
         raise RuntimeError(f"mpiexec -n {nprocs} failed:\n{out.stdout}\n{out.stderr}")
-    return json.loads(line[0][len("RESULT "):])
+    return {int(b): run for b, run in json.loads(line[0][len("RESULT "):]).items()}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 3 timed steps")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 round of 3 steps")
     parser.add_argument("--no-torch", action="store_true", help="skip torch DDP")
     parser.add_argument("--algorithm", default="ring", help="minipar's all-reduce (default ring)")
-    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--batches", default="64,256", help="samples per rank (default 64,256)")
+    parser.add_argument("--steps", type=int, default=5, help="steps per run per round")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds, the runs taking turns")
+    parser.add_argument("--repeat", type=int, default=1, help="launches per rank count; the "
+                                                              "table gives the medians")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        args.steps, args.rounds, args.repeat = 3, 1, 1
     if args.worker:
-        return worker(args.worker, not args.no_torch, args.algorithm)
-    steps = 3 if args.quick else 20
-    report({n: launch(n, steps, not args.no_torch, args.algorithm) for n in (1, 2)}, steps)
+        return worker(args.steps, args.rounds, [int(b) for b in args.batches.split(",")],
+                      not args.no_torch, args.algorithm)
+    load = [os.getloadavg()[0]]
+    repeats = []
+    for _ in range(args.repeat):
+        repeats.append({n: launch(n, args) for n in (1, 2)})
+        load.append(os.getloadavg()[0])
+    for batch in repeats[0][1]:
+        report(batch, [{n: r[n][batch] for n in r} for r in repeats], args, load)
 
 
-def report(runs, steps):
-    ms = {n: {name: t * 1e3 for name, t in run.items()} for n, run in runs.items()}
+def median_table(repeats):
+    """ms per step, the median over repeats, for every rank count and run."""
+    return {n: {name: 1e3 * statistics.median(r[n][name] for r in repeats) for name in run}
+            for n, run in repeats[0].items()}
+
+
+def ratios(ms):
+    """The three goals' ratios (and the scaling with free communication) from one table."""
+    one, two = ms[1], ms[2]
+    out = {"scaling": 2 * one["overlap on"] / two["overlap on"],
+           "scaling, free comm": 2 * one["no comm"] / two["no comm"],
+           "overlap gain": two["overlap off"] / two["overlap on"]}
+    if "torch DDP" in two:
+        out["minipar / torch"] = two["overlap on"] / two["torch DDP"]
+    return out
+
+
+def report(batch, repeats, args, load):
+    ms = median_table(repeats)
     params = sum(a * b + b for a, b in zip(SIZES, SIZES[1:]))
-    print(f"MLP {'-'.join(map(str, SIZES))}: {params / 1e6:.2f} M parameters, {LOCAL_BATCH} "
-          f"samples per rank per step, {steps} timed steps; {os.cpu_count()} cores, load "
-          f"average {os.getloadavg()[0]:.1f}")
+    print(f"\nMLP {'-'.join(map(str, SIZES))}: {params / 1e6:.2f} M parameters, {batch} "
+          f"samples per rank per step; median of {len(repeats)} launch(es) x {args.rounds} "
+          f"rounds x {args.steps} steps; {os.cpu_count()} cores, load average "
+          f"{' -> '.join(f'{x:.1f}' for x in load)}")
     print(f"{'':14s}" + "".join(f"{f'{n} rank(s): ms/step  samples/s':>32s}" for n in ms))
     for name in ms[1]:
-        cells = [f"{ms[n][name]:20.1f} {LOCAL_BATCH * n * 1e3 / ms[n][name]:11.0f}" for n in ms]
+        cells = [f"{ms[n][name]:20.1f} {batch * n * 1e3 / ms[n][name]:11.0f}" for n in ms]
         print(f"{name:14s}" + "".join(cells))
-    one, two = ms[1], ms[2]
-    print(f"\n2-rank / 1-rank throughput, overlap on: "
-          f"{2 * one['overlap on'] / two['overlap on']:.2f} (goal >= 1.8; bound with free "
-          f"communication {2 * one['no comm'] / two['no comm']:.2f})")
-    if "torch DDP" in two:
-        print(f"minipar / torch DDP step time, 2 ranks: {two['overlap on'] / two['torch DDP']:.2f} "
-              f"(goal <= 1.2); 1 rank: {one['overlap on'] / one['torch DDP']:.2f}")
-    print(f"gain from overlap, 2 ranks: {two['overlap off'] / two['overlap on']:.2f}x "
+    per_launch = [ratios(median_table([r])) for r in repeats]
+    spread = {k: f" (launches: {min(r[k] for r in per_launch):.2f}-"
+                 f"{max(r[k] for r in per_launch):.2f})" if len(repeats) > 1 else ""
+              for k in per_launch[0]}
+    got, one, two = ratios(ms), ms[1], ms[2]
+    print(f"2-rank / 1-rank throughput, overlap on: {got['scaling']:.2f}{spread['scaling']} "
+          f"(goal >= 1.8; with free communication {got['scaling, free comm']:.2f})")
+    if "minipar / torch" in got:
+        print(f"minipar / torch DDP step time, 2 ranks: {got['minipar / torch']:.2f}"
+              f"{spread['minipar / torch']} (goal <= 1.2); 1 rank: "
+              f"{one['overlap on'] / one['torch DDP']:.2f}")
+    print(f"gain from overlap, 2 ranks: {got['overlap gain']:.2f}x{spread['overlap gain']} "
           f"({two['overlap off'] - two['overlap on']:.1f} ms a step)")
+    shared = two["no comm"] - one["no comm"]
     print(f"where the 2-rank step goes: {two['no comm']:.1f} ms compute, "
           f"{two['overlap on'] - two['no comm']:.1f} ms exposed communication; the 1-rank compute "
-          f"is {one['no comm']:.1f} ms, so {two['no comm'] - one['no comm']:.1f} ms is lost to two "
-          f"ranks sharing cores, caches and memory bandwidth (and to other jobs)")
+          f"is {one['no comm']:.1f} ms, so {shared:.1f} ms is lost to two ranks sharing cores, "
+          f"caches and memory bandwidth (and to other jobs)")
+
 
 if __name__ == "__main__":
     main()

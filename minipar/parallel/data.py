@@ -19,18 +19,21 @@ refuses instead, with the same error on every rank).
 
 Buckets (the overlap). Gradients become ready roughly in reverse parameter order (the last layer
 first), so parameters are grouped in reverse order into buckets of about ``bucket_cap_mb``, each
-with one contiguous buffer. A parameter's post-accumulate-grad hook copies its gradient into its
-bucket; when a bucket is full it is handed to ``comm.iall_reduce`` (average), which runs on the
-communicator's background thread while backward computes the next layers (NumPy and MPI drop the
-GIL, so the two really run together). Buckets are launched strictly in bucket order, so every
-rank issues the same collectives in the same order. When the last bucket has been launched,
-the hook waits for all of them and points each ``p.grad`` at its averaged slice: once
-``loss.backward()`` returns, the gradients are averaged. Contract: if some parameters got no
-gradient in a step (unused), their buckets never fill; call ``model.synchronize()`` before
+with one contiguous buffer. A parameter's post-accumulate-grad hook writes g/N into its slice of
+the bucket (the copy and the averaging in one pass, as PyTorch DDP pre-divides) and makes that
+slice ``p.grad`` (gradient as bucket view: the fresh array is freed). When a bucket is full it is
+handed to ``comm.iall_reduce`` (sum), which runs on the communicator's background thread while
+backward computes the next layers (NumPy and MPI drop the GIL, so the two really run together,
+given a free core: with as many busy ranks as cores the copies take compute's CPU time, overlapped
+or not; see scripts/bench_dp.py). Buckets are launched strictly in bucket order, so every rank
+issues the same collectives in the same order. When the last bucket has been launched, the hook
+waits for all of them: once ``loss.backward()`` returns, every ``p.grad`` holds sum_r g_r/N (the
+average, exactly so when N is a power of two, to rounding otherwise). Contract: if some parameters
+got no gradient in a step (unused), their buckets never fill; call ``model.synchronize()`` before
 ``optimizer.step()`` (it is a no-op when backward already finished the job). ``overlap=False``
 keeps the buckets but reduces them one after another once backward has ended (the benchmark's
 baseline). Inside ``with model.no_sync():`` gradients only accumulate locally (gradient
-accumulation); the first backward outside it averages the accumulated sums.
+accumulation); the first backward outside it averages the sums.
 """
 import contextlib
 import warnings
@@ -70,11 +73,13 @@ def broadcast_parameters(module, comm, on_mismatch="warn"):
 
 
 def make_buckets(params, cap_bytes):
-    """Parameters in reverse order, cut into consecutive groups of at most ``cap_bytes`` (a larger
-    parameter gets a bucket of its own; a change of dtype starts a new bucket)."""
+    """Parameters in reverse order, cut into consecutive groups; a bucket is closed once it holds
+    ``cap_bytes`` or more (PyTorch's rule: a parameter is never split, and a layer's bias shares
+    its weight's bucket rather than costing a collective of its own); a change of dtype starts
+    a new bucket."""
     buckets, size = [], 0
     for p in reversed(params):
-        if not buckets or size + p.data.nbytes > cap_bytes or p.dtype != buckets[-1][0].dtype:
+        if not buckets or size >= cap_bytes or p.dtype != buckets[-1][0].dtype:
             buckets.append([])
             size = 0
         buckets[-1].append(p)
@@ -178,7 +183,13 @@ class DistributedDataParallel(Module):
         params = [p for p in module.parameters() if p.requires_grad]
         self.buckets = make_buckets(params, bucket_cap_mb * 2**20)
         self.grad_buffers = [backend.get_array_module(b[0].data).zeros(offsets(b)[1], b[0].dtype)
-                        for b in self.buckets]
+                             for b in self.buckets]
+        self.views = {id(p): buf[o:o + p.size].reshape(p.shape)  # p.grad lives here once ready
+                      for b, buf in zip(self.buckets, self.grad_buffers)
+                      for p, o in zip(b, offsets(b)[0])}
+        self.arrived = set()
+        for p in params:  # registered before the queue's hook, so it runs first
+            p.register_post_accumulate_grad_hook(self._arrive)
         self.works = [None] * len(self.buckets)
         self.queue = ReadyQueue(self.buckets, self._launch, self._finish)
 
@@ -198,20 +209,36 @@ class DistributedDataParallel(Module):
         """Finish averaging this step's gradients (needed only when some parameter got none)."""
         self.queue.flush()
 
+    def _arrive(self, p):
+        """Post-accumulate hook: g/N into p's slice of its bucket, which becomes ``p.grad``."""
+        if self.queue.enabled:
+            self._into_bucket(p)
+
+    def _into_bucket(self, p):
+        view = self.views[id(p)]
+        if p.grad is None:
+            view[...] = 0  # no gradient this step counts as zero
+        else:
+            backend.get_array_module(view).divide(p.grad, self.comm.size, out=view)
+        p.grad = view
+        self.arrived.add(id(p))
+
     def _launch(self, i):
-        buf = flatten_grads(self.buckets[i], self.grad_buffers[i])
+        for p in self.buckets[i]:
+            if id(p) not in self.arrived:  # got no gradient this step (only via flush)
+                self._into_bucket(p)
         if self.overlap:
-            self.works[i] = self.comm.iall_reduce(buf, op="avg", algorithm=self.algorithm, out=buf)
+            buf = self.grad_buffers[i]
+            self.works[i] = self.comm.iall_reduce(buf, op="sum", algorithm=self.algorithm, out=buf)
 
     def _finish(self):
-        for i, (bucket, buf) in enumerate(zip(self.buckets, self.grad_buffers)):
+        for i, buf in enumerate(self.grad_buffers):
             if self.overlap:
                 self.works[i].wait()
                 self.works[i] = None
             else:
-                self.comm.all_reduce(buf, op="avg", algorithm=self.algorithm, out=buf)
-            for p, o in zip(bucket, offsets(bucket)[0]):
-                p.grad = buf[o:o + p.size].reshape(p.shape)
+                self.comm.all_reduce(buf, op="sum", algorithm=self.algorithm, out=buf)
+        self.arrived.clear()
 
     def gradient_bytes(self):
         """Bytes of gradient memory on this rank: the bucket buffers the gradients live in."""
