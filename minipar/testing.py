@@ -78,6 +78,10 @@ def run_on_ranks(target, nprocs, timeout=120, args=(), env=None, grace=2.0, heav
     name = _target_name(target)
     rank_env = {**os.environ, **RANK_ENV, **({"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
                                              if heavy_yield else {}), **(env or {})}
+    # the ranks import the same minipar as this process, wherever they start
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rank_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (package_root, rank_env.get("PYTHONPATH")) if p)
     with tempfile.TemporaryDirectory(prefix="minipar-ranks-") as folder:
         command = [mpiexec(), "-n", str(nprocs), sys.executable, "-m", "minipar.testing",
                    folder, name, json.dumps(list(args)), str(grace)]
