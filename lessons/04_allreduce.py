@@ -44,12 +44,12 @@ for algo in ALGOS:
 # ---- Part 2: the comparison table, measured ------------------------------------------------
 n_bytes = 4 << 20
 x = np.ones(n_bytes // 4, np.float32)
-params = cost.fit(world, sizes=(n_bytes,))
+model = cost.fit(world, sizes=(n_bytes // 8, n_bytes // 4, n_bytes // 2, n_bytes))
 if rank == 0:
     print(f"\nPart 2. All-reduce of {n_bytes >> 20} MiB on {p} ranks "
-          f"(fitted: alpha {params[n_bytes].alpha * 1e6:.1f} us, "
-          f"1/beta {1 / params[n_bytes].beta / 1e9:.2f} GB/s, "
-          f"1/gamma {1 / params[n_bytes].gamma / 1e9:.2f} GB/s)")
+          f"(fitted: alpha {model.alpha * 1e6:.1f} us; for {n_bytes // p >> 10} KiB messages "
+          f"1/beta {1 / model.beta(n_bytes / p) / 1e9:.2f} GB/s, "
+          f"1/gamma {1 / model.gamma(n_bytes / p) / 1e9:.2f} GB/s)")
     print(f"  {'algorithm':18s} {'time ms':>8s} {'model ms':>9s} {'peak node MB':>13s} "
           f"{'total MB':>9s}  (n = {n_bytes / 1e6:.1f} MB)")
 for algo in ALGOS + ["mpi"]:
@@ -65,9 +65,9 @@ for algo in ALGOS + ["mpi"]:
     c = world.counters.snapshot()
     peak = world.mpi.allreduce(c["bytes_sent"] + c["bytes_received"], op=max)
     total = world.mpi.allreduce(c["bytes_sent"])
-    model = cost.predict("all_reduce", algo, p, n_bytes, params) if algo != "mpi" else None
+    predicted = cost.predict("all_reduce", algo, p, n_bytes, model) if algo != "mpi" else None
     if rank == 0:
-        model_text = f"{model * 1e3:9.1f}" if model else f"{'-':>9s}"
+        model_text = f"{predicted * 1e3:9.1f}" if predicted else f"{'-':>9s}"
         moved = f"{peak / 1e6:13.1f} {total / 1e6:9.1f}" if algo != "mpi" else \
             f"{'(inside MPI)':>13s} {'':9s}"
         print(f"  {algo:18s} {seconds * 1e3:8.1f} {model_text} {moved}")

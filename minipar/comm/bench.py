@@ -47,7 +47,7 @@ def memcpy_bandwidth(nbytes=64 << 20):
     return nbytes / best
 
 
-def header(comm, params):
+def header(comm, model):
     node = comm.mpi.Split_type(MPI.COMM_TYPE_SHARED)
     per_node, cores = node.Get_size(), os.cpu_count()
     aware, why = cuda_aware()
@@ -62,10 +62,23 @@ def header(comm, params):
         "cuda_aware": f"{aware} ({why})",
         "memcpy_GBps": round(memcpy_bandwidth() / 1e9, 2),
         "MALLOC_MMAP_MAX_": os.environ.get("MALLOC_MMAP_MAX_", "unset"),
-        "alpha_us": round(next(iter(params.values())).alpha * 1e6, 2),
-        "beta_GBps": {size: round(1 / q.beta / 1e9, 2) for size, q in params.items()},
-        "gamma_GBps": {size: round(1 / q.gamma / 1e9, 2) for size, q in params.items()},
+        "alpha_us": round(model.alpha * 1e6, 2),
+        "beta_GBps": {_size(m): _gbps(b) for m, b in model.betas.items()},
+        "gamma_GBps": {_size(m): _gbps(g) for m, g in model.gammas.items()},
     }
+
+
+def _gbps(seconds_per_byte):
+    """GB/s for a per-byte time (inf when a size cost no more than the tiny message)."""
+    return round(1 / seconds_per_byte / 1e9, 2) if seconds_per_byte > 0 else float("inf")
+
+
+def _size(nbytes):
+    """8 B, 64 KiB, 16 MiB: a power of two in the unit that keeps it short."""
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes >> shift}{unit}"
+    return f"{nbytes}B"
 
 
 def time_all_reduce(comm, x, algorithm, iters, warmup=2):
@@ -84,14 +97,15 @@ def time_all_reduce(comm, x, algorithm, iters, warmup=2):
     return cost.slowest_median(comm, times), wrong
 
 
-def iterations(nbytes, budget=0.02):
-    """Fewer iterations for bigger messages (about budget seconds at 1 GB/s, 3 to 100)."""
-    return int(min(100, max(3, budget * 1e9 / max(nbytes, 1))))
+def iterations(nbytes, budget=0.2):
+    """Fewer iterations for bigger messages (about budget seconds at 1 GB/s, 10 to 200)."""
+    return int(min(200, max(10, budget * 1e9 / max(nbytes, 1))))
 
 
 def run_bench(comm, sizes, algorithms, slow_max, as_json):
-    params = cost.fit(comm)
-    info = header(comm, params)
+    fit_sizes = [m for m in cost.FIT_SIZES if m <= max(sizes)] or cost.FIT_SIZES[:1]
+    model = cost.fit(comm, fit_sizes)  # no messages larger than the largest vector
+    info = header(comm, model)
     p, rows = comm.size, []
     if comm.rank == 0 and not as_json:
         print("# minipar all-reduce benchmark (float32, op=sum)")
@@ -107,18 +121,18 @@ def run_bench(comm, sizes, algorithms, slow_max, as_json):
                 continue
             seconds, wrong = time_all_reduce(comm, x, algorithm, iterations(x.nbytes))
             mpi_time = seconds if algorithm == "mpi" else mpi_time
-            model = None
+            predicted = None
             if algorithm not in ("mpi", "auto"):
-                model = cost.predict("all_reduce", algorithm, p, x.nbytes, params)
+                predicted = cost.predict("all_reduce", algorithm, p, x.nbytes, model)
             algbw = x.nbytes / seconds / 1e9
             row = {"bytes": x.nbytes, "algorithm": algorithm, "time_us": seconds * 1e6,
                    "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (p - 1) / p,
-                   "vs_mpi": seconds / mpi_time, "model_us": model and model * 1e6,
-                   "measured_over_model": model and seconds / model, "wrong": wrong}
+                   "vs_mpi": seconds / mpi_time, "model_us": predicted and predicted * 1e6,
+                   "measured_over_model": predicted and seconds / predicted, "wrong": wrong}
             rows.append(row)
             if comm.rank == 0 and not as_json:
-                model_text = f"{model * 1e6:10.1f} {seconds / model:8.2f}" if model else \
-                    f"{'-':>10s} {'-':>8s}"
+                model_text = (f"{predicted * 1e6:10.1f} {seconds / predicted:8.2f}" if predicted
+                              else f"{'-':>10s} {'-':>8s}")
                 print(f"{x.nbytes:11d} {algorithm:>18s} {seconds * 1e6:10.1f} {algbw:7.3f} "
                       f"{row['busbw_GBps']:7.3f} {row['vs_mpi']:7.2f} {model_text} {wrong:5d}",
                       flush=True)

@@ -1,17 +1,21 @@
 """Collectives written by hand over point-to-point messages, each beside its cost formula.
 
-Cost model (Hockney; Thakur, Rabenseifner & Gropp 2005): a message of n bytes takes
-alpha + n*beta; reducing n bytes takes n*gamma. For p ranks and an n-byte vector:
+Cost model (Hockney; Thakur, Rabenseifner & Gropp 2005): a step sending an m-byte message
+takes alpha + m beta(m); reducing m bytes takes m gamma(m). beta and gamma are fitted per size
+(cost.py: caches), so each term reads them at its own message size. For p ranks, n bytes:
 
-    all_reduce          time                                            bytes sent per rank
-    sequential          2(p-1)(alpha + n beta) + (p-1) n gamma          n (2n on inner ranks)
-    parallel            (p-1)(alpha + n beta) + (p-1) n gamma           (p-1) n
-    ring                2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma  2(p-1)/p n
-    recursive_halving   2 log p alpha + 2(p-1)/p n beta + (p-1)/p n gamma 2(p-1)/p n
-    recursive_doubling  log p (alpha + n beta + n gamma)                 n log p
-    parameter_server    2(p-1)(alpha + n beta) + (p-1) n gamma           server: (p-1) n each way
-    sharded_ps          2(p-1)(alpha + n/p beta) + (p-1)/p n gamma       2(p-1)/p n
+    all_reduce          time                                             bytes sent per rank
+    sequential          2(p-1)(alpha + n beta(n)) + (p-1) n gamma(n)     n (2n on inner ranks)
+    parallel            (p-1)(alpha + n beta(n)) + (p-1) n gamma(n)      (p-1) n
+    ring                2(p-1)(alpha + n/p beta(n/p)) + (p-1) n/p gamma(n/p)    2(p-1)/p n
+    recursive_halving   sum over m = n/2, n/4, ..., n/p of                2(p-1)/p n
+                          2(alpha + m beta(m)) + m gamma(m)
+    recursive_doubling  log p (alpha + n beta(n) + n gamma(n))           n log p
+    parameter_server    2(p-1)(alpha + n beta(n)) + (p-1) n gamma(n)     server: (p-1) n each way
+    sharded_ps          2(p-1)(alpha + n/p beta(n/p)) + (p-1) n/p gamma(n/p)    2(p-1)/p n
     mpi                 MPI_Allreduce (the reference); auto: the cheapest formula for n
+
+(p not a power of two: log p and p read pof2, plus the fold's 2(alpha + n beta(n)) + n gamma(n).)
 
 Every algorithm is registered with ``@algorithm(collective, name, cost)``, so the benchmark, the
 ``auto`` choice and the lessons read the same formula that sits above the code.
@@ -27,6 +31,7 @@ receive checks size and tag, so ranks that disagree on length or dtype get a ``C
 instead of a wrong sum (and an uncaught error aborts the job). With ``check=True`` or
 ``MINIPAR_DEBUG=1`` the ranks first exchange (count, dtype), and every rank raises the same error.
 """
+import functools
 import math
 import os
 import queue
@@ -36,7 +41,7 @@ from mpi4py import MPI
 
 from minipar import backend
 from minipar.comm import cost as cost_model
-from minipar.comm.communicator import CommError, Request, dtype_tag
+from minipar.comm.communicator import CommError, Communicator, Request, dtype_tag
 
 OPS = ("sum", "avg", "max", "min", "prod")
 _UFUNC = {"sum": "add", "avg": "add", "max": "maximum", "min": "minimum", "prod": "multiply"}
@@ -57,20 +62,31 @@ def algorithm(collective, name, cost=None):
 
 def chunk_bounds(n, p):
     """Offsets of p nearly equal chunks of n elements: chunk i is [b[i], b[i+1])."""
+    return list(_chunk_bounds(n, p))
+
+
+@functools.lru_cache(maxsize=256)
+def _chunk_bounds(n, p):  # cached: the collectives ask for the same (n, p) call after call
     q, r = divmod(n, p)
-    return [i * q + min(i, r) for i in range(p + 1)]
+    return tuple(i * q + min(i, r) for i in range(p + 1))
 
 
 def log2(p):
+    """Depth of a binomial tree over p ranks: ceil(log2 p)."""
     return math.ceil(math.log2(p)) if p > 1 else 0
+
+
+def _halves(p, n):
+    """Bytes per step of recursive halving over the largest power of two <= p ranks:
+    n/2, n/4, ..., n/pof2 (log2 pof2 steps; they add up to (pof2-1)/pof2 n)."""
+    return [n / 2 ** k for k in range(1, p.bit_length())]
 
 
 # ----------------------------------------------------------------------------------------------
 # Shared pieces: checks, scratch buffers, the reduction, MPICH's non-power-of-two fold
 # ----------------------------------------------------------------------------------------------
 
-def _debug():
-    return os.environ.get("MINIPAR_DEBUG", "0") not in ("", "0")
+DEBUG = os.environ.get("MINIPAR_DEBUG", "0") not in ("", "0")  # read once: checks are per call
 
 
 def _pick(collective, name, op=None):
@@ -88,7 +104,7 @@ def check_same(comm, what, x, check=None):
 
     Runs when ``check`` is True, or when it is None and MINIPAR_DEBUG=1 (one small MPI
     allgather of metadata: a check, not part of any algorithm)."""
-    if comm.size == 1 or not (check or (check is None and _debug())):
+    if comm.size == 1 or not (check or (check is None and DEBUG)):
         return
     mine = (tuple(x.shape), x.dtype.name) if x is not None else None
     seen = comm.mpi.allgather(mine)
@@ -99,10 +115,9 @@ def check_same(comm, what, x, check=None):
 
 def _scratch(comm, slot, n, like):
     """A reusable work buffer of n elements of like's dtype (grown, never shrunk, per slot)."""
-    xp = backend.get_array_module(like)
     have = comm._scratch.get(slot)
     if have is None or have.size < n or have.dtype != like.dtype or type(have) is not type(like):
-        have = xp.empty(max(n, 1), like.dtype)
+        have = backend.get_array_module(like).empty(max(n, 1), like.dtype)
         comm._scratch[slot] = have
     return have[:n]
 
@@ -123,9 +138,9 @@ def _finish(buf, op, p):
 
 def _result(x, out, shape=None, dtype=None):
     """The array the result is written into: ``out`` (checked) or a fresh one."""
-    xp = backend.get_array_module(x)
     if out is None:
-        return xp.empty(x.shape if shape is None else shape, x.dtype if dtype is None else dtype)
+        return backend.get_array_module(x).empty(x.shape if shape is None else shape,
+                                                 x.dtype if dtype is None else dtype)
     if not out.flags.c_contiguous:
         raise CommError("out must be a C-contiguous array")
     want = tuple(x.shape if shape is None else shape)
@@ -134,6 +149,7 @@ def _result(x, out, shape=None, dtype=None):
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def _fold(p):
     """MPICH's non-power-of-two plan: (pof2, rem, newrank of rank r, real rank of newrank j)."""
     pof2 = 1 << (p.bit_length() - 1)
@@ -157,22 +173,23 @@ def _block_bounds(bounds, p):
     return [bounds[2 * j if j < rem else j + rem] for j in range(pof2)] + [bounds[p]]
 
 
-def _halving_reduce_scatter(c, buf, nb, op, tag):
+def _halving_reduce_scatter(c, buf, nb, op, tag, src=None):
     """Recursive halving over pof2 newranks: after log p steps newrank j holds block j reduced.
 
-    Step k exchanges half of the current window with newrank ^ (pof2 >> k)."""
+    Step k exchanges half of the current window with newrank ^ (pof2 >> k). The first step
+    reads the input from ``src`` (default: buf itself) and writes the kept half into buf."""
     pof2, _, newrank, real = _fold(c.size)
     me, lo, hi, mask = newrank(c.rank), 0, pof2, pof2 >> 1
     reduce = _reducer(op, buf)
     tmp = _scratch(c, "halving", max(nb[(pof2 >> 1)] - nb[0], nb[pof2] - nb[pof2 >> 1]), buf)
+    src = buf if src is None else src
     while mask:
         mid = (lo + hi) // 2
         (k0, k1), (g0, g1) = ((mid, hi), (lo, mid)) if me & mask else ((lo, mid), (mid, hi))
-        keep = buf[nb[k0]:nb[k1]]
-        got = tmp[:keep.size]
-        c.sendrecv(buf[nb[g0]:nb[g1]], real(me ^ mask), got, real(me ^ mask), tag)
-        reduce(keep, got, out=keep)
-        lo, hi, mask = k0, k1, mask >> 1
+        got = tmp[:nb[k1] - nb[k0]]
+        c.sendrecv(src[nb[g0]:nb[g1]], real(me ^ mask), got, real(me ^ mask), tag)
+        reduce(src[nb[k0]:nb[k1]], got, out=buf[nb[k0]:nb[k1]])
+        lo, hi, mask, src = k0, k1, mask >> 1, buf
 
 
 def _doubling_all_gather(c, buf, nb, tag):
@@ -187,18 +204,22 @@ def _doubling_all_gather(c, buf, nb, tag):
         mask <<= 1
 
 
-def _ring_reduce_scatter(c, buf, bounds, op, tag, shift):
-    """p-1 steps round the ring; rank r ends holding chunk (r + shift + 1) % p reduced."""
+def _ring_reduce_scatter(c, buf, bounds, op, tag, shift, src=None):
+    """p-1 steps round the ring; rank r ends holding chunk (r + shift + 1) % p reduced.
+
+    Each chunk is reduced once, from the input ``src`` (default: buf itself) into buf, so an
+    out-of-place all-reduce never copies its input first (NCCL: read sendbuff, write recvbuff)."""
     r, p = c.rank, c.size
     right, left = (r + 1) % p, (r - 1) % p
     reduce = _reducer(op, buf)
     tmp = _scratch(c, "ring", bounds[1] - bounds[0], buf)
+    src = buf if src is None else src
     for s in range(p - 1):
         send, recv = (r + shift - s) % p, (r + shift - s - 1) % p
-        keep = buf[bounds[recv]:bounds[recv + 1]]
-        got = tmp[:keep.size]
-        c.sendrecv(buf[bounds[send]:bounds[send + 1]], right, got, left, tag)
-        reduce(keep, got, out=keep)
+        lo, hi = bounds[recv], bounds[recv + 1]
+        got = tmp[:hi - lo]
+        c.sendrecv((src if s == 0 else buf)[bounds[send]:bounds[send + 1]], right, got, left, tag)
+        reduce(src[lo:hi], got, out=buf[lo:hi])
 
 
 def _ring_all_gather(c, buf, bounds, tag, shift):
@@ -219,7 +240,10 @@ AUTO_CANDIDATES = ("ring", "recursive_halving", "recursive_doubling")
 
 
 def all_reduce(comm, x, op="sum", algorithm="auto", out=None, check=None):
-    """Every rank gets op(x_0, ..., x_{p-1}) elementwise; ``out=x`` reduces in place."""
+    """Every rank gets op(x_0, ..., x_{p-1}) elementwise; ``out=x`` reduces in place.
+
+    An algorithm ``run(c, x, buf, op, tag)`` reads the flat input x and writes the flat result
+    buf (the same array when in place); ring and the recursive ones never copy x into buf."""
     if algorithm == "auto":
         algorithm = choose(comm.size, x.nbytes)
     run = _pick("all_reduce", algorithm, op)
@@ -227,44 +251,46 @@ def all_reduce(comm, x, op="sum", algorithm="auto", out=None, check=None):
     result = _result(x, out)
     if algorithm == "mpi":
         return _finish(_mpi_all_reduce(comm, x, result, op), op, comm.size)
-    if result is not x:
-        result[...] = x
     if comm.size > 1 and x.size:
-        run(comm.coll, result.reshape(-1), op, dtype_tag(x.dtype))
+        run(comm.coll, x.reshape(-1), result.reshape(-1), op, dtype_tag(x.dtype))
+    elif result is not x:
+        result[...] = x
     return _finish(result, op, comm.size)
 
 
 def choose(p, nbytes, params=None):
     """``auto``: the hand-coded all-reduce the cost model predicts fastest for n bytes."""
-    params = params or cost_model.default_params(nbytes)
-    return min(AUTO_CANDIDATES, key=lambda a: ALGORITHMS["all_reduce"][a].cost(p, nbytes, *params))
+    return min(AUTO_CANDIDATES,
+               key=lambda a: cost_model.predict("all_reduce", a, p, nbytes, params))
 
 
 @algorithm("all_reduce", "sequential",
-           lambda p, n, a, b, g: 2 * (p - 1) * (a + n * b) + (p - 1) * n * g)
-def _all_reduce_sequential(c, buf, op, tag):
+           lambda p, n, a, b, g: 2 * (p - 1) * (a + n * b(n)) + (p - 1) * n * g(n))
+def _all_reduce_sequential(c, x, buf, op, tag):
     """A chain: rank i adds its vector to the running sum from i-1 and passes it to i+1;
     the last rank holds the total and it travels back down the chain."""
     r, p = c.rank, c.size
     if r > 0:
         got = _scratch(c, "tmp", buf.size, buf)
         c.recv(got, r - 1, tag)
-        _reducer(op, buf)(got, buf, out=buf)  # (x0 + ... + x_{r-1}) + x_r, in rank order
+        _reducer(op, buf)(got, x, out=buf)  # (x0 + ... + x_{r-1}) + x_r, in rank order
     if r < p - 1:
-        c.send(buf, r + 1, tag)
+        c.send(buf if r > 0 else x, r + 1, tag)
         c.recv(buf, r + 1, tag)
     if r > 0:
         c.send(buf, r - 1, tag)
 
 
 @algorithm("all_reduce", "parallel",
-           lambda p, n, a, b, g: (p - 1) * (a + n * b) + (p - 1) * n * g)
-def _all_reduce_parallel(c, buf, op, tag):
+           lambda p, n, a, b, g: (p - 1) * (a + n * b(n)) + (p - 1) * n * g(n))
+def _all_reduce_parallel(c, x, buf, op, tag):
     """Everyone to everyone: each rank sends its whole vector to all others at once and
     reduces the p vectors itself, in rank order (so every rank computes the same bits)."""
     r, p = c.rank, c.size
     mine = _scratch(c, "mine", buf.size, buf)
-    mine[...] = buf
+    mine[...] = x
+    if r == 0 and buf is not x:
+        buf[...] = x  # rank 0's running sum starts as x_0
     sends = [c.isend(mine, j, tag) for j in range(p) if j != r]
     got = _scratch(c, "tmp", buf.size, buf)
     reduce = _reducer(op, buf)
@@ -277,24 +303,29 @@ def _all_reduce_parallel(c, buf, op, tag):
 
 
 @algorithm("all_reduce", "ring",
-           lambda p, n, a, b, g: 2 * (p - 1) * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g)
-def _all_reduce_ring(c, buf, op, tag):
-    """Ring (Baidu / Patarasuk & Yuan): reduce-scatter round the ring, then all-gather."""
-    bounds = chunk_bounds(buf.size, c.size)
-    _ring_reduce_scatter(c, buf, bounds, op, tag, shift=0)
+           lambda p, n, a, b, g: (2 * (p - 1) * (a + n / p * b(n / p))
+                                  + (p - 1) * n / p * g(n / p)))
+def _all_reduce_ring(c, x, buf, op, tag):
+    """Ring (Baidu / Patarasuk & Yuan): reduce-scatter round the ring, then all-gather.
+    Every chunk of buf is written once: by a reduction (from x) or by a receive."""
+    bounds = _chunk_bounds(buf.size, c.size)
+    _ring_reduce_scatter(c, buf, bounds, op, tag, shift=0, src=x)
     _ring_all_gather(c, buf, bounds, tag, shift=1)
 
 
-def _fold_in(c, buf, op, tag):
-    """Non-power-of-two pre-step: even ranks below 2*rem give their vector to rank + 1."""
+def _fold_in(c, x, buf, op, tag):
+    """Non-power-of-two pre-step: even ranks below 2*rem give their vector to rank + 1.
+    Returns where this rank's vector now is: buf (it received and reduced) or still x."""
     pof2, rem, _, _ = _fold(c.size)
     if c.rank < 2 * rem:
         if c.rank % 2 == 0:
-            c.send(buf, c.rank + 1, tag)
+            c.send(x, c.rank + 1, tag)
         else:
             got = _scratch(c, "tmp", buf.size, buf)
             c.recv(got, c.rank - 1, tag)
-            _reducer(op, buf)(buf, got, out=buf)
+            _reducer(op, buf)(x, got, out=buf)
+            return buf
+    return x
 
 
 def _fold_out(c, buf, tag):
@@ -309,78 +340,83 @@ def _fold_out(c, buf, tag):
 
 def _fold_cost(p, n, a, b, g):
     """The two extra full-vector messages (and one reduction) when p is not a power of two."""
-    return 0 if p & (p - 1) == 0 else 2 * (a + n * b) + n * g
+    return 0 if p & (p - 1) == 0 else 2 * (a + n * b(n)) + n * g(n)
 
 
 @algorithm("all_reduce", "recursive_halving",
-           lambda p, n, a, b, g: (2 * log2(p) * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g
+           lambda p, n, a, b, g: (sum(2 * (a + m * b(m)) + m * g(m) for m in _halves(p, n))
                                   + _fold_cost(p, n, a, b, g)))
-def _all_reduce_rabenseifner(c, buf, op, tag):
+def _all_reduce_rabenseifner(c, x, buf, op, tag):
     """Rabenseifner: recursive-halving reduce-scatter, then recursive-doubling all-gather."""
-    nb = _block_bounds(chunk_bounds(buf.size, c.size), c.size)
-    _fold_in(c, buf, op, tag)
+    nb = _block_bounds(_chunk_bounds(buf.size, c.size), c.size)
+    src = _fold_in(c, x, buf, op, tag)
     if _fold(c.size)[2](c.rank) >= 0:
-        _halving_reduce_scatter(c, buf, nb, op, tag)
+        _halving_reduce_scatter(c, buf, nb, op, tag, src)
         _doubling_all_gather(c, buf, nb, tag)
     _fold_out(c, buf, tag)
 
 
 @algorithm("all_reduce", "recursive_doubling",
-           lambda p, n, a, b, g: log2(p) * (a + n * b + n * g) + _fold_cost(p, n, a, b, g))
-def _all_reduce_doubling(c, buf, op, tag):
+           lambda p, n, a, b, g: (len(_halves(p, n)) * (a + n * b(n) + n * g(n))
+                                  + _fold_cost(p, n, a, b, g)))
+def _all_reduce_doubling(c, x, buf, op, tag):
     """Recursive doubling: log p steps, each swapping the whole vector with rank ^ 2^k."""
     pof2, _, newrank, real = _fold(c.size)
-    _fold_in(c, buf, op, tag)
+    src = _fold_in(c, x, buf, op, tag)
     me = newrank(c.rank)
     if me >= 0:
         got = _scratch(c, "tmp", buf.size, buf)
         reduce = _reducer(op, buf)
         mask = 1
         while mask < pof2:
-            c.sendrecv(buf, real(me ^ mask), got, real(me ^ mask), tag)
+            c.sendrecv(src, real(me ^ mask), got, real(me ^ mask), tag)
             # the lower rank's data first, so both partners compute the same bits
             if me & mask:
-                reduce(got, buf, out=buf)
+                reduce(got, src, out=buf)
             else:
-                reduce(buf, got, out=buf)
-            mask <<= 1
+                reduce(src, got, out=buf)
+            src, mask = buf, mask << 1
     _fold_out(c, buf, tag)
 
 
 @algorithm("all_reduce", "parameter_server",
-           lambda p, n, a, b, g: 2 * (p - 1) * (a + n * b) + (p - 1) * n * g)
-def _all_reduce_ps(c, buf, op, tag, server=0):
+           lambda p, n, a, b, g: 2 * (p - 1) * (a + n * b(n)) + (p - 1) * n * g(n))
+def _all_reduce_ps(c, x, buf, op, tag, server=0):
     """One parameter server: workers push their vector to rank 0, which reduces and pushes
     the result back. The server's link carries 2(p-1)n bytes: the bottleneck."""
     if c.rank == server:
         got = _scratch(c, "tmp", buf.size, buf)
         reduce = _reducer(op, buf)
+        src = x
         for j in range(c.size):
             if j != server:
-                reduce(buf, c.recv(got, j, tag), out=buf)
+                reduce(src, c.recv(got, j, tag), out=buf)
+                src = buf
         Request.wait_all([c.isend(buf, j, tag) for j in range(c.size) if j != server])
     else:
-        c.send(buf, server, tag)
+        c.send(x, server, tag)
         c.recv(buf, server, tag)
 
 
 @algorithm("all_reduce", "sharded_ps",
-           lambda p, n, a, b, g: 2 * (p - 1) * (a + n / p * b) + (p - 1) / p * n * g)
-def _all_reduce_sharded_ps(c, buf, op, tag):
+           lambda p, n, a, b, g: (2 * (p - 1) * (a + n / p * b(n / p))
+                                  + (p - 1) * n / p * g(n / p)))
+def _all_reduce_sharded_ps(c, x, buf, op, tag):
     """Sharded parameter server: rank j serves chunk j. Push chunk j to server j, each server
     reduces its shard, then every server sends its shard to every rank."""
     r, p = c.rank, c.size
-    bounds = chunk_bounds(buf.size, p)
-    chunk = lambda j: buf[bounds[j]:bounds[j + 1]]  # noqa: E731
-    mine = chunk(r)
-    sends = [c.isend(chunk(j), j, tag) for j in range(p) if j != r]
+    bounds = _chunk_bounds(buf.size, p)
+    chunk = lambda a, j: a[bounds[j]:bounds[j + 1]]  # noqa: E731
+    mine, src = chunk(buf, r), chunk(x, r)
+    sends = [c.isend(chunk(x, j), j, tag) for j in range(p) if j != r]
     got = _scratch(c, "tmp", mine.size, buf)
     reduce = _reducer(op, buf)
     for j in range(p):
         if j != r:
-            reduce(mine, c.recv(got, j, tag), out=mine)
+            reduce(src, c.recv(got, j, tag), out=mine)
+            src = mine
     Request.wait_all(sends)
-    recvs = [c.irecv(chunk(j), j, tag) for j in range(p) if j != r]
+    recvs = [c.irecv(chunk(buf, j), j, tag) for j in range(p) if j != r]
     Request.wait_all([c.isend(mine, j, tag) for j in range(p) if j != r] + recvs)
 
 
@@ -452,7 +488,7 @@ def broadcast(comm, x, root=0, algorithm="binomial", out=None, check=None):
     return result
 
 
-@algorithm("broadcast", "binomial", lambda p, n, a, b, g: log2(p) * (a + n * b))
+@algorithm("broadcast", "binomial", lambda p, n, a, b, g: log2(p) * (a + n * b(n)))
 def _broadcast_binomial(c, buf, root, tag):
     """Binomial tree: in step k every rank that has the data sends it 2^k ranks further."""
     p, rel = c.size, (c.rank - root) % c.size
@@ -470,7 +506,7 @@ def _broadcast_binomial(c, buf, root, tag):
 
 
 @algorithm("broadcast", "scatter_allgather",
-           lambda p, n, a, b, g: (log2(p) + p - 1) * a + 2 * (p - 1) / p * n * b)
+           lambda p, n, a, b, g: (log2(p) + p - 1) * a + 2 * (p - 1) / p * n * b(n / p))
 def _broadcast_scatter_allgather(c, buf, root, tag):
     """Van de Geijn: a binomial scatter cuts the vector into p chunks (chunk k to relative
     rank k), then a ring all-gather puts them back together on every rank. For long vectors."""
@@ -514,7 +550,7 @@ def reduce(comm, x, root=0, op="sum", algorithm="binomial", out=None, check=None
     return _finish(work, op, comm.size) if at_root else None
 
 
-@algorithm("reduce", "binomial", lambda p, n, a, b, g: log2(p) * (a + n * b + n * g))
+@algorithm("reduce", "binomial", lambda p, n, a, b, g: log2(p) * (a + n * b(n) + n * g(n)))
 def _reduce_binomial(c, buf, root, op, tag):
     """Binomial tree, the broadcast run backwards: receive from children, send to the parent."""
     p, rel = c.size, (c.rank - root) % c.size
@@ -554,19 +590,19 @@ def reduce_scatter(comm, x, op="sum", algorithm="ring", out=None, check=None):
 
 
 @algorithm("reduce_scatter", "ring",
-           lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * (b + g))
+           lambda p, n, a, b, g: (p - 1) * (a + n / p * (b(n / p) + g(n / p))))
 def _reduce_scatter_ring(c, buf, bounds, op, tag):
     """The first half of the ring all-reduce, shifted so that rank r ends with chunk r."""
     _ring_reduce_scatter(c, buf, bounds, op, tag, shift=-1)
 
 
 @algorithm("reduce_scatter", "recursive_halving",
-           lambda p, n, a, b, g: log2(p) * a + (p - 1) / p * n * (b + g)
-           + _fold_cost(p, n, a, b, g) / 2)
+           lambda p, n, a, b, g: (sum(a + m * (b(m) + g(m)) for m in _halves(p, n))
+                                  + _fold_cost(p, n, a, b, g) / 2))
 def _reduce_scatter_halving(c, buf, bounds, op, tag):
     """Recursive halving; when p is not a power of two the odd partner, which reduced both
     chunks, hands rank - 1 its chunk at the end."""
-    _fold_in(c, buf, op, tag)
+    _fold_in(c, buf, buf, op, tag)
     if _fold(c.size)[2](c.rank) >= 0:
         _halving_reduce_scatter(c, buf, _block_bounds(bounds, c.size), op, tag)
     if c.rank < 2 * _fold(c.size)[1]:
@@ -576,7 +612,7 @@ def _reduce_scatter_halving(c, buf, bounds, op, tag):
 
 
 @algorithm("reduce_scatter", "pairwise",
-           lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * (b + g))
+           lambda p, n, a, b, g: (p - 1) * (a + n / p * (b(n / p) + g(n / p))))
 def _reduce_scatter_direct(c, buf, bounds, op, tag):
     """Direct: send chunk j straight to rank j, reduce the p-1 chunks that arrive."""
     r, p = c.rank, c.size
@@ -608,14 +644,15 @@ def all_gather(comm, x, algorithm="ring", out=None, check=None):
     return result
 
 
-@algorithm("all_gather", "ring", lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b)
+@algorithm("all_gather", "ring", lambda p, n, a, b, g: (p - 1) * (a + n / p * b(n / p)))
 def _all_gather_ring(c, buf, bounds, tag):
     """p-1 steps: pass on to the right the chunk that arrived from the left."""
     _ring_all_gather(c, buf, bounds, tag, shift=0)
 
 
 @algorithm("all_gather", "recursive_doubling",
-           lambda p, n, a, b, g: log2(p) * a + (p - 1) / p * n * b + _fold_cost(p, n, a, b, 0))
+           lambda p, n, a, b, g: (sum(a + m * b(m) for m in _halves(p, n))
+                                  + _fold_cost(p, n, a, b, lambda m: 0)))
 def _all_gather_doubling(c, buf, bounds, tag):
     """log p steps, the block each rank holds doubling every step (MPICH fold when p is not a
     power of two: the even rank lends its chunk to rank + 1 and gets the whole result back)."""
@@ -649,7 +686,7 @@ def all_to_all(comm, x, algorithm="pairwise", out=None, check=None):
     return result
 
 
-@algorithm("all_to_all", "pairwise", lambda p, n, a, b, g: (p - 1) * (a + n / p * b))
+@algorithm("all_to_all", "pairwise", lambda p, n, a, b, g: (p - 1) * (a + n / p * b(n / p)))
 def _all_to_all_pairwise(c, x, result, tag):
     """p-1 steps: in step s send row r+s to rank r+s and receive row r from rank r-s."""
     r, p = c.rank, c.size
@@ -675,7 +712,7 @@ def gather(comm, x, root=0, algorithm="linear", out=None, check=None):
     return result
 
 
-@algorithm("gather", "linear", lambda p, n, a, b, g: (p - 1) * (a + n / p * b))
+@algorithm("gather", "linear", lambda p, n, a, b, g: (p - 1) * (a + n / p * b(n / p)))
 def _gather_linear(c, x, result, root, tag):
     """Root receives from every rank in turn (its link carries (p-1)/p of the result)."""
     if c.rank == root:
@@ -709,7 +746,7 @@ def scatter(comm, x, root=0, algorithm="linear", out=None, check=None):
     return result
 
 
-@algorithm("scatter", "linear", lambda p, n, a, b, g: (p - 1) * (a + n / p * b))
+@algorithm("scatter", "linear", lambda p, n, a, b, g: (p - 1) * (a + n / p * b(n / p)))
 def _scatter_linear(c, x, result, root, tag):
     """Root sends row j to rank j, all at once."""
     if c.rank == root:
@@ -796,3 +833,8 @@ def iall_reduce(comm, x, op="sum", algorithm="auto", out=None):
     work = Work()
     comm._async.queue.put((work, (x, op, algorithm, out)))
     return work
+
+
+for _name in ("all_reduce", "iall_reduce", "broadcast", "reduce", "reduce_scatter", "all_gather",
+              "all_to_all", "gather", "scatter"):  # comm.all_reduce(x) is all_reduce(comm, x)
+    setattr(Communicator, _name, globals()[_name])

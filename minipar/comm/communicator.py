@@ -33,6 +33,8 @@ from mpi4py import MPI
 
 from minipar import backend
 
+_HOST_ARRAY = backend.numpy.ndarray  # NumPy arrays take the short path through the checks
+
 
 class CommError(ValueError):
     """Bad input to a communication call (sizes, dtypes, peers, ops or algorithms)."""
@@ -162,6 +164,7 @@ class Communicator:
         self._cuda_aware = None
         self._async = None  # background worker for iall_reduce (collectives.AsyncWorker)
         self._scratch = {}  # reusable receive buffers of the collectives, by slot
+        self._status = MPI.Status()  # reused by the blocking calls (one allocation less each)
         if parent is None:
             self.counters = Counters()
             self._log = {"trace": None}
@@ -241,6 +244,8 @@ class Communicator:
 
     def _send_buffer(self, x):
         """A buffer MPI can read holding x (C-contiguous; host copy of a GPU array if staged)."""
+        if type(x) is _HOST_ARRAY and x.flags.c_contiguous:  # the common case, first
+            return x
         if backend.is_gpu_array(x):
             xp = backend.get_array_module(x)
             x = xp.ascontiguousarray(x)
@@ -252,6 +257,8 @@ class Communicator:
 
     def _recv_buffer(self, out):
         """(buffer MPI writes into, function to call after the receive completes)."""
+        if type(out) is _HOST_ARRAY and out.flags.c_contiguous:  # the common case, first
+            return out, None
         if not out.flags.c_contiguous:
             raise CommError(f"rank {self.rank}: receive buffer must be C-contiguous "
                             f"(got strides {out.strides}); pass a contiguous array")
@@ -287,8 +294,11 @@ class Communicator:
         self._check_peer(dest)
         t0 = time.perf_counter()
         buf = self._send_buffer(x)
-        with self._waiting_on("send", dest, buf.nbytes):
+        _blocked["now"] = (self.rank, "send", dest, buf.nbytes)
+        try:
             self.mpi.Send(buf, dest, tag)
+        finally:
+            _blocked.pop("now", None)
         self._account(True, None, buf.nbytes, t0)
         self._record("send", dest, t0, buf.nbytes)
 
@@ -297,12 +307,14 @@ class Communicator:
         self._check_peer(source)
         t0 = time.perf_counter()
         buf, finish = self._recv_buffer(out)
-        status = MPI.Status()
+        status = self._status
+        _blocked["now"] = (self.rank, "recv", source, buf.nbytes)
         try:
-            with self._waiting_on("recv", source, buf.nbytes):
-                self.mpi.Recv(buf, source, self._match(tag), status)
+            self.mpi.Recv(buf, source, self._match(tag), status)
         except MPI.Exception as error:
             raise self._truncated(error, buf.nbytes, source) from None
+        finally:
+            _blocked.pop("now", None)
         self._check_received(status, buf.nbytes, source, tag)
         if finish:
             finish()
@@ -318,12 +330,14 @@ class Communicator:
         t0 = time.perf_counter()
         sbuf = self._send_buffer(x)
         rbuf, finish = self._recv_buffer(out)
-        status = MPI.Status()
+        status = self._status
+        _blocked["now"] = (self.rank, "sendrecv", (dest, source), rbuf.nbytes)
         try:
-            with self._waiting_on("sendrecv", (dest, source), rbuf.nbytes):
-                self.mpi.Sendrecv(sbuf, dest, sendtag, rbuf, source, self._match(recvtag), status)
+            self.mpi.Sendrecv(sbuf, dest, sendtag, rbuf, source, self._match(recvtag), status)
         except MPI.Exception as error:
             raise self._truncated(error, rbuf.nbytes, source) from None
+        finally:
+            _blocked.pop("now", None)
         self._check_received(status, rbuf.nbytes, source, recvtag)
         if finish:
             finish()
@@ -363,7 +377,8 @@ class Communicator:
 # Who waits on whom (read by the test harness's watchdog when a run times out)
 # ----------------------------------------------------------------------------------------------
 
-_blocked = {}
+_blocked = {}  # "now": (rank, op, peer, bytes) while inside a blocking call (set inline by
+#               send, recv and sendrecv, the hot path; by _Waiting in the others)
 
 
 class _Waiting:
@@ -421,24 +436,5 @@ def world():
     return _world["world"]
 
 
-# ----------------------------------------------------------------------------------------------
-# Collectives as methods (the algorithms live in collectives.py)
-# ----------------------------------------------------------------------------------------------
-
-def _collectives():
-    from minipar.comm import collectives  # it imports this module, so import it late
-
-    return collectives
-
-
-def _collective_method(name):
-    def method(self, *args, **kwargs):
-        return getattr(_collectives(), name)(self, *args, **kwargs)
-    method.__name__ = name
-    method.__doc__ = f"``collectives.{name}(self, ...)``: see minipar.comm.collectives.{name}."
-    return method
-
-
-for _name in ("all_reduce", "iall_reduce", "broadcast", "reduce", "reduce_scatter", "all_gather",
-              "all_to_all", "gather", "scatter"):
-    setattr(Communicator, _name, _collective_method(_name))
+# Collectives as methods: ``collectives.py`` (which imports this module) attaches all_reduce,
+# broadcast, ... to Communicator, so ``comm.all_reduce(x)`` is ``collectives.all_reduce(comm, x)``.

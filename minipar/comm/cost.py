@@ -1,63 +1,98 @@
 """The alpha-beta-gamma cost model, fitted on this machine.
 
-    time(message of n bytes) = alpha + n * beta        time(reduce n bytes) = n * gamma
+    time(one step, sending m bytes) = alpha + m * beta(m)      time(reduce m bytes) = m * gamma(m)
 
-Each algorithm's formula sits beside its code in ``collectives.py`` (``fn.cost(p, n, a, b, g)``).
-``fit(comm)`` measures the three constants the way the algorithms use the machine: every rank
-exchanges messages with a partner at the same moment (a ping-pong per pair of ranks, both
-directions at once, as in a ring step), and every rank adds two arrays at the same moment. When
-ranks outnumber cores this folds the sharing of cores into alpha, beta and gamma.
+Each algorithm's formula sits beside its code in ``collectives.py`` as ``cost(p, n, a, b, g)``:
+``a`` is alpha, and ``b(m)``, ``g(m)`` are seconds per byte of an m-byte message and of an
+m-byte reduction, so a ring's formula asks for ``b(n / p)``, the size of the messages it sends.
 
-Caches make beta and gamma depend on the working set: a 64 KiB vector stays in cache, a 16 MiB
-one streams from memory at a third of the speed. So ``fit`` measures them at a few sizes
-(``FIT_SIZES``) and a prediction for n bytes uses the constants fitted nearest to n (log scale).
-alpha is one fit: the time of a tiny exchange, Python wrapper included.
+Caches make beta and gamma depend on the size: 64 KiB stays in L2, 4 MiB in L3, and 16 MiB or
+more streams from memory at a third of the speed. So ``fit(comm)`` measures them at every power
+of two in ``FIT_SIZES`` the way the algorithms use the machine (every rank swaps a message with
+a partner at the same moment, as in a ring step; every rank reduces into a third array at the
+same moment, as a ring reduces x and the chunk that arrived into the result), and ``b(m)`` and
+``g(m)`` interpolate between them (linear in log2 m; below 32 KiB a message costs about alpha,
+whatever its beta, so the 32 KiB values stand in). When ranks outnumber cores, this folds the
+sharing of cores into the constants.
 
-``default_params(n)`` is the last fit in this process, else ``MINIPAR_COST="alpha,beta,gamma"``
+alpha is what one step costs beyond its bytes: MPI's latency, and the Python around it (the
+wrapper's checks and counters, slicing, the ufunc call). ``fit`` takes it from a tiny ring
+all-reduce, 2(p-1) steps of almost no bytes, timed like the benchmark times an all-reduce.
+
+``default_model()`` is the last fit in this process, else ``MINIPAR_COST="alpha,beta,gamma"``
 (seconds, seconds per byte, seconds per byte), else a laptop-like guess.
 """
 import collections
+import itertools
 import math
 import os
 import statistics
 import time
 
-from mpi4py import MPI
-
 from minipar import backend
 
-Params = collections.namedtuple("Params", "alpha beta gamma")
-GUESS = Params(alpha=5e-6, beta=1 / 4e9, gamma=1 / 4e9)
-FIT_SIZES = (64 << 10, 1 << 20, 16 << 20)
+Params = collections.namedtuple("Params", "alpha beta gamma")  # the constants at one size
+FIT_SIZES = tuple(1 << k for k in range(15, 27))  # 32 KiB, 64 KiB, ... 64 MiB
 _fitted = {}
 
 
-def nearest(table, nbytes):
-    """The entry of {size: Params} fitted at the size nearest to n bytes (on a log scale)."""
-    return table[min(table, key=lambda size: abs(math.log2(size) - math.log2(max(nbytes, 1))))]
+def interpolate(table, m):
+    """{size: value} at m bytes: linear in log2(m) between the fitted sizes around m."""
+    sizes = sorted(table)
+    x = math.log2(min(max(m, sizes[0]), sizes[-1]))
+    for lo, hi in zip(sizes, sizes[1:]):
+        if x <= math.log2(hi):
+            w = (x - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+            return (1 - w) * table[lo] + w * table[hi]
+    return table[sizes[-1]]
 
 
-def default_params(nbytes=1 << 20):
-    """The cost constants ``auto`` and the benchmark use for an n-byte vector (module docstring)."""
-    if "table" in _fitted:
-        return nearest(_fitted["table"], nbytes)
+class Model:
+    """alpha (seconds per step), beta(m) and gamma(m) (seconds per byte, fitted per size)."""
+
+    def __init__(self, alpha, betas, gammas):
+        self.alpha, self.betas, self.gammas = alpha, dict(betas), dict(gammas)
+
+    def beta(self, m):
+        return interpolate(self.betas, m)
+
+    def gamma(self, m):
+        return interpolate(self.gammas, m)
+
+    def at(self, m):
+        """The constants an m-byte message or reduction sees, as Params."""
+        return Params(self.alpha, self.beta(m), self.gamma(m))
+
+    def __repr__(self):
+        return f"Model(alpha={self.alpha:.3g}, sizes={sorted(self.betas)})"
+
+
+GUESS = Model(5e-6, {1: 1 / 4e9}, {1: 1 / 4e9})
+
+
+def default_model():
+    """The cost model ``auto`` and the benchmark use (see the module docstring)."""
+    if "model" in _fitted:
+        return _fitted["model"]
     env = os.environ.get("MINIPAR_COST")
     if env:
-        return Params(*(float(v) for v in env.split(",")))
+        alpha, beta, gamma = (float(v) for v in env.split(","))
+        return Model(alpha, {1: beta}, {1: gamma})
     return GUESS
 
 
-def predict(collective, algorithm, p, nbytes, params=None):
+def predict(collective, algorithm, p, nbytes, model=None):
     """Predicted seconds of ``collective`` by ``algorithm`` on p ranks for n bytes (None: no formula)."""
     from minipar.comm.collectives import ALGORITHMS  # collectives imports this module
 
     formula = ALGORITHMS[collective][algorithm].cost
-    if isinstance(params, dict):
-        params = nearest(params, nbytes)
-    return None if formula is None else formula(p, nbytes, *(params or default_params(nbytes)))
+    model = model or default_model()
+    return None if formula is None else formula(p, nbytes, model.alpha, model.beta, model.gamma)
 
 
-
+# ----------------------------------------------------------------------------------------------
+# Measuring the constants
+# ----------------------------------------------------------------------------------------------
 
 def slowest_median(comm, times):
     """Median over iterations of the slowest rank's time (the nccl-tests / OSU convention)."""
@@ -65,48 +100,83 @@ def slowest_median(comm, times):
     return statistics.median(max(column) for column in zip(*per_rank))
 
 
-def exchange_time(comm, nbytes, iters=20, warmup=3):
-    """Seconds for one message of n bytes when every rank swaps one with rank ^ 1 at once.
-
-    (With p = 2 this is the classic ping-pong, both ways at once; an odd last rank idles.)"""
-    xp = backend.xp()
-    send, recv = xp.ones(max(nbytes, 1), xp.uint8)[:nbytes], xp.empty(nbytes, xp.uint8)
-    peer = comm.rank ^ 1
+def timed(comm, step, iters, warmup=3):
+    """Median of the slowest rank's seconds for ``step()``, all ranks starting together."""
     times = []
     for i in range(warmup + iters):
         comm.mpi.Barrier()
         t0 = time.perf_counter()
-        if peer < comm.size:
-            comm.sendrecv(send, peer, recv, peer)
+        step()
         backend.synchronize()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return slowest_median(comm, times)
 
 
-def reduce_time(nbytes, iters=10):
-    """Seconds for ``a += b`` on n bytes of float32 on this rank (median of iters)."""
+def _windows(nbytes, span):
+    """Offsets of the next n-byte window of a span-window buffer, one per call, round and round
+    (a ring all-reduce of p m-byte chunks walks through x and its result that way)."""
+    i = itertools.count()
+    return lambda: next(i) % span * nbytes
+
+
+def exchange_time(comm, nbytes, iters=20, span=1):
+    """Seconds for one message of n bytes when every rank swaps one with rank ^ 1 at once,
+    each time from the next of ``span`` windows (span = p: the bytes a ring touches).
+
+    (With p = 2 this is the classic ping-pong, both ways at once; an odd last rank idles.)"""
     xp = backend.xp()
-    a, b = xp.ones(nbytes // 4, xp.float32), xp.ones(nbytes // 4, xp.float32)
-    times = []
-    for _ in range(iters + 1):
-        t0 = time.perf_counter()
-        xp.add(a, b, out=a)
-        backend.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:])
+    send, recv = xp.ones(max(span * nbytes, 1), xp.uint8), xp.empty(span * nbytes, xp.uint8)
+    peer, window = comm.rank ^ 1, _windows(nbytes, span)
+
+    def step():
+        if peer < comm.size:
+            i = window()
+            comm.sendrecv(send[i:i + nbytes], peer, recv[i:i + nbytes], peer)
+    return timed(comm, step, iters)
+
+
+def reduce_time(comm, nbytes, iters=10, span=1):
+    """Seconds for ``c = a + b`` on n bytes of float32, every rank at once (slowest rank),
+    each time on the next of ``span`` windows."""
+    xp = backend.xp()
+    a, b, c = (xp.ones(span * nbytes // 4, xp.float32) for _ in range(3))
+    window = _windows(nbytes // 4, span)
+
+    def step():
+        i = window()
+        xp.add(a[i:i + nbytes // 4], b[i:i + nbytes // 4], out=c[i:i + nbytes // 4])
+    return timed(comm, step, iters, warmup=1)
+
+
+def step_time(comm, iters=40, batches=5):
+    """Seconds per step of a tiny ring all-reduce (16 floats a rank): alpha as paid.
+
+    The lowest of a few batch medians: a burst of other work on the machine spoils one batch
+    of these microsecond steps, not the fit."""
+    xp = backend.xp()
+    x = xp.ones(16 * comm.size, xp.float32)
+    out = xp.empty_like(x)
+    ring = lambda: comm.all_reduce(x, algorithm="ring", out=out)  # noqa: E731
+    seconds = min(timed(comm, ring, iters) for _ in range(batches))
+    return seconds / max(2 * (comm.size - 1), 1)
 
 
 def fit(comm, sizes=FIT_SIZES, small=8):
-    """Fit alpha (a tiny exchange), then beta (exchange slope) and gamma (an add) at each size,
-    all ranks at once. Returns {size: Params}; it becomes ``default_params`` in this process."""
-    alpha = exchange_time(comm, small)
-    table = {}
+    """Fit alpha (a tiny ring's step), then beta (exchange slope) and gamma (an add) at each
+    size, all ranks at once. Returns a Model; it becomes ``default_model()`` in this process.
+
+    m-byte messages and reductions walk through p windows (at least 2, at most 64 MiB), so they
+    find the caches as a ring all-reduce of p m-byte chunks does (hot at 64 KiB, streaming from
+    memory at 16 MiB)."""
+    exchange_time(comm, small)  # warm-up: the first messages on a channel pay its set-up
+    latency = min(exchange_time(comm, small, iters=40) for _ in range(5))  # as step_time
+    betas, gammas = {}, {}
     for size in sizes:
-        iters = max(3, min(20, (64 << 20) // size))
-        beta = max(exchange_time(comm, size, iters=iters) - alpha, 1e-12) / (size - small)
-        comm.mpi.Barrier()
-        gamma = comm.mpi.allreduce(reduce_time(size, iters), op=MPI.MAX) / size
-        table[size] = Params(alpha, beta, gamma)
-    _fitted["table"] = table
-    return table
+        iters = max(8, min(100, (256 << 20) // size))
+        span = max(2, min(comm.size, (64 << 20) // size))  # p windows, at most 64 MiB of them
+        betas[size] = max(exchange_time(comm, size, iters, span) - latency, 0) / (size - small)
+        gammas[size] = reduce_time(comm, size, iters, span) / size
+    model = Model(step_time(comm) if comm.size > 1 else latency, betas, gammas)
+    _fitted["model"] = model
+    return model
