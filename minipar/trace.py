@@ -153,9 +153,10 @@ def text_gantt(events, n_ranks=None, unit=None):
     chunked = any(e.chunk > 0 for e in work)
     width = max(len(_cell_label(e, chunked)) for e in work)
     rows = [["."] * n_cols for _ in range(_ranks(events, n_ranks))]
-    for e in work:
-        for col in range(round((e.start - t0) / unit), round((e.end - t0) / unit)):
-            rows[e.rank][col] = _cell_label(e, chunked)
+    for e in work:  # every action gets at least one cell, however short it was
+        lo = min(round((e.start - t0) / unit), n_cols - 1)
+        for col in range(lo, max(lo + 1, round((e.end - t0) / unit))):
+            rows[e.rank][min(col, n_cols - 1)] = _cell_label(e, chunked)
     name = len(f"rank {len(rows) - 1}")
     return "\n".join(f"{f'rank {r}':<{name}} | " + " ".join(c.ljust(width) for c in row).rstrip()
                      for r, row in enumerate(rows))
