@@ -62,7 +62,7 @@ def header(comm, model):
         "cuda_aware": f"{aware} ({why})",
         "memcpy_GBps": round(memcpy_bandwidth() / 1e9, 2),
         "MALLOC_MMAP_MAX_": os.environ.get("MALLOC_MMAP_MAX_", "unset"),
-        "alpha_us": round(model.alpha * 1e6, 2),
+        "alpha_us": {a: round(s * 1e6, 2) for a, s in model.alphas.items()},
         "beta_GBps": {_size(m): _gbps(b) for m, b in model.betas.items()},
         "gamma_GBps": {_size(m): _gbps(g) for m, g in model.gammas.items()},
     }
@@ -104,7 +104,9 @@ def iterations(nbytes, budget=0.2):
 
 def run_bench(comm, sizes, algorithms, slow_max, as_json):
     fit_sizes = [m for m in cost.FIT_SIZES if m <= max(sizes)] or cost.FIT_SIZES[:1]
-    model = cost.fit(comm, fit_sizes)  # no messages larger than the largest vector
+    fitted = [a for a in algorithms if a not in ("mpi", "auto")] + list(
+        collectives.AUTO_CANDIDATES)  # each its own alpha
+    model = cost.fit(comm, fit_sizes, algorithms=fitted)  # no message beyond the largest vector
     info = header(comm, model)
     p, rows = comm.size, []
     if comm.rank == 0 and not as_json:

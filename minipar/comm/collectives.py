@@ -2,7 +2,8 @@
 
 Cost model (Hockney; Thakur, Rabenseifner & Gropp 2005): a step sending an m-byte message
 takes alpha + m beta(m); reducing m bytes takes m gamma(m). beta and gamma are fitted per size
-(cost.py: caches), so each term reads them at its own message size. For p ranks, n bytes:
+(cost.py: caches), so each term reads them at its own message size; alpha per algorithm (the
+Python around a step differs: cost.py). For p ranks, n bytes:
 
     all_reduce          time                                             bytes sent per rank
     sequential          2(p-1)(alpha + n beta(n)) + (p-1) n gamma(n)     n (2n on inner ranks)

@@ -8,16 +8,18 @@ m-byte reduction, so a ring's formula asks for ``b(n / p)``, the size of the mes
 
 Caches make beta and gamma depend on the size: 64 KiB stays in L2, 4 MiB in L3, and 16 MiB or
 more streams from memory at a third of the speed. So ``fit(comm)`` measures them at every power
-of two in ``FIT_SIZES`` the way the algorithms use the machine (every rank swaps a message with
-a partner at the same moment, as in a ring step; every rank reduces into a third array at the
-same moment, as a ring reduces x and the chunk that arrived into the result), and ``b(m)`` and
-``g(m)`` interpolate between them (linear in log2 m; below 32 KiB a message costs about alpha,
-whatever its beta, so the 32 KiB values stand in). When ranks outnumber cores, this folds the
-sharing of cores into the constants.
+of two in ``FIT_SIZES`` the way the algorithms use the machine (every rank sends a message to
+rank + 1 while it receives one from rank - 1, a ring step; every rank reduces into a third
+array at the same moment, as a ring reduces x and the chunk that arrived into the result), and
+``b(m)`` and ``g(m)`` interpolate between them (linear in log2 m; below 32 KiB a message costs
+about alpha, whatever its beta, so the 32 KiB values stand in). When ranks outnumber cores,
+this folds the sharing of cores into the constants.
 
 alpha is what one step costs beyond its bytes: MPI's latency, and the Python around it (the
-wrapper's checks and counters, slicing, the ufunc call). ``fit`` takes it from a tiny ring
-all-reduce, 2(p-1) steps of almost no bytes, timed like the benchmark times an all-reduce.
+wrapper's checks and counters, slicing, the ufunc call). That Python differs by algorithm, so
+``fit(comm, algorithms)`` gives each algorithm its own alpha: its tiny all-reduce (16 floats a
+rank), timed like the benchmark times one, over its number of steps (the alphas in its formula,
+read off as ``cost(p, n, 1, 0, 0)``). ``model.alpha`` is the ring's.
 
 ``default_model()`` is the last fit in this process, else ``MINIPAR_COST="alpha,beta,gamma"``
 (seconds, seconds per byte, seconds per byte), else a laptop-like guess.
@@ -48,10 +50,16 @@ def interpolate(table, m):
 
 
 class Model:
-    """alpha (seconds per step), beta(m) and gamma(m) (seconds per byte, fitted per size)."""
+    """alpha (seconds per step; per algorithm in ``alphas``), beta(m) and gamma(m) (seconds
+    per byte, fitted per size)."""
 
-    def __init__(self, alpha, betas, gammas):
+    def __init__(self, alpha, betas, gammas, alphas=None):
         self.alpha, self.betas, self.gammas = alpha, dict(betas), dict(gammas)
+        self.alphas = dict(alphas or {})
+
+    def alpha_of(self, algorithm):
+        """The per-step overhead fitted for this algorithm (else the ring's)."""
+        return self.alphas.get(algorithm, self.alpha)
 
     def beta(self, m):
         return interpolate(self.betas, m)
@@ -87,7 +95,9 @@ def predict(collective, algorithm, p, nbytes, model=None):
 
     formula = ALGORITHMS[collective][algorithm].cost
     model = model or default_model()
-    return None if formula is None else formula(p, nbytes, model.alpha, model.beta, model.gamma)
+    if formula is None:
+        return None
+    return formula(p, nbytes, model.alpha_of(algorithm), model.beta, model.gamma)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -121,18 +131,20 @@ def _windows(nbytes, span):
 
 
 def exchange_time(comm, nbytes, iters=20, span=1):
-    """Seconds for one message of n bytes when every rank swaps one with rank ^ 1 at once,
-    each time from the next of ``span`` windows (span = p: the bytes a ring touches).
+    """Seconds for one ring step of n bytes: every rank sends to rank + 1 while it receives
+    from rank - 1, all at once, each time from the next of ``span`` windows (span = p: the
+    bytes a ring touches). (With p = 2 this is the classic ping-pong, both ways at once.)
 
-    (With p = 2 this is the classic ping-pong, both ways at once; an odd last rank idles.)"""
+    A ring, not pairs: when ranks outnumber cores, a rank waits for its left neighbour, who
+    waits for its own, as in a ring all-reduce, and the fit pays that as the ring does."""
     xp = backend.xp()
     send, recv = xp.ones(max(span * nbytes, 1), xp.uint8), xp.empty(span * nbytes, xp.uint8)
-    peer, window = comm.rank ^ 1, _windows(nbytes, span)
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    window = _windows(nbytes, span)
 
     def step():
-        if peer < comm.size:
-            i = window()
-            comm.sendrecv(send[i:i + nbytes], peer, recv[i:i + nbytes], peer)
+        i = window()
+        comm.sendrecv(send[i:i + nbytes], right, recv[i:i + nbytes], left)
     return timed(comm, step, iters)
 
 
@@ -149,34 +161,49 @@ def reduce_time(comm, nbytes, iters=10, span=1):
     return timed(comm, step, iters, warmup=1)
 
 
-def step_time(comm, iters=40, batches=5):
-    """Seconds per step of a tiny ring all-reduce (16 floats a rank): alpha as paid.
+def step_time(comm, algorithm="ring", iters=40, batches=5):
+    """Seconds per step of a tiny all-reduce (16 floats a rank) by ``algorithm``: its alpha
+    as paid. Its steps are the alphas in its formula: ``cost(p, n, 1, 0, 0)``.
 
     The lowest of a few batch medians: a burst of other work on the machine spoils one batch
     of these microsecond steps, not the fit."""
+    from minipar.comm.collectives import ALGORITHMS  # collectives imports this module
+
     xp = backend.xp()
     x = xp.ones(16 * comm.size, xp.float32)
     out = xp.empty_like(x)
-    ring = lambda: comm.all_reduce(x, algorithm="ring", out=out)  # noqa: E731
-    seconds = min(timed(comm, ring, iters) for _ in range(batches))
-    return seconds / max(2 * (comm.size - 1), 1)
+    run = lambda: comm.all_reduce(x, algorithm=algorithm, out=out)  # noqa: E731
+    seconds = min(timed(comm, run, iters) for _ in range(batches))
+    zero = lambda m: 0  # noqa: E731
+    steps = ALGORITHMS["all_reduce"][algorithm].cost(comm.size, x.nbytes, 1, zero, zero)
+    return seconds / max(steps, 1)
 
 
-def fit(comm, sizes=FIT_SIZES, small=8):
-    """Fit alpha (a tiny ring's step), then beta (exchange slope) and gamma (an add) at each
-    size, all ranks at once. Returns a Model; it becomes ``default_model()`` in this process.
+def fit(comm, sizes=FIT_SIZES, small=8, algorithms=("ring",), rounds=3):
+    """Fit alpha per algorithm (a tiny all-reduce's step), then beta (ring-step slope) and
+    gamma (an add) at each size, all ranks at once. Returns a Model; it becomes
+    ``default_model()`` in this process.
 
     m-byte messages and reductions walk through p windows (at least 2, at most 64 MiB), so they
     find the caches as a ring all-reduce of p m-byte chunks does (hot at 64 KiB, streaming from
-    memory at 16 MiB)."""
+    memory at 16 MiB). Each size's constants are the median of ``rounds`` samples taken a
+    round apart, so one noisy moment does not bend the curve at one size."""
     exchange_time(comm, small)  # warm-up: the first messages on a channel pay its set-up
     latency = min(exchange_time(comm, small, iters=40) for _ in range(5))  # as step_time
-    betas, gammas = {}, {}
-    for size in sizes:
-        iters = max(8, min(100, (256 << 20) // size))
-        span = max(2, min(comm.size, (64 << 20) // size))  # p windows, at most 64 MiB of them
-        betas[size] = max(exchange_time(comm, size, iters, span) - latency, 0) / (size - small)
-        gammas[size] = reduce_time(comm, size, iters, span) / size
-    model = Model(step_time(comm) if comm.size > 1 else latency, betas, gammas)
+    sends, adds = {m: [] for m in sizes}, {m: [] for m in sizes}
+    for _ in range(rounds):  # all sizes once a round: a burst of other work spoils one round
+        for size in sizes:
+            iters = max(4, min(100, (256 << 20) // size) // rounds)
+            span = max(2, min(comm.size, (64 << 20) // size))  # p windows, at most 64 MiB
+            sends[size].append(exchange_time(comm, size, iters, span))
+            adds[size].append(reduce_time(comm, size, iters, span))
+    betas = {m: max(statistics.median(sends[m]) - latency, 0) / (m - small) for m in sizes}
+    gammas = {m: statistics.median(adds[m]) / m for m in sizes}
+    from minipar.comm.collectives import ALGORITHMS  # collectives imports this module
+
+    alphas = {a: step_time(comm, a) if comm.size > 1 else latency
+              for a in dict.fromkeys(("ring",) + tuple(algorithms))
+              if ALGORITHMS["all_reduce"][a].cost is not None}
+    model = Model(alphas["ring"], betas, gammas, alphas)
     _fitted["model"] = model
     return model
