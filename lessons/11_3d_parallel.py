@@ -115,8 +115,8 @@ def main():
         stages = grid.group_of(0, "pp")
         mine = [trace.Event(stages.index(r), e.start, e.end, e.kind, e.mb, e.chunk)
                 for r, evs in enumerate(events) if r in stages for e in evs]
-        forward = sorted(e.duration for e in mine if e.kind == "F")
-        print(trace.text_gantt(mine, unit=forward[len(forward) // 2]))  # a cell: one forward
+        shortest = min(e.duration for e in mine if e.kind in ("F", "B"))
+        print(trace.text_gantt(mine, unit=shortest))  # a cell: the shortest F or B
         print(f"  bubble measured {trace.bubble_fraction(mine):.2f}")
         if args.trace:
             every = [trace.Event(r, e.start, e.end, e.kind, e.mb, e.chunk)
