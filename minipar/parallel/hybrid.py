@@ -30,6 +30,11 @@ from .pipeline.schedules import build
 from .tensor_gpt import TensorParallelGPT, check_config
 
 
+def default_optimizer(params):
+    """AdamW(lr=1e-3, no weight decay): the optimizer of both the 3D run and its serial twin."""
+    return AdamW(params, lr=1e-3, weight_decay=0.0)
+
+
 class ParallelGroups:
     """This rank's place in the grid and one communicator per group kind (tensor, pipeline,
     data), each ordered by that coordinate: ``pipeline.rank`` is this rank's stage."""
@@ -61,16 +66,15 @@ class DataParallelOptimizer:
 
     def __init__(self, optimizer, params, data_comm, algorithm="auto"):
         self.optimizer, self.params, self.comm, self.algorithm = optimizer, params, data_comm, algorithm
-        self._flat = None
+        self._starts, total = offsets(params)
+        self._flat = backend.get_array_module(params[0].data).zeros(total, params[0].dtype) \
+            if data_comm.size > 1 and params else None
 
     def step(self):
-        if self.comm.size > 1 and self.params:
-            if self._flat is None:
-                self._flat = backend.get_array_module(self.params[0].data).zeros(
-                    offsets(self.params)[1], self.params[0].dtype)
+        if self._flat is not None:
             flat = flatten_grads(self.params, self._flat)
             self.comm.all_reduce(flat, op="avg", algorithm=self.algorithm, out=flat)
-            for p, o in zip(self.params, offsets(self.params)[0]):
+            for p, o in zip(self.params, self._starts):
                 p.grad = flat[o:o + p.size].reshape(p.shape)  # views, valid until next step
         self.optimizer.step()
 
@@ -100,7 +104,7 @@ class Trainer3D:
         self.config, self.groups = config, groups
         random.manual_seed(seed)
         self.model = TensorParallelGPT(config, groups.tensor).astype(dtype)
-        make_optimizer = make_optimizer or (lambda ps: AdamW(ps, lr=1e-3, weight_decay=0.0))
+        make_optimizer = make_optimizer or default_optimizer
         self.schedule = build(schedule, groups.grid.pp, microbatches or groups.grid.pp, chunks)
         self.pipe = Pipeline(
             self.model.to_sequential(), self.schedule, groups.pipeline, self.model.loss,
@@ -134,8 +138,7 @@ def serial_losses(config, batches, make_optimizer=None, seed=0, dtype="float32")
     """The reference: the serial GPT trained on the same global batches with the same seed."""
     random.manual_seed(seed)
     model = nn.GPT(config).astype(dtype)
-    make_optimizer = make_optimizer or (lambda ps: AdamW(ps, lr=1e-3, weight_decay=0.0))
-    optimizer = make_optimizer(model.parameters())
+    optimizer = (make_optimizer or default_optimizer)(model.parameters())
     losses = []
     for ids, targets in batches:
         model.zero_grad()
