@@ -11,7 +11,8 @@ micro-batches whose activations a rank holds at once (per chunk for interleaved)
 import json
 
 from minipar.parallel.pipeline import BUILDERS, ScheduleError, bubble_theory, build, simulate, validate
-from minipar.trace import bubble_fraction, peak_inflight, text_gantt, write_chrome_trace, write_png
+from minipar.trace import (bubble_fraction, makespan, peak_inflight, text_gantt,
+                           write_chrome_trace, write_png)
 
 
 def add_arguments(parser):
@@ -33,7 +34,7 @@ def summary(schedule, events):
             "chunks": schedule.chunks,
             "bubble_theory": num / den,
             "bubble_simulated": bubble_fraction(events, p),
-            "makespan": max(e.end for e in events),
+            "makespan": makespan(events),
             "peak_inflight": peak_inflight(events, p)}
 
 

@@ -80,14 +80,20 @@ def _span(events):
     return min(e.start for e in events), max(e.end for e in events)
 
 
+def makespan(events):
+    """Seconds from the first action's start to the last one's end, over all ranks."""
+    t0, t1 = _span(events)
+    return t1 - t0
+
+
 def bubble_per_rank(events, n_ranks=None):
     """Idle fraction of each rank over the whole timeline: 1 - work_r / makespan."""
-    t0, t1 = _span(events)
+    total = makespan(events)
     work = [0.0] * _ranks(events, n_ranks)
     for e in events:
         if e.kind in WORK_KINDS:
             work[e.rank] += e.duration
-    return [1.0 - w / (t1 - t0) for w in work]
+    return [1.0 - w / total for w in work]
 
 
 def bubble_fraction(events, n_ranks=None):

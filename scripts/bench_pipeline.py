@@ -52,7 +52,8 @@ def measure_throughput(model_cost, k, ms, repeats):
     """On k ranks: [(M, measured speed-up over one device)] on rank 0, GPipe schedule."""
     from minipar import comm
     from minipar.parallel.pipeline import build
-    from minipar.parallel.pipeline.measure import makespan, timed_steps
+    from minipar.parallel.pipeline.measure import timed_steps
+    from minipar.trace import makespan
 
     world = comm.world()
     rows = []

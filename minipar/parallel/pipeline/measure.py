@@ -39,10 +39,6 @@ def timed_steps(comm, schedule, unit, repeats=1):
     return runs if comm.rank == 0 else None
 
 
-def makespan(events):
-    return max(e.end for e in events) - min(e.start for e in events)
-
-
 def measure_bubble(comm, schedule, unit, repeats=1):
     """On rank 0: (the bubble of the least disturbed of ``repeats`` steps, that step's events);
     None elsewhere."""
