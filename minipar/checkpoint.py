@@ -16,6 +16,8 @@ the fresh graph: parameters receive their gradients there, the inputs' gradients
 
 Like ``torch.utils.checkpoint``, ``fn`` must receive every activation it reads as an argument.
 """
+import contextlib
+
 from . import memory, random
 from .autograd import Tensor, make_result, release, run_backward
 
@@ -25,6 +27,23 @@ _recomputing = [0]
 def is_recomputing():
     """True while a checkpointed segment is being re-run inside backward."""
     return _recomputing[0] > 0
+
+
+@contextlib.contextmanager
+def recomputing(rng_state=None):
+    """Inside, a forward is a replay: ``is_recomputing()`` is true (BatchNorm leaves its running
+    statistics alone) and, given the ``rng_state`` the first run started from, the random stream
+    is rewound to it (dropout draws the same masks) and put back afterwards. Used by
+    ``checkpoint`` and by the pipeline runtime's re-materialisation (R)."""
+    now = random.get_rng_state()
+    if rng_state is not None:
+        random.set_rng_state(rng_state)
+    _recomputing[0] += 1
+    try:
+        yield
+    finally:
+        _recomputing[0] -= 1
+        random.set_rng_state(now)
 
 
 def checkpoint(fn, *args):
@@ -40,16 +59,10 @@ def checkpoint(fn, *args):
     _release_graph(out)  # frees every array the segment saved; only its inputs stay alive
 
     def backward(g):
-        state_now = random.get_rng_state()
-        random.set_rng_state(rng_state)
-        _recomputing[0] += 1
-        try:
+        with recomputing(rng_state):
             fresh = _detached(args)
             replay = fn(*fresh)
             run_backward([replay], [g])
-        finally:
-            _recomputing[0] -= 1
-            random.set_rng_state(state_now)
         return [f.grad for f in fresh if isinstance(f, Tensor)]
 
     result = make_result(out.data, inputs, backward, "checkpoint")

@@ -54,8 +54,8 @@ import contextlib
 import time
 
 from minipar import backend, random
-from minipar import checkpoint as _checkpoint
 from minipar.autograd import Tensor, set_grad_enabled, run_backward
+from minipar.checkpoint import recomputing
 from minipar.memory import ActivationMemory
 from minipar.nn import Sequential
 from minipar.trace import Tracer
@@ -155,15 +155,9 @@ class Pipeline:
     def _r(self, a):
         """Re-materialise: the forward again, with its graph, from the kept input."""
         key = (a.stage, a.mb)
-        now = random.get_rng_state()
-        random.set_rng_state(self.rng[key])
-        _checkpoint._recomputing[0] += 1  # BatchNorm: do not update running statistics twice
-        try:
+        with recomputing(self.rng[key]):  # dropout's masks again; BatchNorm's statistics once
             self._count(+1)
             self.outputs[key] = self._forward(a, self.inputs[key])
-        finally:
-            _checkpoint._recomputing[0] -= 1
-            random.set_rng_state(now)
 
     def _b(self, a):
         key = (a.stage, a.mb)
@@ -304,5 +298,5 @@ def _split(batch, m, what):
 
 def gather_events(comm, events, root=0):
     """Every rank's trace events on ``root`` (one list, pickled by mpi4py), None elsewhere."""
-    parts = comm.mpi.gather(events, root=root)
+    parts = comm.gather_object(events, root=root)
     return [e for part in parts for e in part] if parts is not None else None
