@@ -108,7 +108,7 @@ def check_same(comm, what, x, check=None):
     if comm.size == 1 or not (check or (check is None and DEBUG)):
         return
     mine = (tuple(x.shape), x.dtype.name) if x is not None else None
-    seen = comm.mpi.allgather(mine)
+    seen = comm.all_gather_object(mine)
     if any(s != seen[0] for s in seen if s is not None):
         table = ", ".join(f"rank {r}: {s[1]}{list(s[0])}" for r, s in enumerate(seen) if s)
         raise CommError(f"{what}: arrays differ across ranks ({table})")

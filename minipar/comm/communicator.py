@@ -364,6 +364,19 @@ class Communicator:
         self._account(None, buf.nbytes, 0, t0)
         return request
 
+    # -- small Python objects (metadata, checks, timings: pickled by mpi4py, not counted) ------
+    def all_gather_object(self, obj):
+        """Every rank's ``obj``, as a list in rank order, on every rank (torch's name)."""
+        return self.mpi.allgather(obj)
+
+    def gather_object(self, obj, root=0):
+        """Every rank's ``obj`` as a list in rank order on ``root``; None elsewhere."""
+        return self.mpi.gather(obj, root=root)
+
+    def broadcast_object(self, obj, root=0):
+        """``root``'s ``obj`` on every rank (the others' argument is ignored)."""
+        return self.mpi.bcast(obj, root=root)
+
     def barrier(self):
         """Wait until every rank of this communicator arrives (MPI's barrier; moves no data)."""
         t0 = time.perf_counter()

@@ -106,7 +106,7 @@ def predict(collective, algorithm, p, nbytes, model=None):
 
 def slowest_median(comm, times):
     """Median over iterations of the slowest rank's time (the nccl-tests / OSU convention)."""
-    per_rank = comm.mpi.allgather(times)
+    per_rank = comm.all_gather_object(times)
     return statistics.median(max(column) for column in zip(*per_rank))
 
 

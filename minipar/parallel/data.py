@@ -60,7 +60,7 @@ def broadcast_parameters(module, comm, on_mismatch="warn"):
         if not backend.get_array_module(array).array_equal(theirs, array):
             differed.append(name)
         array[...] = theirs
-    everyone = comm.mpi.allgather(differed)  # a small check, not part of the algorithm
+    everyone = comm.all_gather_object(differed)  # a small check, not part of the algorithm
     summary = "; ".join(f"rank {r}: {', '.join(names)}"
                         for r, names in enumerate(everyone) if names)
     if summary and on_mismatch == "raise":

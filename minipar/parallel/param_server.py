@@ -86,6 +86,6 @@ def busiest_link(comm, before):
     counters do not see."""
     now = comm.counters.snapshot()
     mine = sum(now[key] - before[key] for key in ("bytes_sent", "bytes_received"))
-    everyone = comm.mpi.allgather(mine)
+    everyone = comm.all_gather_object(mine)
     rank = max(range(comm.size), key=everyone.__getitem__)
     return everyone[rank], rank
