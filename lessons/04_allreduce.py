@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from minipar import comm
-from minipar.comm import ALGORITHMS, cost
+from minipar.comm import ALGORITHMS, cost, fit
 
 world = comm.world()
 p, rank = world.size, world.rank
@@ -44,7 +44,7 @@ for algo in ALGOS:
 # ---- Part 2: the comparison table, measured ------------------------------------------------
 n_bytes = 4 << 20
 x = np.ones(n_bytes // 4, np.float32)
-model = cost.fit(world, sizes=(n_bytes // 8, n_bytes // 4, n_bytes // 2, n_bytes),
+model = fit.fit(world, sizes=(n_bytes // 8, n_bytes // 4, n_bytes // 2, n_bytes),
                  algorithms=ALGOS)  # each algorithm its own alpha (its Python per step)
 if rank == 0:
     print(f"\nPart 2. All-reduce of {n_bytes >> 20} MiB on {p} ranks "

@@ -170,13 +170,13 @@ def _watchdog(folder, rank):
     """On the parent's request (a 'dump' file), write where this rank is blocked and its stacks."""
     import faulthandler
 
-    from minipar.comm import communicator
+    from minipar.comm import waiting_on
 
     trigger = os.path.join(folder, "dump")
     while not os.path.exists(trigger):
         time.sleep(0.1)
     with open(os.path.join(folder, f"stack{rank}.txt"), "w") as f:
-        f.write(f"rank {rank}: {communicator.waiting_on() or 'not inside a minipar call'}\n")
+        f.write(f"rank {rank}: {waiting_on() or 'not inside a minipar call'}\n")
         f.flush()
         faulthandler.dump_traceback(file=f, all_threads=True)
 

@@ -79,11 +79,11 @@ def test_mismatch_ends_the_job_with_a_clear_error(kind, algorithm):
 def raising_body():
     """Rank 1 raises in the middle of a ring all-reduce; its peers are left waiting."""
     from minipar import comm
-    from minipar.comm import collectives
+    from minipar.comm import patterns
 
     world = comm.world()
     if world.rank == 1:
-        collectives._reducer = lambda op, like: (_ for _ in ()).throw(RuntimeError("boom"))
+        patterns.reducer = lambda op, like: (_ for _ in ()).throw(RuntimeError("boom"))
     world.all_reduce(np.ones(100), algorithm="ring")
 
 

@@ -9,7 +9,7 @@ allocator setting, fitted cost constants), then one row per size and algorithm:
     algbw    n / time                         (bytes of the vector per second)
     busbw    algbw * 2(p-1)/p                 (nccl-tests: comparable with the link speed)
     vs mpi   time / MPI_Allreduce's time in the same run
-    model    the cost model's prediction (collectives.py formula, constants fitted by cost.fit)
+    model    the cost model's prediction (collectives.py formula, constants fitted by fit.fit)
     wrong    ranks whose result differed from the exact sum
 
 MPICH allocates a full-size temporary buffer on every large MPI_Allreduce; glibc serves large
@@ -27,7 +27,7 @@ import mpi4py
 from mpi4py import MPI
 
 from minipar import backend
-from minipar.comm import collectives, cost
+from minipar.comm import collectives, cost, fit
 from minipar.comm.communicator import cuda_aware, world
 
 DEFAULT_SIZES = [8] + [16 << (2 * k) for k in range(12)]  # 8 B, 16 B, 64 B, ... 64 MiB
@@ -94,7 +94,7 @@ def time_all_reduce(comm, x, algorithm, iters, warmup=2):
             times.append(time.perf_counter() - t0)
     exact = comm.size * (comm.size + 1) / 2  # every rank sends rank + 1: the sum is exact
     wrong = sum(comm.all_gather_object(int(not bool((out == exact).all()))))
-    return cost.slowest_median(comm, times), wrong
+    return fit.slowest_median(comm, times), wrong
 
 
 def iterations(nbytes, budget=0.2):
@@ -103,10 +103,10 @@ def iterations(nbytes, budget=0.2):
 
 
 def run_bench(comm, sizes, algorithms, slow_max, as_json):
-    fit_sizes = [m for m in cost.FIT_SIZES if m <= max(sizes)] or cost.FIT_SIZES[:1]
+    fit_sizes = [m for m in fit.FIT_SIZES if m <= max(sizes)] or fit.FIT_SIZES[:1]
     fitted = [a for a in algorithms if a not in ("mpi", "auto")] + list(
         collectives.AUTO_CANDIDATES)  # each its own alpha
-    model = cost.fit(comm, fit_sizes, algorithms=fitted)  # no message beyond the largest vector
+    model = fit.fit(comm, fit_sizes, algorithms=fitted)  # no message beyond the largest vector
     info = header(comm, model)
     p, rows = comm.size, []
     if comm.rank == 0 and not as_json:

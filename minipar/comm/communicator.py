@@ -1,17 +1,23 @@
-"""Point-to-point messages on NumPy or CuPy arrays over mpi4py, with counters and a trace.
+"""The communicator: one process group, its point-to-point messages, counters and collectives.
 
-A ``Communicator`` wraps one mpi4py communicator. Everything else in ``minipar.comm`` is built
-from its six point-to-point calls, so the counters here see every byte a hand-coded collective
-moves:
+A ``Communicator`` wraps one mpi4py communicator. Every collective is built from its six
+point-to-point calls, so the counters here see every byte a hand-coded collective moves:
 
     send(x, dest)         recv(out, source)          sendrecv(x, dest, out, source)
     isend(x, dest) -> Request        irecv(out, source) -> Request        barrier()
 
-GPU arrays. MPI reads device memory only when the library is CUDA-aware. ``cuda_aware()`` asks,
-in order: the environment (``MINIPAR_CUDA_AWARE=0/1``), the MPI 4.1 info key
-``mpi_memory_alloc_kinds`` (lists ``cuda`` when device memory is accepted), and MPICH/Open MPI's
-``MPIX_Query_cuda_support()``. CUDA-aware: synchronise the stream, hand MPI the device buffer.
-Otherwise stage through host memory (device -> host copy, MPI, host -> device copy).
+and every collective is a method declared here, running the algorithm chosen by name from the
+registry (allreduce.py, trees.py, exchange.py, param_server.py, and MPI's own in mpi.py):
+
+    all_reduce(x, op="sum", algorithm="auto", out=None, check=None)    iall_reduce(...) -> Work
+    broadcast(x, root=0)   reduce(x, root=0, op=)   reduce_scatter(x, op=)   all_gather(x)
+    all_to_all(x)   gather(x, root=0)   scatter(x, root=0)
+    all_gather_object(obj)   gather_object(obj, root=0)   broadcast_object(obj, root=0)
+
+Arrays go in, arrays come out (NumPy or CuPy: staging.py); collectives know nothing of tensors.
+Collectives talk on a private duplicate channel (``coll``) whose every receive checks the tag,
+which carries the dtype (errors.py), so they never match user messages and ranks that disagree
+on dtype or length get a ``CommError``.
 
 Counters (per communicator, per rank): messages and bytes sent and received, and seconds spent
 inside communication calls. ``comm.counters.snapshot()`` gives them as a dict,
@@ -21,75 +27,19 @@ inside communication calls. ``comm.counters.snapshot()`` gives them as a dict,
 Errors. A peer out of range, a non-contiguous receive buffer, or a message whose size differs
 from the receive buffer raise ``CommError`` naming the rank, the peer and both sizes. Once
 ``world()`` has been called, an uncaught exception on any rank prints its traceback and aborts
-the whole job (``MPI_Abort``), so a failing rank never leaves its peers waiting for ever.
+the whole job (watch.py), so a failing rank never leaves its peers waiting for ever.
 """
-import ctypes
-import os
-import sys
 import time
-import traceback
 
 from mpi4py import MPI
 
 from minipar import backend
-
-_HOST_ARRAY = backend.numpy.ndarray  # NumPy arrays take the short path through the checks
-
-
-class CommError(ValueError):
-    """Bad input to a communication call (sizes, dtypes, peers, ops or algorithms)."""
-
-
-_DTYPE_CHARS = "?bBhHiIlLqQefdgFDG"  # NumPy type characters; a message's tag is the index
-
-
-def dtype_tag(dtype):
-    """The tag collectives send an array of this dtype with, so a receiver can check the dtype."""
-    return _DTYPE_CHARS.index(dtype.char) if dtype.char in _DTYPE_CHARS else len(_DTYPE_CHARS)
-
-
-def tag_dtype(tag):
-    """The dtype name a collective's tag stands for."""
-    if 0 <= tag < len(_DTYPE_CHARS):
-        return backend.get_array_module().dtype(_DTYPE_CHARS[tag]).name
-    return f"tag {tag}"
-
-
-# ----------------------------------------------------------------------------------------------
-# Is MPI CUDA-aware?
-# ----------------------------------------------------------------------------------------------
-
-def _query_cuda_support_symbol():
-    """``MPIX_Query_cuda_support()`` from the loaded libmpi, or None where it has no such symbol."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "libmpi" in line and "/" in line}
-        for path in sorted(paths):
-            query = getattr(ctypes.CDLL(path), "MPIX_Query_cuda_support", None)
-            if query is not None:
-                return bool(query())
-    except OSError:
-        pass
-    return None
-
-
-def cuda_aware():
-    """(bool, reason): whether MPI accepts device buffers, and how that was decided."""
-    env = os.environ.get("MINIPAR_CUDA_AWARE")
-    if env is not None:
-        return env.strip().lower() in ("1", "true", "yes"), f"MINIPAR_CUDA_AWARE={env}"
-    kinds = MPI.COMM_WORLD.Get_info().get("mpi_memory_alloc_kinds")
-    if kinds is not None and "cuda" in kinds:
-        return True, f"mpi_memory_alloc_kinds={kinds}"
-    symbol = _query_cuda_support_symbol()
-    if symbol is not None:
-        return symbol, f"MPIX_Query_cuda_support()={int(symbol)}"
-    return False, f"mpi_memory_alloc_kinds={kinds}" if kinds else "no CUDA support reported"
-
-
-# ----------------------------------------------------------------------------------------------
-# Counters and requests
-# ----------------------------------------------------------------------------------------------
+# the algorithm modules register themselves in this order (the order tables and lessons list)
+from minipar.comm import allreduce, param_server, trees, exchange, mpi, nonblocking  # noqa: I001
+from minipar.comm.errors import CommError, tag_dtype
+from minipar.comm.registry import pick
+from minipar.comm.staging import HOST_ARRAY, cuda_aware, recv_buffer, send_buffer
+from minipar.comm.watch import current as _blocked, install_abort_hook, waiting
 
 class Counters:
     """Messages, bytes and seconds of one rank's communication on one communicator."""
@@ -120,7 +70,7 @@ class Request:
         if self.done:
             return self.buffer
         t0 = time.perf_counter()
-        with self.comm._waiting_on(self.op, self.peer, self.nbytes):
+        with waiting(self.comm.rank, self.op, self.peer, self.nbytes):
             status = MPI.Status()
             self.mpi_request.Wait(status)
         self._complete(status, t0)
@@ -157,16 +107,16 @@ class Request:
 class Communicator:
     """One process group: ``rank``, ``size``, point-to-point calls, counters and collectives."""
 
-    def __init__(self, mpi_comm, parent=None):
+    def __init__(self, mpi_comm, parent=None, counters=None):
         self.mpi = mpi_comm
         self.rank = mpi_comm.Get_rank()
         self.size = mpi_comm.Get_size()
         self._cuda_aware = None
-        self._async = None  # background worker for iall_reduce (collectives.AsyncWorker)
+        self._worker = None  # background thread of iall_reduce (nonblocking.AsyncWorker)
         self._scratch = {}  # reusable receive buffers of the collectives, by slot
         self._status = MPI.Status()  # reused by the blocking calls (one allocation less each)
         if parent is None:
-            self.counters = Counters()
+            self.counters = counters or Counters()
             self._log = {"trace": None}
             self.strict_tags = False
             # Collectives talk on a private duplicate, so their messages never match user p2p,
@@ -201,16 +151,18 @@ class Communicator:
         Ranks outside the list get ``None``."""
         ranks = [int(r) for r in ranks]
         for r in ranks:
-            self._check_peer(r)
+            self.check_peer(r)
         new = self.mpi.Create_group(self.mpi.Get_group().Incl(ranks))
         return None if new == MPI.COMM_NULL else Communicator(new)
 
-    def dup(self):
-        """A communicator over the same ranks whose messages never match this one's."""
-        return Communicator(self.mpi.Dup())
+    def dup(self, share_counters=False):
+        """A communicator over the same ranks whose messages never match this one's (counting
+        into this one's counters when ``share_counters``)."""
+        return Communicator(self.mpi.Dup(), counters=self.counters if share_counters else None)
 
     # -- checks ------------------------------------------------------------------------------
-    def _check_peer(self, peer):
+    def check_peer(self, peer):
+        """CommError unless ``peer`` is a rank of this communicator."""
         if not isinstance(peer, int) or not 0 <= peer < self.size:
             raise CommError(f"rank {self.rank}: peer rank {peer!r} out of range for a "
                             f"communicator of size {self.size} (valid ranks 0..{self.size - 1})")
@@ -243,32 +195,24 @@ class Communicator:
         return self._cuda_aware
 
     def _send_buffer(self, x):
-        """A buffer MPI can read holding x (C-contiguous; host copy of a GPU array if staged)."""
-        if type(x) is _HOST_ARRAY and x.flags.c_contiguous:  # the common case, first
+        if type(x) is HOST_ARRAY and x.flags.c_contiguous:  # the common case, first
             return x
-        if backend.is_gpu_array(x):
-            xp = backend.get_array_module(x)
-            x = xp.ascontiguousarray(x)
-            backend.synchronize()
-            return x if self.is_cuda_aware() else backend.to_numpy(x)
-        if not x.flags.c_contiguous:
-            x = backend.get_array_module(x).ascontiguousarray(x)
-        return x
+        return send_buffer(x, self.is_cuda_aware())
 
     def _recv_buffer(self, out):
-        """(buffer MPI writes into, function to call after the receive completes)."""
-        if type(out) is _HOST_ARRAY and out.flags.c_contiguous:  # the common case, first
+        if type(out) is HOST_ARRAY and out.flags.c_contiguous:
             return out, None
-        if not out.flags.c_contiguous:
-            raise CommError(f"rank {self.rank}: receive buffer must be C-contiguous "
-                            f"(got strides {out.strides}); pass a contiguous array")
-        if backend.is_gpu_array(out):
-            backend.synchronize()
-            if self.is_cuda_aware():
-                return out, None
-            host = backend.get_array_module().empty(out.shape, out.dtype)
-            return host, lambda: out.set(host)
-        return out, None
+        return recv_buffer(out, self.is_cuda_aware(), self.rank)
+
+    def scratch(self, slot, n, like):
+        """A reusable work buffer of n elements of like's dtype (grown, never shrunk, per slot):
+        the collectives' receive buffers, allocated once rather than on every call."""
+        have = self._scratch.get(slot)
+        if (have is None or have.size < n or have.dtype != like.dtype
+                or type(have) is not type(like)):
+            have = backend.get_array_module(like).empty(max(n, 1), like.dtype)
+            self._scratch[slot] = have
+        return have[:n]
 
     # -- accounting --------------------------------------------------------------------------
     def _account(self, sent, received, nbytes, t0):
@@ -285,13 +229,10 @@ class Communicator:
         if self.trace is not None:
             self.trace.append((self.rank, op, peer, start, time.perf_counter(), nbytes))
 
-    def _waiting_on(self, op, peer, nbytes):
-        return _Waiting(self.rank, op, peer, nbytes)
-
     # -- point to point ----------------------------------------------------------------------
     def send(self, x, dest, tag=0):
         """Blocking send of array ``x`` to rank ``dest``."""
-        self._check_peer(dest)
+        self.check_peer(dest)
         t0 = time.perf_counter()
         buf = self._send_buffer(x)
         _blocked["now"] = (self.rank, "send", dest, buf.nbytes)
@@ -304,7 +245,7 @@ class Communicator:
 
     def recv(self, out, source, tag=0):
         """Blocking receive from rank ``source`` into ``out`` (its size must match); returns out."""
-        self._check_peer(source)
+        self.check_peer(source)
         t0 = time.perf_counter()
         buf, finish = self._recv_buffer(out)
         status = self._status
@@ -324,8 +265,8 @@ class Communicator:
 
     def sendrecv(self, x, dest, out, source, sendtag=0, recvtag=None):
         """Send ``x`` to ``dest`` and receive into ``out`` from ``source`` at once (no deadlock)."""
-        self._check_peer(dest)
-        self._check_peer(source)
+        self.check_peer(dest)
+        self.check_peer(source)
         recvtag = sendtag if recvtag is None else recvtag
         t0 = time.perf_counter()
         sbuf = self._send_buffer(x)
@@ -347,7 +288,7 @@ class Communicator:
 
     def isend(self, x, dest, tag=0):
         """Start sending ``x`` to ``dest``; returns a ``Request``. Do not modify x before wait()."""
-        self._check_peer(dest)
+        self.check_peer(dest)
         t0 = time.perf_counter()
         buf = self._send_buffer(x)
         request = Request(self, self.mpi.Isend(buf, dest, tag), "isend", dest, buf.nbytes, t0, x)
@@ -356,7 +297,7 @@ class Communicator:
 
     def irecv(self, out, source, tag=0):
         """Start receiving into ``out`` from ``source``; returns a ``Request`` (wait() gives out)."""
-        self._check_peer(source)
+        self.check_peer(source)
         t0 = time.perf_counter()
         buf, finish = self._recv_buffer(out)
         request = Request(self, self.mpi.Irecv(buf, source, self._match(tag)), "irecv", source,
@@ -380,65 +321,57 @@ class Communicator:
     def barrier(self):
         """Wait until every rank of this communicator arrives (MPI's barrier; moves no data)."""
         t0 = time.perf_counter()
-        with self._waiting_on("barrier", None, 0):
+        with waiting(self.rank, "barrier", None, 0):
             self.mpi.Barrier()
         self._account(None, None, 0, t0)
         self._record("barrier", None, t0, 0)
 
+    # -- collectives: each runs the algorithm named (registry.py), its formula beside its code --
+    def all_reduce(self, x, op="sum", algorithm="auto", out=None, check=None):
+        """Every rank gets op(x_0, ..., x_{p-1}) elementwise (op: sum, avg, max, min, prod);
+        ``out=x`` reduces in place; ``auto`` picks the algorithm the cost model favours."""
+        return allreduce.all_reduce(self, x, op, algorithm, out, check)
 
-# ----------------------------------------------------------------------------------------------
-# Who waits on whom (read by the test harness's watchdog when a run times out)
-# ----------------------------------------------------------------------------------------------
+    def iall_reduce(self, x, op="sum", algorithm="auto", out=None):
+        """Start an all-reduce and return a ``Work`` at once; x must not change until
+        ``wait()``. ``mpi`` is MPI_Iallreduce; a hand-coded one runs on a background thread."""
+        if algorithm == "mpi":
+            return nonblocking.iall_reduce_mpi(self, x, op, out)
+        pick("all_reduce", "ring" if algorithm == "auto" else algorithm, op)
+        if self._worker is None:
+            self._worker = nonblocking.AsyncWorker(self)
+        return self._worker.submit(x, op, algorithm, out)
 
-_blocked = {}  # "now": (rank, op, peer, bytes) while inside a blocking call (set inline by
-#               send, recv and sendrecv, the hot path; by _Waiting in the others)
+    def broadcast(self, x, root=0, algorithm="binomial", out=None, check=None):
+        """Every rank gets root's x (the others pass an array of the same shape, or ``out``)."""
+        return trees.broadcast(self, x, root, algorithm, out, check)
 
+    def reduce(self, x, root=0, op="sum", algorithm="binomial", out=None, check=None):
+        """Root gets op(x_0, ..., x_{p-1}); the other ranks get None."""
+        return trees.reduce(self, x, root, op, algorithm, out, check)
 
-class _Waiting:
-    """Context manager noting the blocking call in progress, so a hang can name the peer."""
+    def reduce_scatter(self, x, op="sum", algorithm="ring", out=None, check=None):
+        """Rank r gets chunk r (``chunk_bounds``) of op(x_0, ..., x_{p-1}) flattened."""
+        return exchange.reduce_scatter(self, x, op, algorithm, out, check)
 
-    __slots__ = ("entry",)
+    def all_gather(self, x, algorithm="ring", out=None, check=None):
+        """Every rank gets the stack [x_0, ..., x_{p-1}] of shape (p, *x.shape)."""
+        return exchange.all_gather(self, x, algorithm, out, check)
 
-    def __init__(self, rank, op, peer, nbytes):
-        self.entry = (rank, op, peer, nbytes)
+    def all_to_all(self, x, algorithm="pairwise", out=None, check=None):
+        """x of shape (p, ...): row j goes to rank j; rank r gets [x_0[r], ..., x_{p-1}[r]]."""
+        return exchange.all_to_all(self, x, algorithm, out, check)
 
-    def __enter__(self):
-        _blocked["now"] = self.entry
+    def gather(self, x, root=0, algorithm="linear", out=None, check=None):
+        """Root gets the stack [x_0, ..., x_{p-1}]; the other ranks get None."""
+        return exchange.gather(self, x, root, algorithm, out, check)
 
-    def __exit__(self, *exc):
-        _blocked.pop("now", None)
+    def scatter(self, x, root=0, algorithm="linear", out=None, check=None):
+        """Rank r gets row r of root's x of shape (p, ...) (others: x of that shape, or out)."""
+        return exchange.scatter(self, x, root, algorithm, out, check)
 
-
-def waiting_on():
-    """A line naming the blocking call this process is inside, or '' when it is not blocked."""
-    entry = _blocked.get("now")
-    if entry is None:
-        return ""
-    rank, op, peer, nbytes = entry
-    return f"rank {rank} blocked in {op} with peer {peer} ({nbytes} bytes)"
-
-
-# ----------------------------------------------------------------------------------------------
-# world() and the abort-on-error hook
-# ----------------------------------------------------------------------------------------------
 
 _world = {}
-
-
-def _abort_on_uncaught(exc_type, exc, tb):
-    """Print the traceback with the rank, then end every rank of the job (never a hang)."""
-    rank = MPI.COMM_WORLD.Get_rank()
-    text = "".join(traceback.format_exception(exc_type, exc, tb))
-    sys.stderr.write(f"[minipar rank {rank}] uncaught exception, aborting the job:\n{text}")
-    sys.stderr.flush()
-    if MPI.COMM_WORLD.Get_size() > 1:
-        MPI.COMM_WORLD.Abort(1)
-
-
-def install_abort_hook():
-    """Make an uncaught exception on any rank abort the whole MPI job (idempotent)."""
-    if sys.excepthook is not _abort_on_uncaught:
-        sys.excepthook = _abort_on_uncaught
 
 
 def world():
@@ -447,7 +380,3 @@ def world():
         install_abort_hook()
         _world["world"] = Communicator(MPI.COMM_WORLD)
     return _world["world"]
-
-
-# Collectives as methods: ``collectives.py`` (which imports this module) attaches all_reduce,
-# broadcast, ... to Communicator, so ``comm.all_reduce(x)`` is ``collectives.all_reduce(comm, x)``.

@@ -1,0 +1,140 @@
+"""All-reduce written by hand over point-to-point messages, each algorithm beside its cost.
+
+Cost model (Hockney; Thakur, Rabenseifner & Gropp 2005): a step sending an m-byte message
+takes alpha + m beta(m); reducing m bytes takes m gamma(m). beta and gamma are fitted per size
+(fit.py: caches), so each term reads them at its own message size; alpha per algorithm (the
+Python around a step differs). For p ranks, n bytes:
+
+    all_reduce          time                                             bytes sent per rank
+    sequential          2(p-1)(alpha + n beta(n)) + (p-1) n gamma(n)     n (2n on inner ranks)
+    parallel            (p-1)(alpha + n beta(n)) + (p-1) n gamma(n)      (p-1) n
+    ring                2(p-1)(alpha + n/p beta(n/p)) + (p-1) n/p gamma(n/p)    2(p-1)/p n
+    recursive_halving   sum over m = n/2, n/4, ..., n/p of                2(p-1)/p n
+                          2(alpha + m beta(m)) + m gamma(m)
+    recursive_doubling  log p (alpha + n beta(n) + n gamma(n))           n log p
+    parameter_server    2(p-1)(alpha + n beta(n)) + (p-1) n gamma(n)     server: (p-1) n each way
+    sharded_ps          2(p-1)(alpha + n/p beta(n/p)) + (p-1) n/p gamma(n/p)    2(p-1)/p n
+    mpi                 MPI_Allreduce (the reference, mpi.py); auto: the cheapest formula for n
+
+(p not a power of two: log p and p read pof2, plus the fold's 2(alpha + n beta(n)) + n gamma(n);
+patterns.py. The two parameter-server algorithms are in param_server.py.)
+
+An algorithm ``run(c, x, buf, op, tag)`` reads the flat input x and writes the flat result buf
+(the same array when in place) on ``c``, the communicator's private channel; ring and the
+recursive ones never copy x into buf first. Reductions run in rank order where ranks would
+otherwise add in different orders, so every rank computes the same bits.
+"""
+from minipar.comm import cost
+from minipar.comm.buffers import bounds, check_same, finish, reducer, result_buffer, wait_all
+from minipar.comm.errors import dtype_tag
+from minipar.comm.patterns import (block_bounds, doubling_all_gather, fold, fold_cost, fold_in,
+                                   fold_out, halves, halving_reduce_scatter, ring_all_gather,
+                                   ring_reduce_scatter)
+from minipar.comm.registry import algorithm, pick
+
+AUTO_CANDIDATES = ("ring", "recursive_halving", "recursive_doubling")
+
+
+def all_reduce(comm, x, op="sum", algorithm="auto", out=None, check=None):
+    """Every rank gets op(x_0, ..., x_{p-1}) elementwise; ``out=x`` reduces in place."""
+    if algorithm == "auto":
+        algorithm = choose(comm.size, x.nbytes)
+    run = pick("all_reduce", algorithm, op)
+    check_same(comm, "all_reduce", x, check)
+    result = result_buffer(x, out)
+    if comm.size > 1 and x.size:
+        flat = result.reshape(-1)
+        run(comm.coll, flat if result is x else x.reshape(-1), flat, op, dtype_tag(x.dtype))
+    elif result is not x:
+        result[...] = x
+    return finish(result, op, comm.size)
+
+
+def choose(p, nbytes, params=None):
+    """``auto``: the hand-coded all-reduce the cost model predicts fastest for n bytes."""
+    return min(AUTO_CANDIDATES, key=lambda a: cost.predict("all_reduce", a, p, nbytes, params))
+
+
+@algorithm("all_reduce", "sequential",
+           lambda p, n, a, b, g: 2 * (p - 1) * (a + n * b(n)) + (p - 1) * n * g(n))
+def _all_reduce_sequential(c, x, buf, op, tag):
+    """A chain: rank i adds its vector to the running sum from i-1 and passes it to i+1;
+    the last rank holds the total and it travels back down the chain."""
+    r, p = c.rank, c.size
+    if r > 0:
+        got = c.scratch("tmp", buf.size, buf)
+        c.recv(got, r - 1, tag)
+        reducer(op, buf)(got, x, out=buf)  # (x0 + ... + x_{r-1}) + x_r, in rank order
+    if r < p - 1:
+        c.send(buf if r > 0 else x, r + 1, tag)
+        c.recv(buf, r + 1, tag)
+    if r > 0:
+        c.send(buf, r - 1, tag)
+
+
+@algorithm("all_reduce", "parallel",
+           lambda p, n, a, b, g: (p - 1) * (a + n * b(n)) + (p - 1) * n * g(n))
+def _all_reduce_parallel(c, x, buf, op, tag):
+    """Everyone to everyone: each rank sends its whole vector to all others at once and
+    reduces the p vectors itself, in rank order (so every rank computes the same bits)."""
+    r, p = c.rank, c.size
+    mine = c.scratch("mine", buf.size, buf)
+    mine[...] = x
+    if r == 0 and buf is not x:
+        buf[...] = x  # rank 0's running sum starts as x_0
+    sends = [c.isend(mine, j, tag) for j in range(p) if j != r]
+    got = c.scratch("tmp", buf.size, buf)
+    reduce = reducer(op, buf)
+    for j in range(p):
+        if j == 0 and r != 0:
+            c.recv(buf, 0, tag)  # buf starts as x_0 (rank 0's buf already is)
+        elif j > 0:
+            reduce(buf, mine if j == r else c.recv(got, j, tag), out=buf)
+    wait_all(sends)
+
+
+@algorithm("all_reduce", "ring",
+           lambda p, n, a, b, g: (2 * (p - 1) * (a + n / p * b(n / p))
+                                  + (p - 1) * n / p * g(n / p)))
+def _all_reduce_ring(c, x, buf, op, tag):
+    """Ring (Baidu / Patarasuk & Yuan): reduce-scatter round the ring, then all-gather.
+    Every chunk of buf is written once: by a reduction (from x) or by a receive."""
+    chunks = bounds(buf.size, c.size)
+    ring_reduce_scatter(c, buf, chunks, op, tag, shift=0, src=x)
+    ring_all_gather(c, buf, chunks, tag, shift=1)
+
+
+@algorithm("all_reduce", "recursive_halving",
+           lambda p, n, a, b, g: (sum(2 * (a + m * b(m)) + m * g(m) for m in halves(p, n))
+                                  + fold_cost(p, n, a, b, g)))
+def _all_reduce_rabenseifner(c, x, buf, op, tag):
+    """Rabenseifner: recursive-halving reduce-scatter, then recursive-doubling all-gather."""
+    nb = block_bounds(bounds(buf.size, c.size), c.size)
+    src = fold_in(c, x, buf, op, tag)
+    if fold(c.size)[2](c.rank) >= 0:
+        halving_reduce_scatter(c, buf, nb, op, tag, src)
+        doubling_all_gather(c, buf, nb, tag)
+    fold_out(c, buf, tag)
+
+
+@algorithm("all_reduce", "recursive_doubling",
+           lambda p, n, a, b, g: (len(halves(p, n)) * (a + n * b(n) + n * g(n))
+                                  + fold_cost(p, n, a, b, g)))
+def _all_reduce_doubling(c, x, buf, op, tag):
+    """Recursive doubling: log p steps, each swapping the whole vector with rank ^ 2^k."""
+    pof2, _, newrank, real = fold(c.size)
+    src = fold_in(c, x, buf, op, tag)
+    me = newrank(c.rank)
+    if me >= 0:
+        got = c.scratch("tmp", buf.size, buf)
+        reduce = reducer(op, buf)
+        mask = 1
+        while mask < pof2:
+            c.sendrecv(src, real(me ^ mask), got, real(me ^ mask), tag)
+            # the lower rank's data first, so both partners compute the same bits
+            if me & mask:
+                reduce(got, src, out=buf)
+            else:
+                reduce(src, got, out=buf)
+            src, mask = buf, mask << 1
+    fold_out(c, buf, tag)

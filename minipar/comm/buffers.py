@@ -1,0 +1,86 @@
+"""What every collective does with its arrays: chunks, the result buffer, the reduction, checks.
+
+Conventions. Arrays go in and a new array comes out; pass ``out=x`` to work in place. A vector
+is cut into p chunks by ``chunk_bounds`` (sizes differ by at most one, so any count works, zero
+and counts smaller than p included). ``op="avg"`` is a sum followed by a division by p
+(``finish``), as MPI users write it.
+
+Checking. Every receive checks size and dtype tag (communicator.py). With ``check=True`` or
+``MINIPAR_DEBUG=1`` the ranks first exchange (shape, dtype), and every rank raises the same
+error when they differ (``check_same``).
+"""
+import functools
+import os
+
+from minipar import backend
+from minipar.comm.errors import CommError
+
+_UFUNC = {"sum": "add", "avg": "add", "max": "maximum", "min": "minimum", "prod": "multiply"}
+DEBUG = os.environ.get("MINIPAR_DEBUG", "0") not in ("", "0")  # read once: checks are per call
+
+
+def chunk_bounds(n, p):
+    """Offsets of p nearly equal chunks of n elements: chunk i is [b[i], b[i+1])."""
+    return list(bounds(n, p))
+
+
+@functools.lru_cache(maxsize=256)
+def bounds(n, p):
+    """``chunk_bounds`` as a cached tuple: the collectives ask for the same (n, p) call after call."""
+    q, r = divmod(n, p)
+    return tuple(i * q + min(i, r) for i in range(p + 1))
+
+
+def check_same(comm, what, x, check=None):
+    """Raise the same CommError on every rank when ranks disagree on x's shape or dtype.
+
+    Runs when ``check`` is True, or when it is None and MINIPAR_DEBUG=1 (one small gather of
+    metadata: a check, not part of any algorithm)."""
+    if comm.size == 1 or not (check or (check is None and DEBUG)):
+        return
+    mine = (tuple(x.shape), x.dtype.name) if x is not None else None
+    seen = comm.all_gather_object(mine)
+    if any(s != seen[0] for s in seen if s is not None):
+        table = ", ".join(f"rank {r}: {s[1]}{list(s[0])}" for r, s in enumerate(seen) if s)
+        raise CommError(f"{what}: arrays differ across ranks ({table})")
+
+
+def result_buffer(x, out, shape=None, dtype=None):
+    """The array the result is written into: ``out`` (checked) or a fresh one."""
+    if out is None:
+        return backend.get_array_module(x).empty(x.shape if shape is None else shape,
+                                                 x.dtype if dtype is None else dtype)
+    if not out.flags.c_contiguous:
+        raise CommError("out must be a C-contiguous array")
+    want = tuple(x.shape if shape is None else shape)
+    if out.shape != want:
+        raise CommError(f"out has shape {out.shape}, expected {want}")
+    return out
+
+
+def reducer(op, like):
+    """The in-place reduction ``f(a, b, out=a)`` for op on like's array module."""
+    return getattr(backend.get_array_module(like), _UFUNC[op])
+
+
+def finish(buf, op, p):
+    """avg = sum / p (floor division for integer dtypes, like MPI's SUM followed by // p)."""
+    if op == "avg":
+        xp = backend.get_array_module(buf)
+        divide = xp.floor_divide if buf.dtype.kind in "iub" else xp.true_divide
+        divide(buf, buf.dtype.type(p), out=buf)
+    return buf
+
+
+def contiguous(x):
+    return backend.get_array_module(x).ascontiguousarray(x)
+
+
+def copy(x):
+    """A fresh C-contiguous copy of x (the work buffer a collective may overwrite)."""
+    return backend.get_array_module(x).array(x, order="C", copy=True)
+
+
+def wait_all(requests):
+    """Complete every non-blocking send or receive (MPI progresses all of them meanwhile)."""
+    return [request.wait() for request in requests]

@@ -1,0 +1,186 @@
+"""Collectives that move pieces: reduce-scatter, all-gather, all-to-all, gather and scatter.
+
+    reduce_scatter  ring / pairwise     (p-1)(alpha + n/p (beta(n/p) + gamma(n/p)))
+                    recursive_halving   sum over m = n/2 ... n/p of alpha + m (beta(m) + gamma(m))
+    all_gather      ring                (p-1)(alpha + n/p beta(n/p))
+                    recursive_doubling  sum over m = n/2 ... n/p of alpha + m beta(m)
+    all_to_all      pairwise            (p-1)(alpha + n/p beta(n/p))
+    gather, scatter linear              (p-1)(alpha + n/p beta(n/p))      (n: the whole stack)
+
+A reduce-scatter followed by an all-gather is an all-reduce (ring, or halving then doubling):
+ZeRO uses the two halves separately. Rank r's piece is chunk r of ``chunk_bounds``.
+"""
+from minipar.comm.buffers import (bounds as chunks_of, check_same, contiguous, copy, finish,
+                                  reducer, result_buffer, wait_all)
+from minipar.comm.errors import CommError, dtype_tag
+from minipar.comm.patterns import (block_bounds, doubling_all_gather, fold, fold_cost, fold_in,
+                                   fold_out, halves, halving_reduce_scatter, ring_all_gather,
+                                   ring_reduce_scatter)
+from minipar.comm.registry import algorithm, pick
+
+
+# -- reduce_scatter: x is the whole vector; rank r gets chunk r of the reduced one ---------------
+
+def reduce_scatter(comm, x, op="sum", algorithm="ring", out=None, check=None):
+    """Rank r gets chunk r of op(x_0, ..., x_{p-1}) flattened (1-D, ``chunk_bounds`` sizes)."""
+    run = pick("reduce_scatter", algorithm, op)
+    check_same(comm, "reduce_scatter", x, check)
+    bounds = chunks_of(x.size, comm.size)
+    lo, hi = bounds[comm.rank], bounds[comm.rank + 1]
+    result = result_buffer(x, out, shape=(hi - lo,))
+    work = copy(x).reshape(-1)
+    if comm.size > 1 and x.size:
+        run(comm.coll, work, bounds, op, dtype_tag(x.dtype))
+    result[...] = work[lo:hi]
+    return finish(result, op, comm.size)
+
+
+@algorithm("reduce_scatter", "ring",
+           lambda p, n, a, b, g: (p - 1) * (a + n / p * (b(n / p) + g(n / p))))
+def _reduce_scatter_ring(c, buf, bounds, op, tag):
+    """The first half of the ring all-reduce, shifted so that rank r ends with chunk r."""
+    ring_reduce_scatter(c, buf, bounds, op, tag, shift=-1)
+
+
+@algorithm("reduce_scatter", "recursive_halving",
+           lambda p, n, a, b, g: (sum(a + m * (b(m) + g(m)) for m in halves(p, n))
+                                  + fold_cost(p, n, a, b, g) / 2))
+def _reduce_scatter_halving(c, buf, bounds, op, tag):
+    """Recursive halving; when p is not a power of two the odd partner, which reduced both
+    chunks, hands rank - 1 its chunk at the end."""
+    fold_in(c, buf, buf, op, tag)
+    if fold(c.size)[2](c.rank) >= 0:
+        halving_reduce_scatter(c, buf, block_bounds(bounds, c.size), op, tag)
+    if c.rank < 2 * fold(c.size)[1]:
+        r = c.rank - c.rank % 2  # the even rank's chunk
+        part = buf[bounds[r]:bounds[r + 1]]
+        c.recv(part, c.rank + 1, tag) if c.rank % 2 == 0 else c.send(part, c.rank - 1, tag)
+
+
+@algorithm("reduce_scatter", "pairwise",
+           lambda p, n, a, b, g: (p - 1) * (a + n / p * (b(n / p) + g(n / p))))
+def _reduce_scatter_direct(c, buf, bounds, op, tag):
+    """Direct: send chunk j straight to rank j, reduce the p-1 chunks that arrive."""
+    r, p = c.rank, c.size
+    chunk = lambda j: buf[bounds[j]:bounds[j + 1]]  # noqa: E731
+    mine = chunk(r)
+    sends = [c.isend(chunk((r + s) % p), (r + s) % p, tag) for s in range(1, p)]
+    got = c.scratch("tmp", mine.size, buf)
+    reduce_ = reducer(op, buf)
+    for s in range(1, p):
+        reduce_(mine, c.recv(got, (r - s) % p, tag), out=mine)
+    wait_all(sends)
+
+
+# -- all_gather: rank r contributes x; everyone gets an array of shape (p, *x.shape) ------------
+
+def all_gather(comm, x, algorithm="ring", out=None, check=None):
+    """Every rank gets the stack [x_0, ..., x_{p-1}] (shape (p, *x.shape))."""
+    run = pick("all_gather", algorithm)
+    check_same(comm, "all_gather", x, check)
+    result = result_buffer(x, out, shape=(comm.size,) + tuple(x.shape))
+    result[comm.rank] = x
+    if comm.size > 1 and x.size:
+        bounds = [j * x.size for j in range(comm.size + 1)]
+        run(comm.coll, result.reshape(-1), bounds, dtype_tag(x.dtype))
+    return result
+
+
+@algorithm("all_gather", "ring", lambda p, n, a, b, g: (p - 1) * (a + n / p * b(n / p)))
+def _all_gather_ring(c, buf, bounds, tag):
+    """p-1 steps: pass on to the right the chunk that arrived from the left."""
+    ring_all_gather(c, buf, bounds, tag, shift=0)
+
+
+@algorithm("all_gather", "recursive_doubling",
+           lambda p, n, a, b, g: (sum(a + m * b(m) for m in halves(p, n))
+                                  + fold_cost(p, n, a, b, lambda m: 0)))
+def _all_gather_doubling(c, buf, bounds, tag):
+    """log p steps, the block each rank holds doubling every step (MPICH fold when p is not a
+    power of two: the even rank lends its chunk to rank + 1 and gets the whole result back)."""
+    _, rem, _, _ = fold(c.size)
+    r = c.rank
+    if r < 2 * rem:
+        even = r - r % 2
+        part = buf[bounds[even]:bounds[even + 1]]
+        c.send(part, r + 1, tag) if r % 2 == 0 else c.recv(part, r - 1, tag)
+    if fold(c.size)[2](r) >= 0:
+        doubling_all_gather(c, buf, block_bounds(bounds, c.size), tag)
+    fold_out(c, buf, tag)
+
+
+# -- all_to_all, gather, scatter -----------------------------------------------------------------
+
+def all_to_all(comm, x, algorithm="pairwise", out=None, check=None):
+    """x has shape (p, ...): row j goes to rank j; rank r gets [x_0[r], ..., x_{p-1}[r]]."""
+    run = pick("all_to_all", algorithm)
+    if x.ndim == 0 or x.shape[0] != comm.size:
+        raise CommError(f"all_to_all needs x of shape ({comm.size}, ...), got {x.shape}")
+    check_same(comm, "all_to_all", x, check)
+    x = contiguous(x)
+    result = result_buffer(x, out)
+    result[comm.rank] = x[comm.rank]
+    run(comm.coll, x, result, dtype_tag(x.dtype))
+    return result
+
+
+@algorithm("all_to_all", "pairwise", lambda p, n, a, b, g: (p - 1) * (a + n / p * b(n / p)))
+def _all_to_all_pairwise(c, x, result, tag):
+    """p-1 steps: in step s send row r+s to rank r+s and receive row r from rank r-s."""
+    r, p = c.rank, c.size
+    for s in range(1, p):
+        dst, src = (r + s) % p, (r - s) % p
+        c.sendrecv(x[dst], dst, result[src], src, tag)
+
+
+def gather(comm, x, root=0, algorithm="linear", out=None, check=None):
+    """Root gets the stack [x_0, ..., x_{p-1}] (returned; other ranks get None)."""
+    run = pick("gather", algorithm)
+    comm.check_peer(root)
+    check_same(comm, "gather", x, check)
+    x = contiguous(x)
+    at_root = comm.rank == root
+    result = result_buffer(x, out, shape=(comm.size,) + tuple(x.shape)) if at_root else None
+    if at_root:
+        result[root] = x
+    run(comm.coll, x, result, root, dtype_tag(x.dtype))
+    return result
+
+
+@algorithm("gather", "linear", lambda p, n, a, b, g: (p - 1) * (a + n / p * b(n / p)))
+def _gather_linear(c, x, result, root, tag):
+    """Root receives from every rank in turn (its link carries (p-1)/p of the result)."""
+    if c.rank == root:
+        for j in range(c.size):
+            if j != root:
+                c.recv(result[j], j, tag)
+    else:
+        c.send(x, root, tag)
+
+
+def scatter(comm, x, root=0, algorithm="linear", out=None, check=None):
+    """Rank r gets row r of root's x (shape (p, ...)). Other ranks pass x of the same shape
+    (values ignored), or x=None with ``out`` of shape x.shape[1:]."""
+    run = pick("scatter", algorithm)
+    comm.check_peer(root)
+    at_root = comm.rank == root
+    if x is None and (at_root or out is None):
+        raise CommError("scatter: the root passes x; other ranks pass x or out")
+    if x is not None and (x.ndim == 0 or x.shape[0] != comm.size):
+        raise CommError(f"scatter needs x of shape ({comm.size}, ...), got {x.shape}")
+    check_same(comm, "scatter", x[0] if x is not None else out, check)
+    result = result_buffer(out if x is None else x[0], out)
+    x = contiguous(x) if at_root else x
+    if at_root:
+        result[...] = x[root]
+    run(comm.coll, x, result, root, dtype_tag(result.dtype))
+    return result
+
+
+@algorithm("scatter", "linear", lambda p, n, a, b, g: (p - 1) * (a + n / p * b(n / p)))
+def _scatter_linear(c, x, result, root, tag):
+    """Root sends row j to rank j, all at once."""
+    if c.rank == root:
+        wait_all([c.isend(x[j], j, tag) for j in range(c.size) if j != root])
+    else:
+        c.recv(result, root, tag)

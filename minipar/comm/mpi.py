@@ -1,0 +1,83 @@
+"""MPI's own collectives, registered as algorithm ``"mpi"`` of each: the reference every
+hand-coded algorithm is checked against (bit for bit where the reduction order allows) and timed
+against (``minipar bench allreduce``).
+
+Each entry takes the same arguments as the hand-coded algorithms of its collective, so the
+communicator's entry points run every algorithm alike. GPU arrays go to MPI directly when it is
+CUDA-aware and through host copies otherwise (staging.py). ``op="avg"`` reaches MPI as a sum;
+the entry point divides (buffers.finish).
+"""
+from mpi4py import MPI
+
+from minipar.comm.registry import algorithm
+from minipar.comm.staging import inout_buffer, recv_buffer, send_buffer
+
+MPI_OP = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
+
+
+def _run(c, call, send, recv):
+    """``call(send buffer, receive buffer)`` on arrays (either may be None), staging GPU arrays."""
+    aware = c.is_cuda_aware()
+    sbuf = send_buffer(send, aware) if send is not None else None
+    rbuf, done = recv_buffer(recv, aware, c.rank) if recv is not None else (None, None)
+    call(MPI.IN_PLACE if sbuf is not None and sbuf is rbuf else sbuf, rbuf)
+    if done:
+        done()
+
+
+@algorithm("all_reduce", "mpi")
+def _all_reduce(c, x, buf, op, tag):
+    """MPI_Allreduce (in place when x is buf)."""
+    _run(c, lambda s, r: c.mpi.Allreduce(s, r, op=MPI_OP[op]), x, buf)
+
+
+@algorithm("broadcast", "mpi")
+def _broadcast(c, buf, root, tag):
+    data, done = inout_buffer(buf, c.is_cuda_aware())
+    c.mpi.Bcast(data, root)
+    if done and c.rank != root:
+        done()
+
+
+@algorithm("reduce", "mpi")
+def _reduce(c, buf, root, op, tag):
+    """MPI_Reduce: the root reduces in place into buf, the others send theirs."""
+    data, done = inout_buffer(buf, c.is_cuda_aware())
+    at_root = c.rank == root
+    c.mpi.Reduce(MPI.IN_PLACE if at_root else data, data if at_root else None, MPI_OP[op], root)
+    if done and at_root:
+        done()
+
+
+@algorithm("reduce_scatter", "mpi")
+def _reduce_scatter(c, buf, bounds, op, tag):
+    """MPI_Reduce_scatter with the chunk sizes of ``chunk_bounds``; chunk r lands in place."""
+    lo, hi = bounds[c.rank], bounds[c.rank + 1]
+    counts = [bounds[j + 1] - bounds[j] for j in range(c.size)]
+    mine = c.scratch("mpi", hi - lo, buf)
+    _run(c, lambda s, r: c.mpi.Reduce_scatter(s, r, counts, MPI_OP[op]), buf, mine)
+    buf[lo:hi] = mine
+
+
+@algorithm("all_gather", "mpi")
+def _all_gather(c, buf, bounds, tag):
+    """MPI_Allgather in place: every rank's block already sits at its place in buf."""
+    data, done = inout_buffer(buf, c.is_cuda_aware())
+    c.mpi.Allgather(MPI.IN_PLACE, data)
+    if done:
+        done()
+
+
+@algorithm("all_to_all", "mpi")
+def _all_to_all(c, x, result, tag):
+    _run(c, c.mpi.Alltoall, x, result)
+
+
+@algorithm("gather", "mpi")
+def _gather(c, x, result, root, tag):
+    _run(c, lambda s, r: c.mpi.Gather(s, r, root), x, result)
+
+
+@algorithm("scatter", "mpi")
+def _scatter(c, x, result, root, tag):
+    _run(c, lambda s, r: c.mpi.Scatter(s, r, root), x if c.rank == root else None, result)

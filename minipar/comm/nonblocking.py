@@ -1,0 +1,88 @@
+"""Non-blocking all-reduce: start it, compute, wait (how gradient buckets overlap backward).
+
+    work = comm.iall_reduce(bucket, out=bucket)     # returns at once
+    ...                                              # backward goes on
+    work.wait()                                      # the bucket now holds the sum
+
+``algorithm="mpi"`` is MPI_Iallreduce, progressed by MPI. A hand-coded algorithm runs on a
+background thread of the communicator (``AsyncWorker``), on a duplicate communicator
+(MPI_THREAD_MULTIPLE), so its messages never mix with the caller's; NumPy and MPI drop the GIL,
+so it really runs beside the caller when a core is free. Every rank must start the same
+all-reduces in the same order, as for blocking ones.
+"""
+import queue
+import threading
+
+from mpi4py import MPI
+
+from minipar.comm.buffers import finish, result_buffer
+from minipar.comm.mpi import MPI_OP
+from minipar.comm.registry import pick
+from minipar.comm.staging import inout_buffer, recv_buffer, send_buffer
+
+
+class Work:
+    """A running all-reduce: ``wait()`` returns its result (or raises its error)."""
+
+    def __init__(self, wait_fn=None):
+        self._wait_fn, self._done = wait_fn, threading.Event()
+        self.result = self.error = None
+
+    def is_completed(self):
+        return self._done.is_set()
+
+    def set(self, result=None, error=None):
+        """Called by whoever ran the all-reduce: its result, or the error to raise in wait()."""
+        self.result, self.error = result, error
+        self._done.set()
+
+    def wait(self):
+        if self._wait_fn is not None:
+            self.set(self._wait_fn())
+            self._wait_fn = None
+        self._done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class AsyncWorker:
+    """One background thread running queued all-reduces in call order on a duplicate of
+    ``comm`` that shares its counters (the bytes still count as this communicator's)."""
+
+    def __init__(self, comm):
+        self.comm = comm.dup(share_counters=True)
+        self.queue = queue.Queue()
+        threading.Thread(target=self._loop, daemon=True, name="minipar-iall_reduce").start()
+
+    def submit(self, x, op, algorithm, out):
+        work = Work()
+        self.queue.put((work, (x, op, algorithm, out)))
+        return work
+
+    def _loop(self):
+        while True:
+            work, (x, op, algorithm, out) = self.queue.get()
+            try:
+                work.set(self.comm.all_reduce(x, op=op, algorithm=algorithm, out=out))
+            except BaseException as error:  # handed to the waiting caller
+                work.set(error=error)
+
+
+def iall_reduce_mpi(comm, x, op="sum", out=None):
+    """MPI_Iallreduce; the returned ``Work`` completes it (and divides for ``avg``)."""
+    pick("all_reduce", "mpi", op)
+    result = result_buffer(x, out)
+    aware = comm.is_cuda_aware()
+    if result is x:
+        send, (recv, done) = MPI.IN_PLACE, inout_buffer(result, aware)
+    else:
+        send, (recv, done) = send_buffer(x, aware), recv_buffer(result, aware, comm.rank)
+    request = comm.mpi.Iallreduce(send, recv, MPI_OP[op])
+
+    def complete():
+        request.Wait()
+        if done:
+            done()
+        return finish(result, op, comm.size)
+    return Work(complete)

@@ -1,0 +1,51 @@
+"""The parameter server as an all-reduce (Li et al. 2014): workers push, servers reduce and push
+the result back. One server's link carries 2(p-1)n bytes, the bottleneck that all-reduce removes;
+sharded over every rank it moves a ring's bytes. (Training with a parameter server, optimizer on
+the servers, is ``minipar.parallel.data.ParameterServer``.)
+
+    parameter_server    2(p-1)(alpha + n beta(n)) + (p-1) n gamma(n)     server: (p-1) n each way
+    sharded_ps          2(p-1)(alpha + n/p beta(n/p)) + (p-1) n/p gamma(n/p)    2(p-1)/p n
+"""
+from minipar.comm.buffers import bounds, reducer, wait_all
+from minipar.comm.registry import algorithm
+
+
+@algorithm("all_reduce", "parameter_server",
+           lambda p, n, a, b, g: 2 * (p - 1) * (a + n * b(n)) + (p - 1) * n * g(n))
+def _all_reduce_ps(c, x, buf, op, tag, server=0):
+    """One parameter server: workers push their vector to rank 0, which reduces and pushes
+    the result back. The server's link carries 2(p-1)n bytes: the bottleneck."""
+    if c.rank == server:
+        got = c.scratch("tmp", buf.size, buf)
+        reduce = reducer(op, buf)
+        src = x
+        for j in range(c.size):
+            if j != server:
+                reduce(src, c.recv(got, j, tag), out=buf)
+                src = buf
+        wait_all([c.isend(buf, j, tag) for j in range(c.size) if j != server])
+    else:
+        c.send(x, server, tag)
+        c.recv(buf, server, tag)
+
+
+@algorithm("all_reduce", "sharded_ps",
+           lambda p, n, a, b, g: (2 * (p - 1) * (a + n / p * b(n / p))
+                                  + (p - 1) * n / p * g(n / p)))
+def _all_reduce_sharded_ps(c, x, buf, op, tag):
+    """Sharded parameter server: rank j serves chunk j. Push chunk j to server j, each server
+    reduces its shard, then every server sends its shard to every rank."""
+    r, p = c.rank, c.size
+    chunks = bounds(buf.size, p)
+    chunk = lambda a, j: a[chunks[j]:chunks[j + 1]]  # noqa: E731
+    mine, src = chunk(buf, r), chunk(x, r)
+    sends = [c.isend(chunk(x, j), j, tag) for j in range(p) if j != r]
+    got = c.scratch("tmp", mine.size, buf)
+    reduce = reducer(op, buf)
+    for j in range(p):
+        if j != r:
+            reduce(src, c.recv(got, j, tag), out=mine)
+            src = mine
+    wait_all(sends)
+    recvs = [c.irecv(chunk(buf, j), j, tag) for j in range(p) if j != r]
+    wait_all([c.isend(mine, j, tag) for j in range(p) if j != r] + recvs)
