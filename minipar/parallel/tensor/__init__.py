@@ -30,59 +30,14 @@ With sequence parallelism, LayerNorm, dropout and the residual stream work on 1/
 sequence. Each f becomes an all-gather of T and each g a reduce-scatter of T. The bytes stay the
 same (a ring all-reduce *is* a reduce-scatter followed by an all-gather), and the activations
 outside the matmuls are stored p times smaller.
-
-Initialisation is Megatron's CPU path: every rank draws the full serial weight from the same seed
-and keeps its slice. A parallel layer therefore equals its serial twin (``nn.Linear``,
-``nn.MLP``, ...) built with the same seed. ``shard`` does the slicing. A module's ``tp_split``
-names which of its parameters are split and how; parameters it does not name are replicated.
 """
-from .. import backend, nn, ops
-from .. import functional as F
-from ..autograd import Tensor, as_tensor, make_result
-from ..nn import Module, Parameter
+from ... import backend, nn, ops
+from ... import functional as F
+from ...autograd import Tensor, as_tensor, make_result
+from ...nn import Module, Parameter
+from .shard import divide, shard, split_specs, unshard
 
 SEQ = 1  # the sequence axis of (B, T, C) activations
-
-
-# ----------------------------------------------------------------------------------------------
-# Which part of a serial weight a rank keeps
-# ----------------------------------------------------------------------------------------------
-
-def divide(n, p, what):
-    """n / p, or a ValueError that every rank raises alike (each checks the same numbers)."""
-    if n % p:
-        raise ValueError(f"{what} {n} is not divisible by the tensor-parallel size {p}: every "
-                         f"rank must hold an equal share (choose tp among the divisors of {n})")
-    return n // p
-
-
-def shard(full, axis, rank, size, stride=1):
-    """Rank's part of ``full`` along ``axis``. The axis is cut into ``stride`` blocks (q, k and v
-    of a fused QKV weight) and each block into ``size`` pieces; the rank keeps its piece of each."""
-    xp = backend.get_array_module(full)
-    a = xp.moveaxis(full, axis, 0)
-    n = divide(a.shape[0] // stride, size, "split dimension")
-    part = a.reshape(stride, size, n, *a.shape[1:])[:, rank].reshape(stride * n, *a.shape[1:])
-    return xp.ascontiguousarray(xp.moveaxis(part, 0, axis))
-
-
-def unshard(parts, axis, stride=1):
-    """The inverse of ``shard``: ``parts`` (size, *local shape) stacked over ranks -> full."""
-    xp = backend.get_array_module(parts)
-    a = xp.moveaxis(parts, axis + 1, 1)  # (size, local n, ...)
-    size, n, rest = a.shape[0], a.shape[1] // stride, a.shape[2:]
-    a = a.reshape(size, stride, n, *rest).swapaxes(0, 1).reshape(stride * size * n, *rest)
-    return xp.moveaxis(a, 0, axis)
-
-
-def split_specs(module):
-    """{parameter name: (axis, stride)} for the split parameters of ``module``'s tree."""
-    specs = {}
-    for prefix, m in module.named_modules():
-        for attr, spec in getattr(m, "tp_split", {}).items():
-            if getattr(m, attr) is not None:
-                specs[f"{prefix}.{attr}" if prefix else attr] = spec
-    return specs
 
 
 def allreduce_replicated_grads(module, group):
