@@ -1,0 +1,159 @@
+"""Megatron's conjugate operators: how tensors enter and leave the tensor-parallel region.
+
+The names are those of Megatron's ``tensor_parallel/mappings.py``. Each operator's backward is
+its conjugate's forward:
+
+    operator                              forward              backward
+    copy_to_tensor_region (f)             identity             all-reduce
+    reduce_from_tensor_region (g)         all-reduce           identity
+    scatter_to_tensor_region              keep my features     all-gather features
+    gather_from_tensor_region             all-gather features  keep my features
+  sequence parallelism (Korthikanti et al. 2022), along T of (B, T, C):
+    scatter_to_sequence_region            keep my T slice      all-gather T
+    gather_from_sequence_region           all-gather T         reduce-scatter T
+    reduce_scatter_to_sequence_region     reduce-scatter T     all-gather T
+
+With sequence parallelism, LayerNorm, dropout and the residual stream work on 1/p of the
+sequence. Each f becomes an all-gather of T and each g a reduce-scatter of T. The bytes stay the
+same (a ring all-reduce *is* a reduce-scatter followed by an all-gather), and the activations
+outside the matmuls are stored p times smaller. The replicated parameters (LayerNorms, biases,
+the position table) then see only their rank's tokens: ``allreduce_replicated_grads`` sums their
+gradients over the group after backward.
+
+Each operator is differentiable and runs its collective on the group it is given. Every
+collective is also written to the active ``CollectiveLog``s, so a lesson or a test can count
+what a layer moved (report.py tabulates it).
+"""
+from ... import backend
+from ...autograd import as_tensor, make_result
+from .shard import divide, split_specs
+
+SEQ = 1  # the sequence axis of (B, T, C) activations
+
+
+# ----------------------------------------------------------------------------------------------
+# The collectives, logged for accounting
+# ----------------------------------------------------------------------------------------------
+
+_logs = []  # the active CollectiveLogs
+
+
+class CollectiveLog:
+    """Context: records every collective the operators below run, as dicts with ``op``,
+    ``where`` (the module's name), ``direction`` (forward/backward), ``bytes`` (the whole tensor:
+    an all-reduce's input, an all-gather's output, a reduce-scatter's input) and ``sent`` (this
+    rank's bytes on the wire, from the group's counters)."""
+
+    def __init__(self):
+        self.events = []
+
+    def __enter__(self):
+        _logs.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _logs.remove(self)
+
+
+def _logged(op, group, note, nbytes, run):
+    before = group.counters.bytes_sent
+    out = run()
+    for log in _logs:
+        log.events.append({"op": op, "where": note[0], "direction": note[1], "bytes": int(nbytes),
+                           "sent": group.counters.bytes_sent - before})
+    return out
+
+
+def _contiguous(a):
+    return backend.get_array_module(a).ascontiguousarray(a)
+
+
+def _identity(a, group, axis, note):
+    return a
+
+
+def _all_reduce(a, group, axis, note, op="sum"):
+    return _logged("all_reduce", group, note, a.nbytes, lambda: group.all_reduce(a, op=op))
+
+
+def _keep_mine(a, group, axis, note):
+    n = divide(a.shape[axis], group.size, "sequence length" if axis == SEQ else "feature size")
+    index = [slice(None)] * a.ndim
+    index[axis] = slice(group.rank * n, (group.rank + 1) * n)
+    return _contiguous(a[tuple(index)])
+
+
+def _all_gather(a, group, axis, note):
+    xp = backend.get_array_module(a)
+    parts = _logged("all_gather", group, note, a.nbytes * group.size,
+                    lambda: group.all_gather(_contiguous(a)))
+    return xp.concatenate(list(parts), axis=axis)
+
+
+def _reduce_scatter(a, group, axis, note):
+    xp = backend.get_array_module(a)
+    n = divide(a.shape[axis], group.size, "sequence length")
+    front = _contiguous(xp.moveaxis(a, axis, 0))
+    mine = _logged("reduce_scatter", group, note, a.nbytes, lambda: group.reduce_scatter(front))
+    return _contiguous(xp.moveaxis(mine.reshape(n, *front.shape[1:]), 0, axis))
+
+
+def _mapping(op, x, group, where, forward, backward, axis):
+    x = as_tensor(x)
+    out = forward(x.data, group, axis, (where, "forward"))
+    return make_result(out, (x,), lambda g: (backward(g, group, axis, (where, "backward")),), op)
+
+
+# ----------------------------------------------------------------------------------------------
+# The conjugate operators (Megatron's names)
+# ----------------------------------------------------------------------------------------------
+
+def copy_to_tensor_region(x, group, where="f"):
+    """f: identity forward, all-reduce backward (conjugate: g). Before a column-parallel linear:
+    every rank's slice of the layer contributes to dX."""
+    return _mapping("f", x, group, where, _identity, _all_reduce, -1)
+
+
+def reduce_from_tensor_region(x, group, where="g"):
+    """g: all-reduce forward, identity backward (conjugate: f). After a row-parallel linear."""
+    return _mapping("g", x, group, where, _all_reduce, _identity, -1)
+
+
+def scatter_to_tensor_region(x, group, where="scatter"):
+    """Keep this rank's slice of the last axis; backward all-gathers it (conjugate: gather)."""
+    return _mapping("scatter", x, group, where, _keep_mine, _all_gather, -1)
+
+
+def gather_from_tensor_region(x, group, where="gather"):
+    """All-gather the last axis; backward keeps this rank's slice (conjugate: scatter)."""
+    return _mapping("gather", x, group, where, _all_gather, _keep_mine, -1)
+
+
+def scatter_to_sequence_region(x, group, where="scatter_seq"):
+    """Keep this rank's slice of T; backward all-gathers T (conjugate: gather_from_sequence)."""
+    return _mapping("scatter_seq", x, group, where, _keep_mine, _all_gather, SEQ)
+
+
+def gather_from_sequence_region(x, group, where="gather_seq"):
+    """All-gather T, backward reduce-scatter T (conjugate: reduce_scatter_to_sequence). Takes the
+    place of f before a column-parallel linear under sequence parallelism."""
+    return _mapping("gather_seq", x, group, where, _all_gather, _reduce_scatter, SEQ)
+
+
+def reduce_scatter_to_sequence_region(x, group, where="reduce_scatter_seq"):
+    """Reduce-scatter T, backward all-gather T (conjugate: gather_from_sequence). Takes the place
+    of g after a row-parallel linear under sequence parallelism."""
+    return _mapping("reduce_scatter_seq", x, group, where, _reduce_scatter, _all_gather, SEQ)
+
+
+# ----------------------------------------------------------------------------------------------
+# Sequence parallelism's other sum: the replicated parameters' gradients
+# ----------------------------------------------------------------------------------------------
+
+def allreduce_replicated_grads(module, group):
+    """Sum the gradients of the replicated parameters over ``group``. Under sequence parallelism
+    each rank's LayerNorms, biases and position table saw only its own tokens."""
+    split = split_specs(module)
+    for name, p in module.named_parameters():
+        if name not in split and p.grad is not None:
+            p.grad = _all_reduce(p.grad, group, -1, ("grads", "backward"))
