@@ -1,137 +1,20 @@
 """Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): each layer's matrices split over ranks.
 
-A linear layer Y = X Aᵀ (A of shape (out, in), as in ``nn.Linear``) splits over the p ranks of a
-tensor group in two ways:
-
-    column parallel   A's output rows split: rank i holds A_i, computes Y_i = X A_iᵀ, a slice
-                      of Y's features. X must be whole on every rank.
-    row parallel      A's input columns split: rank i holds A_i and the matching slice X_i of
-                      the input; Y = Σ_i X_i A_iᵀ, one all-reduce.
-
-The MLP GeLU(X A₁ᵀ) A₂ᵀ takes A₁ column-parallel and A₂ row-parallel. GeLU acts elementwise, so
-it commutes with slicing features: each rank applies it to its own slice, and the only sum comes
-at the end. Splitting A₁ by rows would leave partial sums, and GeLU(a + b) ≠ GeLU(a) + GeLU(b),
-so an all-reduce would be needed before the GeLU. Attention splits the same way, by heads.
+    shard.py       which slice of a serial weight a rank keeps; the whole array back
+    mappings.py    f and g: identity one way, a collective the other (Megatron's names)
+    layers.py      column- and row-parallel linear layers, the MLP and attention built from them
 """
 from ... import backend, nn, ops
-from ... import functional as F
 from ...autograd import Tensor, as_tensor, make_result
 from ...nn import Module, Parameter
+from .layers import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention,
+                     RowParallelLinear)
 from .mappings import (SEQ, CollectiveLog, _all_reduce, allreduce_replicated_grads,
                        copy_to_tensor_region, gather_from_sequence_region,
                        gather_from_tensor_region, reduce_from_tensor_region,
                        reduce_scatter_to_sequence_region, scatter_to_sequence_region,
                        scatter_to_tensor_region)
 from .shard import divide, shard, split_specs, unshard
-
-
-# ----------------------------------------------------------------------------------------------
-# Layers
-# ----------------------------------------------------------------------------------------------
-
-class ColumnParallelLinear(Module):
-    """Y_i = X A_iᵀ + b_i. Rank i holds out/p of the weight's rows (and of the bias). The input
-    enters through f, or through an all-gather of T under sequence parallelism. The output stays
-    split unless ``gather_output``. ``stride`` (Megatron's name) splits each of that many row
-    blocks separately: 3 for a fused QKV weight, so a rank keeps q, k and v of the same heads."""
-
-    def __init__(self, in_features, out_features, group, bias=True, gather_output=False,
-                 stride=1, sequence_parallel=False, dtype="float32"):
-        super().__init__()
-        divide(out_features // stride, group.size, "output size")
-        self.group, self.gather_output, self.sequence_parallel = group, gather_output, \
-            sequence_parallel
-        self.where = "column"
-        full = nn.Linear(in_features, out_features, bias, dtype)  # drawn whole on every rank
-        self.weight = Parameter(shard(full.weight.data, 0, group.rank, group.size, stride))
-        self.bias = Parameter(shard(full.bias.data, 0, group.rank, group.size, stride)) \
-            if bias else None
-        self.tp_split = {"weight": (0, stride), "bias": (0, stride)}
-
-    def forward(self, x):
-        enter = gather_from_sequence_region if self.sequence_parallel else copy_to_tensor_region
-        y = F.linear(enter(x, self.group, self.where), self.weight, self.bias)
-        return gather_from_tensor_region(y, self.group, self.where) if self.gather_output else y
-
-
-class RowParallelLinear(Module):
-    """Y = Σ_i X_i A_iᵀ + b. Rank i holds in/p of the weight's columns and the input slice X_i
-    (scattered first unless ``input_is_parallel``). The partial products are summed by g, or by a
-    reduce-scatter of T under sequence parallelism. The bias is replicated and added once, after
-    the sum."""
-
-    def __init__(self, in_features, out_features, group, bias=True, input_is_parallel=True,
-                 sequence_parallel=False, dtype="float32"):
-        super().__init__()
-        divide(in_features, group.size, "input size")
-        self.group, self.input_is_parallel, self.sequence_parallel = group, input_is_parallel, \
-            sequence_parallel
-        self.where = "row"
-        full = nn.Linear(in_features, out_features, bias, dtype)
-        self.weight = Parameter(shard(full.weight.data, 1, group.rank, group.size))
-        self.bias = Parameter(full.bias.data) if bias else None
-        self.tp_split = {"weight": (1, 1)}
-
-    def forward(self, x):
-        if not self.input_is_parallel:
-            x = scatter_to_tensor_region(x, self.group, self.where)
-        leave = reduce_scatter_to_sequence_region if self.sequence_parallel \
-            else reduce_from_tensor_region
-        y = leave(F.linear(x, self.weight), self.group, self.where)
-        return y if self.bias is None else y + self.bias
-
-
-class ParallelMLP(Module):
-    """nn.MLP split: c_fc column-parallel -> GeLU on each rank's slice -> c_proj row-parallel.
-    One all-reduce forward (g) and one backward (f). The GeLU is what decides the split: see the
-    module docstring."""
-
-    def __init__(self, n_embd, group, dropout=0.0, hidden=None, sequence_parallel=False,
-                 dtype="float32"):
-        super().__init__()
-        hidden = hidden or 4 * n_embd
-        divide(hidden, group.size, "MLP hidden size")
-        self.c_fc = ColumnParallelLinear(n_embd, hidden, group, sequence_parallel=sequence_parallel,
-                                         dtype=dtype)
-        self.gelu = nn.GELU()
-        self.c_proj = RowParallelLinear(hidden, n_embd, group, sequence_parallel=sequence_parallel,
-                                        dtype=dtype)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x):
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
-
-
-class ParallelSelfAttention(Module):
-    """nn.CausalSelfAttention split by heads. Rank i owns H/p whole heads: its rows of q, k and v
-    (c_attn column-parallel with stride 3) and the matching input columns of c_proj (row-parallel).
-    Heads attend independently, so the only sum is c_proj's.
-
-    Attention dropout draws this rank's mask for its own heads. That is correct training, but it
-    is not the serial model's mask sliced, so equivalence with the serial model needs
-    dropout = 0. Megatron keeps a separate random stream per tensor rank for this."""
-
-    def __init__(self, n_embd, n_head, group, dropout=0.0, sequence_parallel=False,
-                 dtype="float32"):
-        super().__init__()
-        if n_embd % n_head:
-            raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}")
-        self.n_head, self.head_dim, self.p = n_head, n_embd // n_head, dropout
-        self.local_heads = divide(n_head, group.size, "number of attention heads")
-        self.c_attn = ColumnParallelLinear(n_embd, 3 * n_embd, group, stride=3,
-                                           sequence_parallel=sequence_parallel, dtype=dtype)
-        self.c_proj = RowParallelLinear(n_embd, n_embd, group, sequence_parallel=sequence_parallel,
-                                        dtype=dtype)
-        self.resid_dropout = nn.Dropout(dropout)
-
-    def forward(self, x):
-        qkv = self.c_attn(x)  # (B, T, 3·H/p·d): [q, k, v] of this rank's heads
-        B, T, _ = qkv.shape
-        H, d = self.local_heads, self.head_dim
-        qkv = qkv.reshape(B, T, 3, H, d).permute(2, 0, 3, 1, 4)  # (3, B, H/p, T, d)
-        y = F.causal_self_attention(qkv[0], qkv[1], qkv[2], dropout_p=self.p,
-                                    training=self.training)
-        return self.resid_dropout(self.c_proj(y.permute(0, 2, 1, 3).reshape(B, T, H * d)))
 
 
 class VocabParallelEmbedding(Module):
