@@ -3,85 +3,14 @@
     shard.py       which slice of a serial weight a rank keeps; the whole array back
     mappings.py    f and g: identity one way, a collective the other (Megatron's names)
     layers.py      column- and row-parallel linear layers, the MLP and attention built from them
+    embedding.py   the vocabulary split: token table and cross-entropy, logits never gathered
 """
-from ... import backend, nn, ops
-from ...autograd import Tensor, as_tensor, make_result
-from ...nn import Module, Parameter
+from .embedding import VocabParallelEmbedding, vocab_parallel_cross_entropy
 from .layers import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention,
                      RowParallelLinear)
-from .mappings import (SEQ, CollectiveLog, _all_reduce, allreduce_replicated_grads,
+from .mappings import (SEQ, CollectiveLog, allreduce_replicated_grads,
                        copy_to_tensor_region, gather_from_sequence_region,
                        gather_from_tensor_region, reduce_from_tensor_region,
                        reduce_scatter_to_sequence_region, scatter_to_sequence_region,
                        scatter_to_tensor_region)
 from .shard import divide, shard, split_specs, unshard
-
-
-class VocabParallelEmbedding(Module):
-    """nn.Embedding split by vocabulary. Rank i holds rows [i·V/p, (i+1)·V/p). A token outside
-    that range gets a zero vector, so g's sum (or a reduce-scatter of T under sequence
-    parallelism) gives every token its one owner's row."""
-
-    def __init__(self, num_embeddings, embedding_dim, group, sequence_parallel=False,
-                 dtype="float32"):
-        super().__init__()
-        self.num_embeddings = num_embeddings
-        self.per_rank = divide(num_embeddings, group.size, "vocabulary size")
-        self.vocab_start = group.rank * self.per_rank
-        self.group, self.sequence_parallel, self.where = group, sequence_parallel, "embedding"
-        full = nn.Embedding(num_embeddings, embedding_dim, dtype)
-        self.weight = Parameter(shard(full.weight.data, 0, group.rank, group.size))
-        self.tp_split = {"weight": (0, 1)}
-
-    def forward(self, ids):
-        ids = ids.data if isinstance(ids, Tensor) else backend.asarray(ids)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.num_embeddings):
-            raise IndexError(f"embedding: ids must lie in [0, {self.num_embeddings}), got "
-                             f"[{int(ids.min())}, {int(ids.max())}]")
-        xp = backend.get_array_module(ids)
-        local = ids - self.vocab_start
-        mine = (local >= 0) & (local < self.per_rank)
-        rows = ops.embedding(self.weight, xp.where(mine, local, 0))
-        rows = rows * mine[..., None].astype(rows.dtype)
-        leave = reduce_scatter_to_sequence_region if self.sequence_parallel \
-            else reduce_from_tensor_region
-        return leave(rows, self.group, self.where)
-
-
-def vocab_parallel_cross_entropy(local_logits, targets, group, where="loss"):
-    """Mean cross-entropy from each rank's vocabulary slice of the logits, none gathered.
-
-    With z the logits of one token and M = max_v z_v:
-        loss = log Σ_v exp(z_v − M) − (z_target − M)
-    Three all-reduces of one number per token give it: the max (op max), the sum of exponentials,
-    and the target's shifted logit (only its owner contributes a non-zero). The backward pass
-    needs no communication: d loss/d z_v = (softmax(z)_v − [v = target]) / n on each local slice.
-    """
-    logits = as_tensor(local_logits)
-    t = targets.data if isinstance(targets, Tensor) else backend.asarray(targets)
-    if logits.shape[:-1] != t.shape:
-        raise ValueError(f"vocab_parallel_cross_entropy: logits of shape {logits.shape} need "
-                         f"targets of shape {logits.shape[:-1]}, got {t.shape}")
-    xp = backend.get_array_module(logits.data)
-    v_local = logits.shape[-1]
-    z = logits.data.reshape(-1, v_local)
-    local_t = t.reshape(-1) - group.rank * v_local
-    mine = (local_t >= 0) & (local_t < v_local)
-    local_t = xp.where(mine, local_t, 0)
-    rows = xp.arange(z.shape[0])
-    note = (where, "forward")
-    z = z - _all_reduce(z.max(axis=-1), group, -1, note, op="max")[:, None]
-    e = xp.exp(z)
-    total = _all_reduce(e.sum(axis=-1), group, -1, note)
-    z_target = _all_reduce(z[rows, local_t] * mine, group, -1, note)
-    n = z.shape[0]
-    loss = (xp.log(total) - z_target).sum() / n
-
-    def backward(g):
-        grad = e / total[:, None]
-        grad[rows, local_t] -= mine
-        grad *= g / n
-        return (grad.reshape(logits.shape),)
-
-    return make_result(xp.asarray(loss, dtype=logits.dtype), (logits,), backward,
-                       "vocab_parallel_cross_entropy")
