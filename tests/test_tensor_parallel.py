@@ -32,8 +32,7 @@ def _err(a, b):
 def _compare_layer(name, serial, parallel, group, x, seq=False, loss_weight=None):
     """Forward and backward both; returns [(what, max error)] for output, dx and every slice."""
     from minipar import Tensor
-    from minipar.parallel.tensor import allreduce_replicated_grads, shard
-    from minipar.parallel.tensor_gpt import local_slices
+    from minipar.parallel.tensor import allreduce_replicated_grads, local_slices, shard
 
     r, p = group.rank, group.size
     cut = (lambda a: shard(a, 1, r, p)) if seq else (lambda a: a)
@@ -140,8 +139,8 @@ def _gpt(group, seq):
     import minipar
     from minipar import nn, optim
     from minipar.parallel import tensor as tp
-    from minipar.parallel.tensor_gpt import (TensorParallelGPT, copy_serial_slices,
-                                             gather_to_serial, local_slices, shard_from_serial)
+    from minipar.parallel.tensor import (TensorParallelGPT, copy_serial_slices, gather_to_serial,
+                                         local_slices, shard_from_serial)
 
     config = nn.GPTConfig(vocab_size=V, block_size=T, n_layer=2, n_head=H, n_embd=C)
     rng = np.random.default_rng(1)
@@ -190,8 +189,7 @@ def _accounting(group, seq):
     """Counts and sizes of the tensor-group collectives of one step of a 2-layer model."""
     import minipar
     from minipar import nn
-    from minipar.parallel.tensor import CollectiveLog
-    from minipar.parallel.tensor_gpt import TensorParallelGPT, tally
+    from minipar.parallel.tensor import CollectiveLog, TensorParallelGPT, tally
 
     config = nn.GPTConfig(vocab_size=V, block_size=T, n_layer=2, n_head=H, n_embd=C)
     minipar.manual_seed(0)
@@ -272,7 +270,7 @@ def test_accounting_sequence_parallel(equivalence, tp):
 def bad_input_body():
     from minipar import comm, nn
     from minipar.parallel import tensor as tp
-    from minipar.parallel.tensor_gpt import TensorParallelGPT
+    from minipar.parallel.tensor import TensorParallelGPT
 
     g = comm.world()
     cases = {
