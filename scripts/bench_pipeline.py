@@ -51,9 +51,8 @@ def measure_bubbles(unit, p, m, repeats, schedules=BUBBLE_SCHEDULES):
 def measure_throughput(model_cost, k, ms, repeats):
     """On k ranks: [(M, measured speed-up over one device)] on rank 0, GPipe schedule."""
     from minipar import comm
-    from minipar.parallel.pipeline import build
+    from minipar.parallel.pipeline import build, makespan
     from minipar.parallel.pipeline.measure import timed_steps
-    from minipar.trace import makespan
 
     world = comm.world()
     rows = []

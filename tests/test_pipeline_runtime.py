@@ -130,7 +130,7 @@ def peak_counters(comm, p):
     re-materialisation one; the trace of the same step counts the same."""
     from minipar.parallel.pipeline import build
     from minipar.parallel.pipeline.runtime import Pipeline
-    from minipar.trace import peak_inflight
+    from minipar.parallel.pipeline import peak_inflight
 
     m, r = 2 * p + 1, comm.rank
     x, y = data()

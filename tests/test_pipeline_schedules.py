@@ -4,10 +4,10 @@ from fractions import Fraction
 
 import pytest
 
-from minipar.parallel.pipeline import BUILDERS, build, bubble_theory, simulate, validate
+from minipar.parallel.pipeline import (BUILDERS, bubble_fraction, bubble_theory, build, peak_inflight,
+                                       simulate, validate)
 from minipar.parallel.pipeline.schedules import (B, F, OPT_STEP, RECVS, SENDS, W, message_key,
                                                  message_tag, weight_versions)
-from minipar.trace import bubble_fraction, peak_inflight
 
 def grid():
     for p in (1, 2, 3, 4):

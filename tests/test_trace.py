@@ -6,8 +6,9 @@ import zlib
 import pytest
 
 from minipar.parallel.pipeline import build, simulate
-from minipar.trace import (Event, Tracer, bubble_fraction, bubble_per_rank, chrome_trace, peak_inflight,
-                           png_bytes, render_pixels, text_gantt, write_chrome_trace, write_png)
+from minipar.parallel.pipeline.timeline import (Event, Tracer, bubble_fraction, bubble_per_rank, chrome_trace,
+                                                peak_inflight, text_gantt, write_chrome_trace)
+from minipar.trace import png_bytes, render_pixels, write_png
 
 
 def test_text_gantt_snapshot():

@@ -2,10 +2,12 @@
 
     schedules.py   per-rank action lists for naive, GPipe, 1F1B, interleaved 1F1B, ZB-H1, PipeDream
     validate.py    every send has its receive, inputs come first, nothing waits forever
-    simulate.py    a schedule and per-action costs -> the timeline (minipar.trace Events)
+    simulate.py    a schedule and per-action costs -> the timeline (Events)
     partition.py   split a sequential model into stages: by layer names or balanced by cost
     runtime.py     ``Pipeline`` runs the lists for real: the engine computes, send/recv carry
     measure.py     a schedule run at a chosen cost per action (the waiting kernel), its bubble
+    timeline.py    Event, Tracer, gather_events; makespan, bubble_fraction, peak_inflight;
+                   text_gantt and chrome_trace: one timeline, simulated or measured
 
 The runtime executes the same lists and records the same events; in outline (schedules.py has
 the contract):
@@ -18,14 +20,17 @@ the contract):
             elif a.kind == "F":    y[a.stage, a.mb] = stage_fn[a.chunk](x[a.stage, a.mb])
             elif a.kind == "SEND_F": pending.append(comm.isend(y[a.stage, a.mb], a.peer, message_tag(a, S)))
             ...                    # B, W, R, RECV_B, SEND_B likewise; OPT_STEP: wait(pending), step
-    events = gather(tracer.events)  ->  bubble_fraction(events), peak_inflight(events), text_gantt(events)
+    events = gather_events(comm, tracer.events)  ->  bubble_fraction(events), text_gantt(events)
 """
 from .partition import balanced_split, split_after, stage_costs
 from .runtime import Pipeline
 from .schedules import BUILDERS, Action, Schedule, ScheduleError, bubble_theory, build, message_tag
 from .simulate import simulate, unit_cost
+from .timeline import (Event, Tracer, bubble_fraction, bubble_per_rank, chrome_trace, gather_events,
+                       makespan, peak_inflight, text_gantt, write_chrome_trace)
 from .validate import validate
 
 __all__ = ["Action", "Schedule", "ScheduleError", "BUILDERS", "build", "bubble_theory", "message_tag",
            "validate", "simulate", "unit_cost", "balanced_split", "split_after", "stage_costs",
-           "Pipeline"]
+           "Pipeline", "Event", "Tracer", "gather_events", "makespan", "bubble_fraction",
+           "bubble_per_rank", "peak_inflight", "text_gantt", "chrome_trace", "write_chrome_trace"]

@@ -15,10 +15,9 @@ as ``timeit`` and ``partition.measure_costs`` keep the fastest run.
 """
 from minipar import backend, manual_seed, nn
 
-from minipar.trace import bubble_fraction
-
-from .runtime import Pipeline, gather_events
+from .runtime import Pipeline
 from .simulate import unit_cost
+from .timeline import bubble_fraction, gather_events
 
 
 def timed_steps(comm, schedule, unit, repeats=1):

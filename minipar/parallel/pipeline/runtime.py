@@ -46,7 +46,7 @@ records, per (stage, mb), the version F found live and the one B swapped in.
 Counters, per step in ``stats``: ``peak_live`` (most micro-batches whose activations this rank
 holds: from the start of F to the end of B, or during F and from R to B with
 re-materialisation), ``peak_bytes`` (``ActivationMemory``, when ``memory=True``). With
-``trace=True`` every action is recorded as a ``minipar.trace`` Event (``events``), after a
+``trace=True`` every action is recorded as a timeline Event (``events``), after a
 barrier; ``delay(action)`` seconds, if given, is the least time an action takes: a waiting
 kernel that sleeps the rest, so p ranks can run side by side on fewer cores.
 """
@@ -58,10 +58,10 @@ from minipar.autograd import Tensor, set_grad_enabled, run_backward
 from minipar.checkpoint import recomputing
 from minipar.memory import ActivationMemory
 from minipar.nn import Sequential
-from minipar.trace import Tracer
 
 from .partition import balanced_split, split_layers
 from .schedules import B, COMPUTE, F, OPT_STEP, RECVS, SENDS, message_tag
+from .timeline import Tracer, gather_events  # noqa: F401 (gather_events was defined here)
 from .validate import validate
 
 HEADER = 8  # int64 words before an activation: dtype character, ndim, up to 6 dimensions
@@ -295,8 +295,3 @@ def _split(batch, m, what):
         raise ValueError(f"cannot cut a batch of {len(batch)} {what} into {m} micro-batches")
     return backend.get_array_module(batch).array_split(batch, m)
 
-
-def gather_events(comm, events, root=0):
-    """Every rank's trace events on ``root`` (one list, pickled by mpi4py), None elsewhere."""
-    parts = comm.gather_object(events, root=root)
-    return [e for part in parts for e in part] if parts is not None else None

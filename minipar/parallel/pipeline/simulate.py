@@ -4,14 +4,13 @@ Each rank walks its list in order with its own clock. A computation or a send ta
 and starts when the previous action ended; a send's data arrives ``latency(a)`` after it ends; a
 receive ends when its data has arrived (the wait is idle time). That is exactly the runtime's
 contract (sends posted without waiting, receives block), so the events it returns have the shape
-a runtime's ``Tracer`` records, and ``minipar.trace`` measures both the same way.
+a runtime's ``Tracer`` records, and timeline.py measures both the same way.
 
 If every unfinished rank is stuck at a receive whose send has not happened, the schedule would
 hang: ``simulate`` raises ``ScheduleError`` naming the ranks and the actions waiting on each other.
 """
-from minipar.trace import Event
-
 from .schedules import B, F, R, RECVS, SENDS, W, ScheduleError, message_key
+from .timeline import Event
 
 
 def unit_cost(schedule, f=1.0, b=1.0, w=1.0):
