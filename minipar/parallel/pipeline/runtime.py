@@ -5,7 +5,8 @@
 
 Stages. ``model`` is a ``Sequential`` built the same way on every rank (same seed); it is cut into
 S = p*v contiguous stages (``bounds``, default equal layer counts, see partition.py) and rank r
-keeps stages r, r+p, ... as its chunks 0, 1, ... (schedules.py). What each action does:
+keeps stages r, r+p, ... as its chunks 0, 1, ... (schedules.py). ``Pipeline.action_table`` gives
+each kind of action the method that runs it:
 
     RECV_F  receive a header (dtype, shape) and then the activation of (stage, mb)
     F       y = stage(x) on a fresh leaf x; at the last stage y is the micro-batch's loss
@@ -60,7 +61,7 @@ from minipar.memory import ActivationMemory
 from minipar.nn import Sequential
 
 from .partition import balanced_split, split_layers
-from .schedules import B, COMPUTE, F, OPT_STEP, RECVS, SENDS, message_tag
+from .schedules import B, F, OPT_STEP, R, RECV_B, RECV_F, SEND_B, SEND_F, W, message_tag
 from .timeline import Tracer, gather_events  # noqa: F401 (gather_events was defined here)
 from .validate import validate
 
@@ -88,8 +89,10 @@ class Pipeline:
         self.optimizer = optimizer(self.params) if optimizer and self.params else None
         self.delay, self.trace, self.memory = delay, trace, memory
         self.events, self.stats = [], {}
-        self._run = {kind: getattr(self, "_" + kind.lower())
-                     for kind in COMPUTE + SENDS + RECVS + (OPT_STEP,)}
+        # The action table: each kind of action and the method that runs it (module docstring).
+        self.action_table = {RECV_F: self._recv_f, F: self._forward, R: self._recompute,
+                             SEND_F: self._send_f, RECV_B: self._recv_b, B: self._backward,
+                             W: self._weight_grad, SEND_B: self._send_b, OPT_STEP: self._opt_step}
 
     def parameters(self):
         return list(self.params)
@@ -116,7 +119,7 @@ class Pipeline:
             for a in self.schedule.actions[self.rank]:
                 with tracer.record(a.kind, a.mb, a.chunk) if tracer else contextlib.nullcontext():
                     start = time.perf_counter()
-                    self._run[a.kind](a)
+                    self.action_table[a.kind](a)
                     rest = self.delay(a) - (time.perf_counter() - start) if self.delay else 0
                     if rest > 0:  # the waiting kernel: sleep out the rest of the action's cost
                         time.sleep(rest)
@@ -128,14 +131,14 @@ class Pipeline:
         return sum(self.losses) / (m if self.schedule.asynchronous else 1)
 
     # --- compute --------------------------------------------------------------------------------
-    def _forward(self, a, x):
+    def _run_stage(self, a, x):
         y = self.stages[a.stage](x)
         if a.stage == self.n_stages - 1:
             target = self._y[a.mb]
             y = self.loss_fn(y, Tensor(target)) * self._scale[a.mb]
         return y
 
-    def _f(self, a):
+    def _forward(self, a):
         key = (a.stage, a.mb)
         x = Tensor(self._x[a.mb] if a.stage == 0 else self.arrived.pop((F,) + key))
         if a.stage > 0:
@@ -144,7 +147,7 @@ class Pipeline:
         self._stash(a)
         self._count(+1)
         with set_grad_enabled(not self.schedule.remat):
-            y = self.outputs[key] = self._forward(a, x)
+            y = self.outputs[key] = self._run_stage(a, x)
         if self.schedule.remat:
             self._count(-1)
         if a.stage == self.n_stages - 1:
@@ -152,14 +155,14 @@ class Pipeline:
         elif self.schedule.rank_of(a.stage + 1) == self.rank:  # the next stage is here (p = 1)
             self.arrived[(F, a.stage + 1, a.mb)] = y.data
 
-    def _r(self, a):
+    def _recompute(self, a):
         """Re-materialise: the forward again, with its graph, from the kept input."""
         key = (a.stage, a.mb)
         with recomputing(self.rng[key]):  # dropout's masks again; BatchNorm's statistics once
             self._count(+1)
-            self.outputs[key] = self._forward(a, self.inputs[key])
+            self.outputs[key] = self._run_stage(a, self.inputs[key])
 
-    def _b(self, a):
+    def _backward(self, a):
         key = (a.stage, a.mb)
         y, x = self.outputs[key], self.inputs[key]
         last = a.stage == self.n_stages - 1
@@ -182,7 +185,7 @@ class Pipeline:
             else:
                 self.arrived[("dx",) + key] = x.grad
 
-    def _w(self, a):
+    def _weight_grad(self, a):
         key = (a.stage, a.mb)
         y, x = self.outputs.pop(key), self.inputs.pop(key)
         with _switched_off([x]):
