@@ -41,7 +41,7 @@ gradient at the cost of the weight half only.
 PipeDream (asynchronous). Each micro-batch is its own SGD step (loss unscaled) and OPT_STEP
 follows every B. Weight stashing: an update writes into a fresh copy of the weights, so the
 arrays a micro-batch's forward used stay alive, and its B runs with them swapped back in
-(``Action.version``); a version is dropped once its last backward is done. ``versions_used``
+(``Action.version``, weight_stash.py); a version is dropped after its last backward. ``versions_used``
 records, per (stage, mb), the version F found live and the one B swapped in.
 
 Counters, per step in ``stats``: ``peak_live`` (most micro-batches whose activations this rank
@@ -64,6 +64,7 @@ from .partition import balanced_split, split_layers
 from .schedules import B, F, OPT_STEP, R, RECV_B, RECV_F, SEND_B, SEND_F, W, message_tag
 from .timeline import Tracer, gather_events  # noqa: F401 (gather_events was defined here)
 from .validate import validate
+from .weight_stash import WeightStash
 
 HEADER = 8  # int64 words before an activation: dtype character, ndim, up to 6 dimensions
 
@@ -88,7 +89,7 @@ class Pipeline:
         self.params = [q for stage in self.stages.values() for q in stage.parameters()]
         self.optimizer = optimizer(self.params) if optimizer and self.params else None
         self.delay, self.trace, self.memory = delay, trace, memory
-        self.events, self.stats = [], {}
+        self.events, self.stats, self.weights = [], {}, WeightStash()
         # The action table: each kind of action and the method that runs it (module docstring).
         self.action_table = {RECV_F: self._recv_f, F: self._forward, R: self._recompute,
                              SEND_F: self._send_f, RECV_B: self._recv_b, B: self._backward,
@@ -96,6 +97,16 @@ class Pipeline:
 
     def parameters(self):
         return list(self.params)
+
+    @property
+    def versions_used(self):
+        """PipeDream, last step: (stage, mb) -> (the version F found live, the one B swapped in)."""
+        return self.weights.versions_used
+
+    @property
+    def stash(self):
+        """PipeDream, last step: weight versions still stashed (none once every B has run)."""
+        return self.weights.kept
 
     # --- one step -------------------------------------------------------------------------------
     def step(self, x=None, y=None):
@@ -108,7 +119,7 @@ class Pipeline:
             [len(t) / len(y) for t in self._y]
         self.inputs, self.outputs, self.arrived, self.rng = {}, {}, {}, {}
         self.sends, self.losses, self.live, self.peak_live = [], [], 0, 0
-        self.version, self.stash, self.uses, self.versions_used = 0, {}, {}, {}
+        self.weights = WeightStash(self.params, self.rank)  # PipeDream's weight versions
         for q in self.params:
             q.grad = None
         tracer = None
@@ -144,7 +155,7 @@ class Pipeline:
         if a.stage > 0:
             x.requires_grad_(True)
         self.inputs[key], self.rng[key] = x, random.get_rng_state()
-        self._stash(a)
+        self.weights.note(a)
         self._count(+1)
         with set_grad_enabled(not self.schedule.remat):
             y = self.outputs[key] = self._run_stage(a, x)
@@ -168,7 +179,7 @@ class Pipeline:
         last = a.stage == self.n_stages - 1
         g = backend.xp().ones_like(y.data) if last else self.arrived.pop((B,) + key)
         split = self.schedule.split_backward
-        with self._weights(a):
+        with self.weights.swapped_in(a):
             if not split:
                 run_backward([y], [g])
             elif x.requires_grad:  # B of the first stage has no input gradient to compute
@@ -203,7 +214,7 @@ class Pipeline:
         if self.optimizer:
             self.optimizer.step()
             self.optimizer.zero_grad()
-        self.version = a.version
+        self.weights.version = a.version
 
     # --- messages -------------------------------------------------------------------------------
     def _tag(self, a):
@@ -243,38 +254,6 @@ class Pipeline:
     def _count(self, step):
         self.live += step
         self.peak_live = max(self.peak_live, self.live)
-
-    def _stash(self, a):
-        """PipeDream: note that a backward will need the weights this forward runs with."""
-        if a.version is None:
-            return
-        if a.version != self.version:
-            raise RuntimeError(f"rank {self.rank}: {a} expects weight version {a.version}, "
-                               f"the current one is {self.version}")
-        self.stash.setdefault(a.version, [q.data for q in self.params])
-        self.uses[a.version] = self.uses.get(a.version, 0) + 1
-        self.versions_used[(a.stage, a.mb)] = (self.version,)
-
-    @contextlib.contextmanager
-    def _weights(self, a):
-        """PipeDream: swap in the weights stashed for B ``a`` (its forward's version), then put
-        the current ones back."""
-        version = a.version
-        if version is None:
-            yield
-            return
-        current = [q.data for q in self.params]
-        self.versions_used[(a.stage, a.mb)] += (version,)
-        for q, stashed in zip(self.params, self.stash[version]):
-            q.data = stashed
-        try:
-            yield
-        finally:
-            for q, now in zip(self.params, current):
-                q.data = now
-            self.uses[version] -= 1
-            if not self.uses[version]:
-                del self.stash[version], self.uses[version]
 
 
 @contextlib.contextmanager
