@@ -6,18 +6,21 @@
 Stages. ``model`` is a ``Sequential`` built the same way on every rank (same seed); it is cut into
 S = p*v contiguous stages (``bounds``, default equal layer counts, see partition.py) and rank r
 keeps stages r, r+p, ... as its chunks 0, 1, ... (schedules.py). ``Pipeline.action_table`` gives
-each kind of action the method that runs it:
+each kind of action the method that runs it on the step's ``StepState`` (x_in, dy_in, ...):
 
-    RECV_F  receive a header (dtype, shape) and then the activation of (stage, mb)
-    F       y = stage(x) on a fresh leaf x; at the last stage y is the micro-batch's loss
-            (with re-materialisation under no_grad: only x is kept)
+    RECV_F  receive a header (dtype, shape), then the activation of (stage, mb) into x_in
+    F       y = stage(x) on a fresh leaf x (from x_in; stage 0: the micro-batch); at the last
+            stage y is the micro-batch's loss (with re-materialisation under no_grad: only x is kept)
     R       re-run F with its graph from the kept x, the random stream rewound (dropout)
     SEND_F  isend the header and y
-    RECV_B  receive dL/dy: the shape of the y this rank computed, so no header is needed
-    B       backward from (y, dL/dy) to dL/dx and, unless W is separate, dL/dW
+    RECV_B  receive dL/dy into dy_in: the shape of the y this rank computed, so no header is needed
+    B       backward from (y, dL/dy) to dL/dx (into dx_out) and, unless W is separate, dL/dW
     W       zero bubble: dL/dW alone (see below)
-    SEND_B  isend dL/dx
+    SEND_B  isend dL/dx from dx_out
     OPT_STEP   complete the pending sends, then optimizer.step()
+
+When two consecutive stages share a rank (p = 1), F puts y straight into the next stage's x_in and
+B puts dL/dx into the previous stage's dy_in: no message.
 
 Sends are posted with ``isend`` and completed at the OPT_STEP (or the end of the step), receives
 block: the contract of schedules.py, which ``validate`` (run before anything else) proves
@@ -69,6 +72,39 @@ from .weight_stash import WeightStash
 HEADER = 8  # int64 words before an activation: dtype character, ndim, up to 6 dimensions
 
 
+class StepState:
+    """What one step holds, made fresh by ``Pipeline.step``; the dicts are keyed by (stage, mb).
+
+    Values on their way from one action to another, each where its consumer looks for it:
+        x_in      the activation an F waits for: received by RECV_F, or handed over by the
+                  previous stage's F when that stage lives on this rank too (p = 1)
+        dy_in     the output gradient dL/dy a B waits for: received by RECV_B, or handed over by
+                  the next stage's B on this rank
+        dx_out    the input gradient dL/dx a B computed, waiting for its SEND_B
+        dy_kept   the dL/dy a split B used, kept for its W
+    What F leaves for R, SEND_F, B and W: ``inputs`` (the leaf x), ``outputs`` (y, at the last
+    stage the scaled loss) and ``rng`` (the random state F began with). PipeDream's stashed
+    weight versions: ``weight_stash`` (weight_stash.py).
+    """
+
+    def __init__(self, x=None, y=None, scale=None, weight_stash=None):
+        self.x, self.y, self.scale = x, y, scale  # this step's micro-batches, each loss's factor
+        self.x_in, self.dy_in, self.dx_out, self.dy_kept = {}, {}, {}, {}
+        self.inputs, self.outputs, self.rng = {}, {}, {}
+        self.sends, self.losses, self.live, self.peak_live = [], [], 0, 0
+        self.weight_stash = weight_stash or WeightStash()
+
+    def count(self, change):
+        """Micro-batches whose activations are held: +1 when F (or R) starts, -1 after B."""
+        self.live += change
+        self.peak_live = max(self.peak_live, self.live)
+
+    def complete_sends(self):
+        for request in self.sends:
+            request.wait()
+        self.sends = []
+
+
 class Pipeline:
     """This rank's stages of ``model`` and an executor for ``schedule`` (module docstring)."""
 
@@ -89,7 +125,7 @@ class Pipeline:
         self.params = [q for stage in self.stages.values() for q in stage.parameters()]
         self.optimizer = optimizer(self.params) if optimizer and self.params else None
         self.delay, self.trace, self.memory = delay, trace, memory
-        self.events, self.stats, self.weights = [], {}, WeightStash()
+        self.events, self.stats, self.state = [], {}, StepState()
         # The action table: each kind of action and the method that runs it (module docstring).
         self.action_table = {RECV_F: self._recv_f, F: self._forward, R: self._recompute,
                              SEND_F: self._send_f, RECV_B: self._recv_b, B: self._backward,
@@ -101,12 +137,12 @@ class Pipeline:
     @property
     def versions_used(self):
         """PipeDream, last step: (stage, mb) -> (the version F found live, the one B swapped in)."""
-        return self.weights.versions_used
+        return self.state.weight_stash.versions_used
 
     @property
     def stash(self):
         """PipeDream, last step: weight versions still stashed (none once every B has run)."""
-        return self.weights.kept
+        return self.state.weight_stash.kept
 
     # --- one step -------------------------------------------------------------------------------
     def step(self, x=None, y=None):
@@ -114,12 +150,9 @@ class Pipeline:
         the last stage lives. Returns the batch loss there (PipeDream: the mean micro-batch loss),
         None elsewhere."""
         m = self.schedule.microbatches
-        self._x, self._y = _split(x, m, "inputs"), _split(y, m, "targets")
-        self._scale = [1.0] * m if self.schedule.asynchronous or y is None else \
-            [len(t) / len(y) for t in self._y]
-        self.inputs, self.outputs, self.arrived, self.rng = {}, {}, {}, {}
-        self.sends, self.losses, self.live, self.peak_live = [], [], 0, 0
-        self.weights = WeightStash(self.params, self.rank)  # PipeDream's weight versions
+        xs, ys = _split(x, m, "inputs"), _split(y, m, "targets")
+        scale = [1.0] * m if self.schedule.asynchronous or y is None else [len(t) / len(y) for t in ys]
+        s = self.state = StepState(xs, ys, scale, WeightStash(self.params, self.rank))
         for q in self.params:
             q.grad = None
         tracer = None
@@ -130,81 +163,79 @@ class Pipeline:
             for a in self.schedule.actions[self.rank]:
                 with tracer.record(a.kind, a.mb, a.chunk) if tracer else contextlib.nullcontext():
                     start = time.perf_counter()
-                    self.action_table[a.kind](a)
+                    self.action_table[a.kind](a, s)
                     rest = self.delay(a) - (time.perf_counter() - start) if self.delay else 0
                     if rest > 0:  # the waiting kernel: sleep out the rest of the action's cost
                         time.sleep(rest)
-        self._complete_sends()
+        s.complete_sends()
         self.events = tracer.events if tracer else []
-        self.stats = {"peak_live": self.peak_live, "peak_bytes": mem.peak_bytes if mem else None}
+        self.stats = {"peak_live": s.peak_live, "peak_bytes": mem.peak_bytes if mem else None}
         if self.n_stages - 1 not in self.stages:
             return None
-        return sum(self.losses) / (m if self.schedule.asynchronous else 1)
+        return sum(s.losses) / (m if self.schedule.asynchronous else 1)
 
     # --- compute --------------------------------------------------------------------------------
-    def _run_stage(self, a, x):
+    def _run_stage(self, a, x, s):
         y = self.stages[a.stage](x)
         if a.stage == self.n_stages - 1:
-            target = self._y[a.mb]
-            y = self.loss_fn(y, Tensor(target)) * self._scale[a.mb]
+            y = self.loss_fn(y, Tensor(s.y[a.mb])) * s.scale[a.mb]
         return y
 
-    def _forward(self, a):
+    def _forward(self, a, s):
         key = (a.stage, a.mb)
-        x = Tensor(self._x[a.mb] if a.stage == 0 else self.arrived.pop((F,) + key))
+        x = Tensor(s.x[a.mb] if a.stage == 0 else s.x_in.pop(key))
         if a.stage > 0:
             x.requires_grad_(True)
-        self.inputs[key], self.rng[key] = x, random.get_rng_state()
-        self.weights.note(a)
-        self._count(+1)
+        s.inputs[key], s.rng[key] = x, random.get_rng_state()
+        s.weight_stash.note(a)
+        s.count(+1)
         with set_grad_enabled(not self.schedule.remat):
-            y = self.outputs[key] = self._run_stage(a, x)
+            y = s.outputs[key] = self._run_stage(a, x, s)
         if self.schedule.remat:
-            self._count(-1)
+            s.count(-1)
         if a.stage == self.n_stages - 1:
-            self.losses.append(y.item())
+            s.losses.append(y.item())
         elif self.schedule.rank_of(a.stage + 1) == self.rank:  # the next stage is here (p = 1)
-            self.arrived[(F, a.stage + 1, a.mb)] = y.data
+            s.x_in[(a.stage + 1, a.mb)] = y.data
 
-    def _recompute(self, a):
+    def _recompute(self, a, s):
         """Re-materialise: the forward again, with its graph, from the kept input."""
         key = (a.stage, a.mb)
-        with recomputing(self.rng[key]):  # dropout's masks again; BatchNorm's statistics once
-            self._count(+1)
-            self.outputs[key] = self._run_stage(a, self.inputs[key])
+        with recomputing(s.rng[key]):  # dropout's masks again; BatchNorm's statistics once
+            s.count(+1)
+            s.outputs[key] = self._run_stage(a, s.inputs[key], s)
 
-    def _backward(self, a):
+    def _backward(self, a, s):
         key = (a.stage, a.mb)
-        y, x = self.outputs[key], self.inputs[key]
+        y, x = s.outputs[key], s.inputs[key]
         last = a.stage == self.n_stages - 1
-        g = backend.xp().ones_like(y.data) if last else self.arrived.pop((B,) + key)
+        dy = backend.xp().ones_like(y.data) if last else s.dy_in.pop(key)
         split = self.schedule.split_backward
-        with self.weights.swapped_in(a):
+        with s.weight_stash.swapped_in(a):
             if not split:
-                run_backward([y], [g])
+                run_backward([y], [dy])
             elif x.requires_grad:  # B of the first stage has no input gradient to compute
                 with _switched_off(self.stages[a.stage].parameters()):
-                    run_backward([y], [g], retain_graph=True)
+                    run_backward([y], [dy], retain_graph=True)
         if split:
-            self.arrived[("W",) + key] = g
+            s.dy_kept[key] = dy
         else:
-            del self.outputs[key], self.inputs[key]
-        self._count(-1)
-        if a.stage > 0:
-            if self.schedule.rank_of(a.stage - 1) == self.rank:
-                self.arrived[(B, a.stage - 1, a.mb)] = x.grad
-            else:
-                self.arrived[("dx",) + key] = x.grad
+            del s.outputs[key], s.inputs[key]
+        s.count(-1)
+        if a.stage > 0 and self.schedule.rank_of(a.stage - 1) == self.rank:
+            s.dy_in[(a.stage - 1, a.mb)] = x.grad  # the previous stage is here (p = 1)
+        elif a.stage > 0:
+            s.dx_out[key] = x.grad
 
-    def _weight_grad(self, a):
+    def _weight_grad(self, a, s):
         key = (a.stage, a.mb)
-        y, x = self.outputs.pop(key), self.inputs.pop(key)
+        y, x = s.outputs.pop(key), s.inputs.pop(key)
         with _switched_off([x]):
-            run_backward([y], [self.arrived.pop(("W",) + key)])
+            run_backward([y], [s.dy_kept.pop(key)])
 
-    def _opt_step(self, a):
+    def _opt_step(self, a, s):
         if not self.schedule.asynchronous:
-            self._complete_sends()
+            s.complete_sends()
             if self.optimizer:
                 self.optimizer.step()
             return
@@ -214,46 +245,35 @@ class Pipeline:
         if self.optimizer:
             self.optimizer.step()
             self.optimizer.zero_grad()
-        self.weights.version = a.version
+        s.weight_stash.version = a.version
 
     # --- messages -------------------------------------------------------------------------------
     def _tag(self, a):
         return message_tag(a, self.n_stages)
 
-    def _recv_f(self, a):
+    def _recv_f(self, a, s):
         host = backend.get_array_module()
         header = self.comm.recv(host.empty(HEADER, dtype="int64"), a.peer, self._tag(a))
         dtype, shape = host.dtype(chr(header[0])), tuple(int(n) for n in header[2:2 + header[1]])
         out = backend.xp().empty(shape, dtype=dtype)
-        self.arrived[(F, a.stage, a.mb)] = self.comm.recv(out, a.peer, self._tag(a))
+        s.x_in[(a.stage, a.mb)] = self.comm.recv(out, a.peer, self._tag(a))
 
-    def _send_f(self, a):
-        y = self.outputs[(a.stage, a.mb)].data
+    def _send_f(self, a, s):
+        y = s.outputs[(a.stage, a.mb)].data
         if y.ndim > HEADER - 2:
             raise ValueError(f"activations of {y.ndim} dimensions do not fit the message header")
         header = backend.get_array_module().zeros(HEADER, dtype="int64")
         header[:2 + y.ndim] = [ord(y.dtype.char), y.ndim, *y.shape]
-        self.sends += [self.comm.isend(header, a.peer, self._tag(a)),
-                       self.comm.isend(y, a.peer, self._tag(a))]
+        s.sends += [self.comm.isend(header, a.peer, self._tag(a)),
+                    self.comm.isend(y, a.peer, self._tag(a))]
 
-    def _recv_b(self, a):
-        y = self.outputs[(a.stage, a.mb)]
+    def _recv_b(self, a, s):
+        y = s.outputs[(a.stage, a.mb)]
         out = backend.xp().empty(y.shape, dtype=y.dtype)
-        self.arrived[(B, a.stage, a.mb)] = self.comm.recv(out, a.peer, self._tag(a))
+        s.dy_in[(a.stage, a.mb)] = self.comm.recv(out, a.peer, self._tag(a))
 
-    def _send_b(self, a):
-        dx = self.arrived.pop(("dx", a.stage, a.mb))
-        self.sends.append(self.comm.isend(dx, a.peer, self._tag(a)))
-
-    def _complete_sends(self):
-        for request in self.sends:
-            request.wait()
-        self.sends = []
-
-    # --- bookkeeping ------------------------------------------------------------------------------
-    def _count(self, step):
-        self.live += step
-        self.peak_live = max(self.peak_live, self.live)
+    def _send_b(self, a, s):
+        s.sends.append(self.comm.isend(s.dx_out.pop((a.stage, a.mb)), a.peer, self._tag(a)))
 
 
 @contextlib.contextmanager
@@ -276,4 +296,3 @@ def _split(batch, m, what):
     if len(batch) < m:
         raise ValueError(f"cannot cut a batch of {len(batch)} {what} into {m} micro-batches")
     return backend.get_array_module(batch).array_split(batch, m)
-
