@@ -1,6 +1,7 @@
 """Pipeline parallelism: schedules as data, validated, simulated and run; the partitioner.
 
     schedules.py     per-rank action lists for naive, GPipe, 1F1B, interleaved 1F1B, ZB-H1, PipeDream
+    theory.py        the textbook bubble of each schedule, a formula of p, m and v
     validate.py      every send has its receive, inputs come first, nothing waits forever
     simulate.py      a schedule and per-action costs -> the timeline (Events)
     partition.py     split a sequential model into stages: by layer names or balanced by cost
@@ -25,8 +26,9 @@ the contract):
 """
 from .partition import balanced_split, split_after, stage_costs
 from .runtime import Pipeline
-from .schedules import BUILDERS, Action, Schedule, ScheduleError, bubble_theory, build, message_tag
+from .schedules import BUILDERS, Action, Schedule, ScheduleError, build, message_tag
 from .simulate import simulate, unit_cost
+from .theory import bubble_theory
 from .timeline import (Event, Tracer, bubble_fraction, bubble_per_rank, chrome_trace, gather_events,
                        makespan, peak_inflight, text_gantt, write_chrome_trace)
 from .validate import validate

@@ -212,32 +212,6 @@ def build(name, p, m, v=None, remat=False):
     return gpipe(p, m, remat) if name == "gpipe" else BUILDERS[name](p, m)
 
 
-# The textbook bubble, idle / (idle + work) on each rank with F = 1, B + W = 2 per stage:
-# name -> (formula, (p, m, v) -> (numerator, denominator)), kept unreduced so 3/27 reads as 3/27.
-THEORY = {
-    "naive": ("(p-1)/p", lambda p, m, v: (p - 1, p)),
-    "gpipe": ("(p-1)/(m+p-1)", lambda p, m, v: (p - 1, m + p - 1)),
-    # re-computing costs one more F per micro-batch, but R needs no message, so it hides in the drain
-    "gpipe-remat": ("3(p-1)/(4m+3(p-1))", lambda p, m, v: (3 * (p - 1), 4 * m + 3 * (p - 1))),
-    "1f1b": ("(p-1)/(m+p-1)", lambda p, m, v: (p - 1, m + p - 1)),
-    "interleaved": ("(p-1)/(v*m+p-1)", lambda p, m, v: (p - 1, v * m + p - 1)),
-    # m < p never reaches the steady state: makespan 2(m+p)-1 for this order, work 3m
-    "zb-h1": ("(p-1)/(3m+p-1) if m >= p, else (2p-m-1)/(2(m+p)-1)",
-              lambda p, m, v: (p - 1, 3 * m + p - 1) if m >= p else (2 * p - m - 1, 2 * (m + p) - 1)),
-    "pipedream": ("(p-1)/(m+p-1), fill and drain only", lambda p, m, v: (p - 1, m + p - 1)),
-}
-
-
-def theory_key(schedule):
-    return schedule.name + ("-remat" if schedule.remat else "")
-
-
-def bubble_theory(schedule):
-    """(formula, numerator, denominator) of the schedule's textbook bubble fraction."""
-    formula, terms = THEORY[theory_key(schedule)]
-    return (formula,) + terms(schedule.ranks, schedule.microbatches, schedule.chunks)
-
-
 # --- from an order of computations to actions with messages --------------------------------------
 
 def _add_messages(p, n_stages, order):
