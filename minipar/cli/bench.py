@@ -1,4 +1,4 @@
-"""``minipar bench allreduce``: time every all-reduce algorithm against MPI's (see comm/bench.py)."""
+"""``minipar bench allreduce``: time every all-reduce algorithm against MPI's (see minipar/comm/bench.py)."""
 from minipar.comm import bench
 
 

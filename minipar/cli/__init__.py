@@ -1,20 +1,20 @@
-"""The ``minipar`` command. Each subcommand lives in its own module and registers itself here.
+"""The ``minipar`` command. Each subcommand is a module of this package, registered here.
 
     minipar lessons              list the lesson scripts and how to run them
     minipar <sub> --help         help for any subcommand
 
 A subcommand module provides ``add_arguments(parser)`` and ``run(args) -> int``; add it to
-``SUBCOMMANDS`` below (name -> (module, one-line help)).
+``SUBCOMMANDS`` below (name -> (module, one-line help)). Modules are imported only when the parser
+is built, so ``import minipar.cli`` stays cheap.
 """
 import argparse
 import importlib
-import sys
 
 SUBCOMMANDS = {
-    "lessons": ("minipar.lessons_index", "list the lesson scripts and how to run them"),
-    "bench": ("minipar.bench", "benchmark collectives against MPI's own: bench allreduce"),
-    "groups": ("minipar.groups_cli", "print the data x tensor x pipeline rank grid and its groups"),
-    "schedule": ("minipar.schedule_cli", "draw a pipeline schedule, its bubble and in-flight micro-batches"),
+    "lessons": ("minipar.cli.lessons", "list the lesson scripts and how to run them"),
+    "bench": ("minipar.cli.bench", "benchmark collectives against MPI's own: bench allreduce"),
+    "groups": ("minipar.cli.groups", "print the data x tensor x pipeline rank grid and its groups"),
+    "schedule": ("minipar.cli.schedule", "draw a pipeline schedule, its bubble and in-flight micro-batches"),
 }
 
 
@@ -36,7 +36,3 @@ def main(argv=None):
         parser.print_help()
         return 0
     return int(args._run(args) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
