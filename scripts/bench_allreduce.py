@@ -3,7 +3,7 @@
 or ``mpiexec -n 4 python scripts/bench_allreduce.py``. Same code as ``minipar bench allreduce``."""
 import sys
 
-from minipar.comm.bench import main
+from minipar.bench import main
 
 if __name__ == "__main__":
     sys.exit(main())

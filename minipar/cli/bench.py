@@ -1,5 +1,5 @@
-"""``minipar bench allreduce``: time every all-reduce algorithm against MPI's (see minipar/comm/bench.py)."""
-from minipar.comm import bench
+"""``minipar bench allreduce``: time every all-reduce algorithm against MPI's (minipar/bench.py)."""
+from minipar import bench
 
 
 def add_arguments(parser):

@@ -1,6 +1,6 @@
 """All-reduce benchmark in the conventions of nccl-tests and the OSU micro-benchmarks.
 
-    mpiexec -n 4 python -m minipar.comm.bench          (or: minipar bench allreduce -n 4)
+    mpiexec -n 4 python -m minipar.bench          (or: minipar bench allreduce -n 4)
 
 A header (MPI library, mpi4py, p, oversubscription, CUDA-aware status, memory-copy bandwidth,
 allocator setting, fitted cost constants), then one row per size and algorithm:
@@ -20,6 +20,7 @@ blocks with mmap, so each call maps and unmaps (and page-faults) it afresh. Run 
 import argparse
 import json
 import os
+import socket
 import sys
 import time
 
@@ -29,6 +30,7 @@ from mpi4py import MPI
 from minipar import backend
 from minipar.comm import collectives, cost, fit
 from minipar.comm.communicator import cuda_aware, world
+from minipar.testing import RANK_ENV, mpiexec
 
 DEFAULT_SIZES = [8] + [16 << (2 * k) for k in range(12)]  # 8 B, 16 B, 64 B, ... 64 MiB
 SLOW = ("sequential", "parallel", "parameter_server")  # O(p n) per link: only up to --slow-max
@@ -48,8 +50,8 @@ def memcpy_bandwidth(nbytes=64 << 20):
 
 
 def header(comm, model):
-    node = comm.mpi.Split_type(MPI.COMM_TYPE_SHARED)
-    per_node, cores = node.Get_size(), os.cpu_count()
+    hosts = comm.all_gather_object(socket.gethostname())
+    per_node, cores = hosts.count(hosts[comm.rank]), os.cpu_count()
     aware, why = cuda_aware()
     return {
         "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
@@ -86,7 +88,7 @@ def time_all_reduce(comm, x, algorithm, iters, warmup=2):
     out = backend.xp().empty_like(x)
     times = []
     for i in range(warmup + iters):
-        comm.mpi.Barrier()
+        comm.barrier()
         t0 = time.perf_counter()
         comm.all_reduce(x, algorithm=algorithm, out=out)
         backend.synchronize()
@@ -164,11 +166,9 @@ def _under_mpi():
 def run(args):
     """Benchmark under the running MPI job, or launch one of ``--nprocs`` ranks first."""
     if not _under_mpi():
-        from minipar.testing import RANK_ENV, mpiexec
-
         env = {**os.environ, **RANK_ENV, "MALLOC_MMAP_MAX_": os.environ.get(
             "MALLOC_MMAP_MAX_", "0")}
-        command = [mpiexec(), "-n", str(args.nprocs), sys.executable, "-m", "minipar.comm.bench"]
+        command = [mpiexec(), "-n", str(args.nprocs), sys.executable, "-m", "minipar.bench"]
         return os.spawnve(os.P_WAIT, command[0], command + _forward(args), env)
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
     sizes = [s for s in sizes if s <= args.max_bytes]
