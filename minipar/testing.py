@@ -161,8 +161,10 @@ def _load(name):
 
 
 def _run_script(path, args):
-    """Run a script as ``__main__`` with ``args`` as its command line (``sys.argv[1:]``)."""
+    """Run a script as ``__main__`` with ``args`` as its command line (``sys.argv[1:]``) and its
+    folder first on ``sys.path``, as ``python path`` would (a lesson imports its ``_kit``)."""
     sys.argv = [path, *(str(a) for a in args)]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     runpy.run_path(path, run_name="__main__")
 
 
