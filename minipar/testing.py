@@ -162,10 +162,15 @@ def _load(name):
 
 def _run_script(path, args):
     """Run a script as ``__main__`` with ``args`` as its command line (``sys.argv[1:]``) and its
-    folder first on ``sys.path``, as ``python path`` would (a lesson imports its ``_kit``)."""
+    folder first on ``sys.path``, as ``python path`` would (a lesson imports its ``_kit``).
+    ``raise SystemExit(0)`` is a success, as for ``python path``; any other status fails."""
     sys.argv = [path, *(str(a) for a in args)]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-    runpy.run_path(path, run_name="__main__")
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as done:
+        if done.code not in (None, 0):
+            raise
 
 
 def _watchdog(folder, rank):
