@@ -13,12 +13,11 @@ import time
 
 import numpy as np
 
-from minipar import comm
+from _kit import arguments, finish, mpi_world, say
 
-world = comm.world()
+arguments(__doc__, quick=None)
+world = mpi_world(__doc__, ranks=(2,))
 rank, peer = world.rank, 1 - world.rank
-if world.size != 2:
-    raise SystemExit("run with exactly 2 ranks: mpiexec -n 2 python lessons/03_send_recv.py")
 
 
 def ping_pong(nbytes, iters):
@@ -38,13 +37,11 @@ def ping_pong(nbytes, iters):
     return float(np.median(times)) / 2
 
 
-if rank == 0:
-    print("1. Ping-pong: one message of n bytes takes alpha + n*beta")
-    print(f"{'bytes':>10s} {'time_us':>9s} {'GB/s':>7s}")
+say("1. Ping-pong: one message of n bytes takes alpha + n*beta",
+    f"{'bytes':>10s} {'time_us':>9s} {'GB/s':>7s}")
 for nbytes in [8, 1024, 64 << 10, 1 << 20, 8 << 20]:
     t = ping_pong(nbytes, 30 if nbytes < (1 << 20) else 8)
-    if rank == 0:
-        print(f"{nbytes:10d} {t * 1e6:9.1f} {nbytes / t / 1e9:7.2f}")
+    say(f"{nbytes:10d} {t * 1e6:9.1f} {nbytes / t / 1e9:7.2f}")
 world.counters.reset()
 
 # 2. The deadlock. A blocking send of a large message returns only once the receiver has posted
@@ -56,17 +53,19 @@ deadline = time.perf_counter() + 1.0
 while not request.test() and time.perf_counter() < deadline:
     time.sleep(0.01)
 stuck = not request.done
-if rank == 0:
-    print("\n2. Both ranks: send(8 MiB) then recv.")
-    print("   after 1 s the send has " + ("NOT completed: each rank waits for the other to "
-          "receive. With a blocking send this is a deadlock." if stuck else
-          "completed (this MPI buffered it eagerly; with larger messages it would not)."))
+say("\n2. Both ranks: send(8 MiB) then recv.",
+    "   after 1 s the send has " + ("NOT completed: each rank waits for the other to "
+    "receive. With a blocking send this is a deadlock." if stuck else
+    "completed (this MPI buffered it eagerly; with larger messages it would not)."))
 world.recv(got, peer)  # way out 1: post the receive while the send is in flight, then wait
 request.wait()
-if rank == 0:
-    print("   way out 1: isend, then recv, then wait  -> completed")
+arrived = bool((got == 1).all())
+say("   way out 1: isend, then recv, then wait  -> completed")
 
+got[:] = 0
 world.sendrecv(big, peer, got, peer)  # way out 2: one call that sends and receives together
-if rank == 0:
-    print("   way out 2: sendrecv                     -> completed")
-    print(f"\n3. Counters of rank 0 for part 2: {world.counters.snapshot()}")
+arrived &= bool((got == 1).all())
+say("   way out 2: sendrecv                     -> completed",
+    f"\n3. Counters of rank 0 for part 2: {world.counters.snapshot()}")
+raise SystemExit(finish("both ways out delivered the 8 MiB intact",
+                        ok=all(world.all_gather_object(arrived))))

@@ -1,0 +1,29 @@
+"""lessons/_kit.py: a lesson started on a wrong number of ranks says so in one line, exit status 2."""
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from minipar.testing import RANK_ENV, mpiexec
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def run(nprocs, lesson, *args):
+    env = {**os.environ, **RANK_ENV,
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    return subprocess.run([mpiexec(), "-n", str(nprocs), sys.executable,
+                           str(ROOT / "lessons" / lesson), *args], capture_output=True, text=True,
+                          timeout=60, env=env, cwd=ROOT.parent)  # not the root: any cwd works
+
+
+@pytest.mark.mpi
+def test_wrong_rank_count_prints_one_line_and_exits_2():
+    done = run(3, "03_send_recv.py")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == "" and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "03_send_recv.py runs on exactly 2 ranks, not 3: mpiexec -n 2 python lessons/03_send_recv.py"]
+
