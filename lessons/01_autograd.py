@@ -13,7 +13,6 @@ ln(vocab) ≈ 4.6 (a uniform guess over 103 characters); the lesson passes when 
 falls below 1.6 nats per character, i.e. the model has learnt spelling and common words. Each step
 is forward (build the graph), backward (walk it in reverse), update (no graph).
 """
-import argparse
 import math
 import time
 
@@ -21,6 +20,8 @@ import minipar
 import minipar.nn as nn
 from minipar import optim
 from minipar.data import CharTokenizer, get_batch, load_text
+
+from _kit import arguments, finish
 
 TARGET = 1.6  # validation loss (nats per character) the full run must reach
 
@@ -88,14 +89,9 @@ def part2_train_gpt(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--log-every", type=int, default=100)
-    parser.add_argument("--quick", action="store_true", help="a few steps: a smoke test, no PASS")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, ("--steps", 2000), ("--batch-size", 16), ("--lr", 3e-3),
+                     ("--seed", 0), ("--log-every", 100),
+                     quick="a few steps: a smoke test, no PASS", argv=argv)
     if args.quick:
         args.steps, args.log_every = min(args.steps, 30), 10
     part1_tiny_graph()
@@ -103,11 +99,8 @@ def main(argv=None):
     if args.quick:
         print("quick run: finished (the loss target applies to the full run)")
         return 0
-    if val_loss < TARGET:
-        print(f"PASS: validation loss {val_loss:.3f} < {TARGET}")
-        return 0
-    print(f"FAIL: validation loss {val_loss:.3f} is not below {TARGET}")
-    return 1
+    ok = val_loss < TARGET
+    return finish(f"validation loss {val_loss:.3f} {'<' if ok else 'is not below'} {TARGET}", ok)
 
 
 if __name__ == "__main__":

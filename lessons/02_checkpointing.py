@@ -13,7 +13,6 @@ This lesson measures all of it on a stack of 16 GPT blocks (with dropout, so the
 has to replay the random stream): peak bytes held for backward, the step time, and the gradients,
 which must equal the plain run's exactly.
 """
-import argparse
 import math
 import statistics
 import time
@@ -23,16 +22,7 @@ from minipar import backend, nn
 from minipar.checkpoint import checkpoint_sequential
 from minipar.memory import ActivationMemory
 
-
-def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=16)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=32)
-    p.add_argument("--width", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3, help="timed steps per setting (median)")
-    p.add_argument("--quick", action="store_true", help="a tiny, fast configuration")
-    return p.parse_args()
+from _kit import arguments, finish
 
 
 def forward_seconds(model, x, repeats):
@@ -58,7 +48,9 @@ def step(model, x, segments):
 
 
 def main():
-    args = parse_args()
+    args = arguments(__doc__, ("--layers", 16), ("--batch", 8), ("--seq", 32), ("--width", 64),
+                     ("--repeats", 3, "timed steps per setting (median)"),
+                     quick="a tiny, fast configuration")
     if args.quick:
         args.layers, args.batch, args.seq, args.width, args.repeats = 4, 2, 8, 16, 1
     n = args.layers
@@ -102,7 +94,9 @@ def main():
     print("The gradients are bit-for-bit those of the plain run: recomputation replays the same "
           "dropout masks.\nsqrt(n) segments keep a fraction of the plain peak for about one extra "
           "forward pass of time.")
+    return finish(f"{len(settings) - 1} checkpointed runs gave the plain run's gradients bit for "
+                  f"bit")
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
