@@ -13,18 +13,19 @@ import time
 
 import numpy as np
 
-from minipar import comm
 from minipar.comm import ALGORITHMS, cost, fit
 
-world = comm.world()
+from _kit import arguments, finish, mpi_world, say
+
+arguments(__doc__, quick=None)
+world = mpi_world(__doc__, at_least=2)
 p, rank = world.size, world.rank
 ALGOS = [a for a in ALGORITHMS["all_reduce"] if a not in ("mpi",)]
 
 # ---- Part 1: the steps, drawn from trace events --------------------------------------------
 x = np.full(p * 2, rank + 1, np.float32)  # 2 elements per rank: 8 bytes per chunk
-if rank == 0:
-    print(f"Part 1. The messages of each algorithm, p = {p}, a vector of {x.nbytes} bytes")
-    print("        (s>k: send to k, r<k: receive from k, x: sendrecv, number = bytes)")
+say(f"Part 1. The messages of each algorithm, p = {p}, a vector of {x.nbytes} bytes",
+    "        (s>k: send to k, r<k: receive from k, x: sendrecv, number = bytes)")
 for algo in ALGOS:
     world.trace = []
     world.all_reduce(x, algorithm=algo)
@@ -35,24 +36,21 @@ for algo in ALGOS:
         else:
             mine.append(f"{'s>' if 'send' in op else 'r<'}{peer}:{nbytes}")
     world.trace = None
-    lines = world.mpi.gather(mine)
-    if rank == 0:
-        print(f"\n  {algo}")
-        for r, steps in enumerate(lines):
-            print(f"    rank {r}: " + " ".join(steps))
+    lines = world.mpi.gather(mine) or []
+    say(f"\n  {algo}", *(f"    rank {r}: " + " ".join(steps) for r, steps in enumerate(lines)))
 
 # ---- Part 2: the comparison table, measured ------------------------------------------------
 n_bytes = 4 << 20
 x = np.ones(n_bytes // 4, np.float32)
 model = fit.fit(world, sizes=(n_bytes // 8, n_bytes // 4, n_bytes // 2, n_bytes),
                  algorithms=ALGOS)  # each algorithm its own alpha (its Python per step)
-if rank == 0:
-    print(f"\nPart 2. All-reduce of {n_bytes >> 20} MiB on {p} ranks "
-          f"(fitted: ring alpha {model.alpha * 1e6:.1f} us; for {n_bytes // p >> 10} KiB messages "
-          f"1/beta {1 / model.beta(n_bytes / p) / 1e9:.2f} GB/s, "
-          f"1/gamma {1 / model.gamma(n_bytes / p) / 1e9:.2f} GB/s)")
-    print(f"  {'algorithm':18s} {'time ms':>8s} {'model ms':>9s} {'peak node MB':>13s} "
-          f"{'total MB':>9s}  (n = {n_bytes / 1e6:.1f} MB)")
+say(f"\nPart 2. All-reduce of {n_bytes >> 20} MiB on {p} ranks "
+    f"(fitted: ring alpha {model.alpha * 1e6:.1f} us; for {n_bytes // p >> 10} KiB messages "
+    f"1/beta {1 / model.beta(n_bytes / p) / 1e9:.2f} GB/s, "
+    f"1/gamma {1 / model.gamma(n_bytes / p) / 1e9:.2f} GB/s)",
+    f"  {'algorithm':18s} {'time ms':>8s} {'model ms':>9s} {'peak node MB':>13s} "
+    f"{'total MB':>9s}  (n = {n_bytes / 1e6:.1f} MB)")
+exact = True  # every algorithm's sum of p vectors of ones is p, exactly
 for algo in ALGOS + ["mpi"]:
     world.all_reduce(x, algorithm=algo)  # warm up
     times = []
@@ -60,19 +58,20 @@ for algo in ALGOS + ["mpi"]:
         world.counters.reset()
         world.barrier()
         t0 = time.perf_counter()
-        world.all_reduce(x, algorithm=algo)
+        total_of_ones = world.all_reduce(x, algorithm=algo)
         times.append(world.mpi.allreduce(time.perf_counter() - t0, op=max))
+        exact &= bool((total_of_ones == p).all())
     seconds = sorted(times)[1]  # the median of 3 (of the slowest rank)
     c = world.counters.snapshot()
     peak = world.mpi.allreduce(c["bytes_sent"] + c["bytes_received"], op=max)
     total = world.mpi.allreduce(c["bytes_sent"])
     predicted = cost.predict("all_reduce", algo, p, n_bytes, model) if algo != "mpi" else None
-    if rank == 0:
-        model_text = f"{predicted * 1e3:9.1f}" if predicted else f"{'-':>9s}"
-        moved = f"{peak / 1e6:13.1f} {total / 1e6:9.1f}" if algo != "mpi" else \
-            f"{'(inside MPI)':>13s} {'':9s}"
-        print(f"  {algo:18s} {seconds * 1e3:8.1f} {model_text} {moved}")
-if rank == 0:
-    print("\nRing and recursive halving move 2(p-1)/p n per rank, the least possible; the single")
-    print("parameter server's link moves 2(p-1) n. Recursive doubling moves n log p but needs only")
-    print("log p steps: it wins for small vectors, where alpha dominates.")
+    model_text = f"{predicted * 1e3:9.1f}" if predicted else f"{'-':>9s}"
+    moved = f"{peak / 1e6:13.1f} {total / 1e6:9.1f}" if algo != "mpi" else \
+        f"{'(inside MPI)':>13s} {'':9s}"
+    say(f"  {algo:18s} {seconds * 1e3:8.1f} {model_text} {moved}")
+say("\nRing and recursive halving move 2(p-1)/p n per rank, the least possible; the single",
+    "parameter server's link moves 2(p-1) n. Recursive doubling moves n log p but needs only",
+    "log p steps: it wins for small vectors, where alpha dominates.")
+raise SystemExit(finish(f"all {len(ALGOS)} hand-written all-reduces returned MPI's exact sum",
+                        ok=all(world.all_gather_object(exact))))

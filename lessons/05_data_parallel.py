@@ -12,20 +12,22 @@ few ulps. Part 2 times a step and counts the bytes each rank sends with every al
 algorithm of ``minipar.comm``, and with the parameter server (Li et al. 2014), one server and
 sharded: one server's link carries 2(N-1)·n bytes a step, a ring rank's about 4(N-1)/N·n.
 """
-import argparse
 import time
 
 import numpy as np
 
 import minipar
 import minipar.nn as nn
-from minipar import comm, optim
+from minipar import optim
 from minipar import functional as F
 from minipar.comm.collectives import ALGORITHMS
 from minipar.data import load_digits
 from minipar.parallel.data import DistributedDataParallel
 from minipar.parallel.param_server import ParameterServer, busiest_link
 from minipar.parallel.sampler import DistributedSampler, local_batch_size
+
+
+from _kit import arguments, finish, mpi_world, say
 
 GLOBAL_BATCH, TRAIN = 96, 1500  # 96 divides among 1, 2, 3, 4, 6 or 8 ranks
 
@@ -40,22 +42,17 @@ def step_loss(model, x, y):
     return F.cross_entropy(model(minipar.tensor(x)), y)
 
 
-def say(world, *text):
-    if world.rank == 0:
-        print(*text, flush=True)
-
-
 def part1_equal_to_serial(world, x, y, epochs):
     N = world.size
-    say(world, f"Part 1: {N} ranks vs one serial model, MLP 64-256-256-10, float64, AdamW, "
-               f"global batch {GLOBAL_BATCH} = {N} x {local_batch_size(GLOBAL_BATCH, N)}")
+    say(f"Part 1: {N} ranks vs one serial model, MLP 64-256-256-10, float64, AdamW, "
+        f"global batch {GLOBAL_BATCH} = {N} x {local_batch_size(GLOBAL_BATCH, N)}")
     model = build("float64")
     ddp = DistributedDataParallel(model, world, bucket_cap_mb=0.25)
     opt = optim.AdamW(model.parameters(), lr=2e-3)
     twin = build("float64") if world.rank == 0 else None
     twin_opt = optim.AdamW(twin.parameters(), lr=2e-3) if twin else None
     sampler = DistributedSampler(TRAIN, N, world.rank, seed=0)
-    say(world, f"  {len(ddp.buckets)} gradient buckets; epoch  mean loss over the global batch")
+    say(f"  {len(ddp.buckets)} gradient buckets; epoch  mean loss over the global batch")
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
         order, losses = sampler.permutation(), []
@@ -70,13 +67,14 @@ def part1_equal_to_serial(world, x, y, epochs):
                 twin_opt.zero_grad()
                 step_loss(twin, x[glob], y[glob]).backward()
                 twin_opt.step()
-        say(world, f"  {epoch:5d}  {np.mean(losses):.4f}")
+        say(f"  {epoch:5d}  {np.mean(losses):.4f}")
+    diff = None
     if twin:
         diff = max(float(np.abs(p.data - q.data).max())
                    for p, q in zip(model.parameters(), twin.parameters()))
         print(f"  max |parameter difference| data-parallel vs serial after {epochs} epochs: "
               f"{diff:.2e} (float64 rounding; 0 would need the same summation order)")
-    return model
+    return model, world.broadcast_object(diff)
 
 
 def time_steps(world, run_step, steps):
@@ -97,10 +95,10 @@ def part2_algorithms(world, x, y, steps):
     mine = slice(world.rank * b, (world.rank + 1) * b)
     xs, ys = x[:GLOBAL_BATCH][mine], y[:GLOBAL_BATCH][mine]
     n = sum(p.data.nbytes for p in build("float32").parameters())
-    say(world, f"\nPart 2: one training step on {N} ranks, float32, gradient n = {n / 1e3:.0f} kB; "
-               f"bytes rank 0 sends per step, and through the busiest rank's link (in + out)")
-    say(world, f"  {'method':24s} {'ms/step':>8s} {'rank 0 sent':>10s} {'busiest':>10s}  "
-               f"(ring theory: sent {2 * (N - 1) / N * n / 1e3:.0f} kB)")
+    say(f"\nPart 2: one training step on {N} ranks, float32, gradient n = {n / 1e3:.0f} kB; "
+        f"bytes rank 0 sends per step, and through the busiest rank's link (in + out)")
+    say(f"  {'method':24s} {'ms/step':>8s} {'rank 0 sent':>10s} {'busiest':>10s}  "
+        f"(ring theory: sent {2 * (N - 1) / N * n / 1e3:.0f} kB)")
     methods = [(f"DDP {a}", dict(algorithm=a)) for a in ALGORITHMS["all_reduce"]]
     methods += [("parameter server, one", dict(sharded=False)),
                 ("parameter server, sharded", dict(sharded=True))]
@@ -121,24 +119,24 @@ def part2_algorithms(world, x, y, steps):
         seconds, sent, busiest = time_steps(world, run_step, steps)
         counted = (f"{sent / 1e3:8.0f}kB {busiest / 1e3:8.0f}kB" if not name.endswith("mpi")
                    else f"{'MPI_Allreduce: not in the counters':>21s}")
-        say(world, f"  {name:24s} {seconds * 1e3:8.2f} {counted}")
+        say(f"  {name:24s} {seconds * 1e3:8.2f} {counted}")
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
-    args = parser.parse_args()
-    world = comm.world()
+    args = arguments(__doc__)
+    world = mpi_world(__doc__, ranks=(1, 2, 3, 4, 6, 8))
     images, labels = load_digits()
     x, y = images.reshape(len(images), -1), labels
-    model = part1_equal_to_serial(world, x[:TRAIN].astype("float64"), y[:TRAIN],
-                                  epochs=1 if args.quick else 6)
+    model, diff = part1_equal_to_serial(world, x[:TRAIN].astype("float64"), y[:TRAIN],
+                                        epochs=1 if args.quick else 6)
     with minipar.no_grad():
         logits = model(minipar.tensor(x[TRAIN:].astype("float64")))
     accuracy = float((logits.numpy().argmax(1) == y[TRAIN:]).mean())
-    say(world, f"  held-out accuracy on the last {len(x) - TRAIN} digits: {accuracy:.1%}")
+    say(f"  held-out accuracy on the last {len(x) - TRAIN} digits: {accuracy:.1%}")
     part2_algorithms(world, x.astype("float32"), y, steps=3 if args.quick else 20)
+    return finish(f"data-parallel training equals serial training to {diff:.1e} (< 1e-10)",
+                  ok=diff < 1e-10)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -12,25 +12,20 @@ the bytes one rank holds, right after backward, for N = 1 .. world size (groups 
 world with ``split``). Part 2 trains a tiny GPT on the Python documentation with plain DDP, ZeRO-1
 and ZeRO-2 on all ranks and prints the three loss curves side by side: the same numbers.
 """
-import argparse
-
 import numpy as np
 
 import minipar
 import minipar.nn as nn
-from minipar import comm, optim
+from minipar import optim
 from minipar.data import CharTokenizer, load_text
 from minipar.parallel.data import DistributedDataParallel
 from minipar.parallel.sampler import local_batch_size
 from minipar.parallel.zero import ZeRO
 
+from _kit import arguments, finish, mpi_world, say
+
 CONFIG = dict(block_size=32, n_layer=2, n_head=4, n_embd=64)
 GLOBAL_BATCH = 24  # divides among 1, 2, 3, 4, 6 or 8 ranks
-
-
-def say(world, *text):
-    if world.rank == 0:
-        print(*text, flush=True)
 
 
 def make(kind, group, vocab):
@@ -75,9 +70,9 @@ def train_steps(kind, group, data, vocab, steps):
 
 
 def part1_memory(world, data, vocab):
-    say(world, "Part 1: kB one rank holds after backward (parameters / gradients / optimizer "
-               "state), float32 AdamW, tiny GPT")
-    say(world, f"  {'N':>2s}  {'plain DP':>20s}  {'ZeRO-1':>20s}  {'ZeRO-2':>20s}")
+    say("Part 1: kB one rank holds after backward (parameters / gradients / optimizer "
+        "state), float32 AdamW, tiny GPT")
+    say(f"  {'N':>2s}  {'plain DP':>20s}  {'ZeRO-1':>20s}  {'ZeRO-2':>20s}")
     for k in range(1, world.size + 1):
         group = world.split(0 if world.rank < k else 1)
         if world.rank < k:
@@ -86,35 +81,36 @@ def part1_memory(world, data, vocab):
                 _, held = train_steps(kind, group, data, vocab, steps=2)  # state exists after 1
                 cells.append("/".join(f"{held[key] / 1e3:.0f}" for key in
                                       ("parameters", "gradients", "optimizer_state")))
-            say(world, f"  {k:2d}  " + "  ".join(f"{c:>20s}" for c in cells))
+            say(f"  {k:2d}  " + "  ".join(f"{c:>20s}" for c in cells))
         world.barrier()
-    say(world, "  ZeRO-1 divides the optimizer state by N, ZeRO-2 the gradients too; parameters "
-               "stay whole (that is stage 3). DP's gradients live in its bucket buffers.")
+    say("  ZeRO-1 divides the optimizer state by N, ZeRO-2 the gradients too; parameters "
+        "stay whole (that is stage 3). DP's gradients live in its bucket buffers.")
 
 
 def part2_same_curve(world, data, vocab, steps):
-    say(world, f"\nPart 2: the loss curve on {world.size} ranks, global batch {GLOBAL_BATCH}")
+    say(f"\nPart 2: the loss curve on {world.size} ranks, global batch {GLOBAL_BATCH}")
     curves = {kind: train_steps(kind, world, data, vocab, steps)[0]
               for kind in ("DP", "ZeRO-1", "ZeRO-2")}
-    say(world, f"  {'step':>4s} {'plain DP':>10s} {'ZeRO-1':>10s} {'ZeRO-2':>10s}")
+    say(f"  {'step':>4s} {'plain DP':>10s} {'ZeRO-1':>10s} {'ZeRO-2':>10s}")
     for s in range(0, steps, max(1, steps // 8)):
-        say(world, f"  {s:4d} " + " ".join(f"{curves[k][s]:10.5f}" for k in curves))
+        say(f"  {s:4d} " + " ".join(f"{curves[k][s]:10.5f}" for k in curves))
     gap = max(abs(a - b) for k in ("ZeRO-1", "ZeRO-2") for a, b in zip(curves["DP"], curves[k]))
-    say(world, f"  largest loss difference from plain DP over {steps} steps: {gap:.1e} "
-               f"(float32 rounding)")
+    say(f"  largest loss difference from plain DP over {steps} steps: {gap:.1e} "
+        f"(float32 rounding)")
+    return gap
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
-    args = parser.parse_args()
-    world = comm.world()
+    args = arguments(__doc__)
+    world = mpi_world(__doc__, ranks=(1, 2, 3, 4, 6, 8))
     text = load_text("pydoc")
     tok = CharTokenizer(text)
     data = tok.encode(text)
     part1_memory(world, data, tok.vocab_size)
-    part2_same_curve(world, data, tok.vocab_size, steps=4 if args.quick else 40)
+    gap = part2_same_curve(world, data, tok.vocab_size, steps=4 if args.quick else 40)
+    return finish(f"ZeRO-1 and ZeRO-2 follow plain DP's loss curve to {gap:.1e} (< 1e-5)",
+                  ok=gap < 1e-5)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
