@@ -22,7 +22,6 @@ real 8x8 images), a small ResNet, the cut chosen by the partitioner from measure
 and the GPipe schedule run by minipar's pipeline runtime. BatchNorm normalises each
 micro-batch by its own statistics, as in the tutorial.
 """
-import argparse
 import os
 import statistics
 import time
@@ -32,27 +31,18 @@ os.environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")  # a waiting rank sle
 import numpy as np  # noqa: E402
 
 import minipar  # noqa: E402
-from minipar import Tensor, comm, nn, optim  # noqa: E402
+from minipar import Tensor, nn, optim  # noqa: E402
 from minipar import functional as F  # noqa: E402
 from minipar.data import load_digits  # noqa: E402
 from minipar.parallel.pipeline import Pipeline, balanced_split, build, stage_costs  # noqa: E402
 from minipar.parallel.pipeline.partition import measure_costs  # noqa: E402
 
-world = comm.world()
+from _kit import arguments, finish, mpi_world, say  # noqa: E402
+
+args = arguments(__doc__, ("--batch", 256), ("--steps", 4, "timed steps per setting (median)"),
+                 quick="a smaller model, fewer steps")
+world = mpi_world(__doc__, at_least=2)
 rank, p = world.rank, world.size
-
-
-def say(*lines):
-    if rank == 0:
-        print(*lines, sep="\n", flush=True)
-
-
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=4, help="timed steps per setting (median)")
-    parser.add_argument("--quick", action="store_true", help="a smaller model, fewer steps")
-    return parser.parse_args(argv)
 
 
 def resnet(widths):
@@ -71,8 +61,7 @@ def step_seconds(pipe, x, y, steps):
     return statistics.median(times), world.mpi.bcast(losses, root=p - 1)
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def main():
     widths = (8, 16, 32, 64) if args.quick else (16, 32, 64, 128)
     batch, steps = (64, 2) if args.quick else (args.batch, args.steps)
     images, labels = load_digits()
@@ -134,7 +123,8 @@ def main(argv=None):
         losses.append(world.mpi.bcast(pipe.step(images[idx], labels[idx]), root=p - 1))
     say(f"\ntraining with GPipe, split {best[1]}: loss {losses[0]:.3f} at step 1, "
         f"{losses[-1]:.3f} at step {len(losses)}")
+    return finish("the pipelined ResNet's loss falls", ok=losses[-1] < losses[0])
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

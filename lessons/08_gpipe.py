@@ -18,7 +18,6 @@ stage's input and re-computes the forward just before the backward (the R action
 memory falls from m micro-batches' activations to m inputs plus one micro-batch's activations,
 for one more forward per micro-batch. Part 2 measures it on GPT blocks with ActivationMemory.
 """
-import argparse
 import os
 
 os.environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")  # a waiting rank sleeps, not spins
@@ -26,25 +25,17 @@ os.environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")  # a waiting rank sle
 import numpy as np  # noqa: E402
 
 import minipar  # noqa: E402
-from minipar import comm, nn  # noqa: E402
+from minipar import nn  # noqa: E402
 from minipar.parallel.pipeline import Pipeline, bubble_theory, build  # noqa: E402
 from minipar.parallel.pipeline.measure import measure_bubble  # noqa: E402
 from minipar.trace import text_gantt  # noqa: E402
 
-world = comm.world()
+from _kit import arguments, finish, mpi_world, say  # noqa: E402
+
+args = arguments(__doc__, ("--unit", 0.01, "seconds per stage forward"),
+                 quick="short units, fewer settings")
+world = mpi_world(__doc__, at_least=2)
 rank, p = world.rank, world.size
-
-
-def say(*lines):
-    if rank == 0:
-        print(*lines, sep="\n", flush=True)
-
-
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--unit", type=float, default=0.01, help="seconds per stage forward")
-    parser.add_argument("--quick", action="store_true", help="short units, fewer settings")
-    return parser.parse_args(argv)
 
 
 def part1_bubble(unit, ms, repeats):
@@ -97,17 +88,19 @@ def part2_memory(m, shape):
         f"1..{p - 1}; leaves, so not in the count)\nand pays one more forward per micro-batch (R). "
         f"The gradients are the plain run's (max |diff| = {diff:.1e}):\nR replays the forward's "
         f"dropout masks.")
+    return diff
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def main():
     if args.quick:
         part1_bubble(0.003, (1, 4), 1)
-        part2_memory(4, (8, 8, 32))
+        diff = part2_memory(4, (8, 8, 32))
     else:
         part1_bubble(args.unit, (1, 2, 4, 8, 16), 2)
-        part2_memory(8, (16, 32, 64))
+        diff = part2_memory(8, (16, 32, 64))
+    return finish("re-materialised GPipe gave the plain run's gradients bit for bit",
+                  ok=diff == 0.0)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

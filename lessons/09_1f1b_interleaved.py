@@ -18,7 +18,6 @@ Part 3: PipeDream (Narayanan et al. 2019) drops the flush: every stage updates i
 each backward. Weight stashing makes a micro-batch's backward use the weights its forward used,
 but stage r runs p - 1 - r versions behind the last stage: the staleness printed per micro-batch.
 """
-import argparse
 import os
 
 os.environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")  # a waiting rank sleeps, not spins
@@ -26,26 +25,18 @@ os.environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")  # a waiting rank sle
 import numpy as np  # noqa: E402
 
 import minipar  # noqa: E402
-from minipar import comm, nn, optim  # noqa: E402
+from minipar import nn, optim  # noqa: E402
 from minipar.parallel.pipeline import Pipeline, bubble_theory, build  # noqa: E402
 from minipar.parallel.pipeline.measure import measure_bubble  # noqa: E402
 from minipar.parallel.pipeline.schedules import weight_versions  # noqa: E402
 from minipar.trace import text_gantt  # noqa: E402
 
-world = comm.world()
+from _kit import arguments, finish, mpi_world, say  # noqa: E402
+
+args = arguments(__doc__, ("--unit", 0.02, "seconds per stage forward"),
+                 quick="short units, a smaller model")
+world = mpi_world(__doc__, ranks=(2, 4) if args.quick else (2, 4, 8))  # p divides m = 4 or 8
 rank, p = world.rank, world.size
-
-
-def say(*lines):
-    if rank == 0:
-        print(*lines, sep="\n", flush=True)
-
-
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--unit", type=float, default=0.02, help="seconds per stage forward")
-    parser.add_argument("--quick", action="store_true", help="short units, a smaller model")
-    return parser.parse_args(argv)
 
 
 def mse(out, target):
@@ -121,8 +112,7 @@ def part3_pipedream(m, width):
         "up to p - 1 - r updates.")
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def main():
     if args.quick:
         part1_memory(4, (8, 8, 32))
         part2_bubbles(0.004, 4, 1)
@@ -131,7 +121,8 @@ def main(argv=None):
         part1_memory(8, (16, 32, 64))
         part2_bubbles(args.unit, 8, 2)
         part3_pipedream(8, 8)
+    return finish("the runtime's weight versions are the PipeDream schedule's")
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

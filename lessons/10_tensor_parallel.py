@@ -14,33 +14,24 @@ This lesson measures, in float64 against the serial twin built from the same see
   4. the whole GPT: equal losses over a few AdamW steps, and the all-reduces per layer and step
      beside Megatron's count, then the same with sequence parallelism.
 """
-import argparse
-
 import numpy as np
 
 import minipar
-from minipar import Tensor, comm, nn, optim
+from minipar import Tensor, nn, optim
 from minipar import functional as F
 from minipar.parallel import tensor as tp
 from minipar.parallel.tensor_gpt import accounting, shard_from_serial
 
-world = comm.world()
+from _kit import arguments, finish, mpi_world, say
+
+args = arguments(__doc__, quick="a smaller model, fewer steps")
+B, T, C, H = (2, 8, 16, 4) if args.quick else (4, 32, 64, 8)
+world = mpi_world(__doc__, ranks=[n for n in (2, 4, 8) if H % n == 0])  # p divides the heads
 rank, p = world.rank, world.size
-
-
-def say(*lines):
-    if rank == 0:
-        print(*lines, sep="\n", flush=True)
 
 
 def worst(a, b):
     return world.mpi.allreduce(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))), op=max)
-
-
-def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smaller model, fewer steps")
-    return parser.parse_args()
 
 
 def part1_mlp(B, T, C):
@@ -83,9 +74,6 @@ def part1_mlp(B, T, C):
 
 def part2_heads(B, T, C, H):
     say(f"Part 2. Attention split by heads: {H} heads of d = {C // H} over {p} ranks")
-    if H % p:
-        say(f"  ({H} heads do not divide among {p} ranks: skipped)", "")
-        return
     minipar.manual_seed(2)
     serial = nn.CausalSelfAttention(C, H).double()
     minipar.manual_seed(2)
@@ -127,6 +115,7 @@ def part4_gpt(config, B, steps):
         f"{config.n_head} heads, vocabulary {config.vocab_size}, batch {B}×{config.block_size}")
     text = np.random.default_rng(3).integers(0, config.vocab_size, (B, config.block_size + 1))
     ids, targets = text[:, :-1], text[:, 1:]
+    largest = 0.0
     for sp in (False, True):
         minipar.manual_seed(4)
         serial = nn.GPT(config).double()
@@ -144,8 +133,10 @@ def part4_gpt(config, B, steps):
             for opt in opts:
                 opt.step()
                 opt.zero_grad()
+            diff = worst(loss.data, ref.data)
+            largest = max(largest, diff)
             say(f"    step {step}: loss {loss.item():.10f}   serial {ref.item():.10f}   "
-                f"|diff| {worst(loss.data, ref.data):.1e}")
+                f"|diff| {diff:.1e}")
         act = B * config.block_size * config.n_embd * 8
         say(f"  tensor-group collectives of the last step (one activation B·T·C·8 = {act:,} B):",
             *("    " + line for line in accounting(log.events, p)), "")
@@ -155,18 +146,19 @@ def part4_gpt(config, B, steps):
         "the traffic is unchanged ('auto' picks recursive doubling, n·log p, for tensors this",
         "small, hence the 'sent' column). In exchange LayerNorm and dropout store 1/p of their",
         "activations. The loss sends 3 numbers per token, never the logits.")
+    return largest
 
 
 def main():
-    args = parse_args()
-    B, T, C, H = (2, 8, 16, 4) if args.quick else (4, 32, 64, 8)
     say(f"Tensor parallel over {p} ranks (one tensor group), float64\n")
     part1_mlp(B, T, C)
     part2_heads(B, T, C, H)
     part3_loss(B * T, 512 if args.quick else 8192)
     config = nn.GPTConfig(vocab_size=64, block_size=T, n_layer=2, n_head=H, n_embd=C)
-    part4_gpt(config, B, 2 if args.quick else 4)
+    largest = part4_gpt(config, B, 2 if args.quick else 4)
+    return finish(f"TensorParallelGPT's losses equal serial training's to {largest:.1e} (< 1e-10)",
+                  ok=largest < 1e-10)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
