@@ -13,52 +13,42 @@ each kind of group moved per step, from the communicators' own counters.
 The vocabulary is padded up to a multiple of T (Megatron's make-vocab-size-divisible-by): the
 extra logits belong to no character and their probability is learnt to be ~0.
 """
-import argparse
 import math
 import time
 
 import minipar
-from minipar import backend, comm, nn, optim, trace
+from minipar import backend, nn, optim, trace
 from minipar.data import CharTokenizer, get_batch, load_text
 from minipar.parallel.groups import RankGrid
 from minipar.parallel.hybrid import ParallelGroups, Trainer3D, serial_losses
 
-
-def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tp", type=int, default=2, help="tensor-parallel size T")
-    p.add_argument("--pp", type=int, default=2, help="pipeline-parallel size P (D = W / (T·P))")
-    p.add_argument("--schedule", default="1f1b", help="pipeline schedule (minipar schedule --help)")
-    p.add_argument("--microbatches", type=int, default=4)
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
-    p.add_argument("--check-steps", type=int, default=5, help="steps compared with serial")
-    p.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
-    p.add_argument("--trace", metavar="FILE", help="write every rank's last step as Chrome-trace "
-                                                   "JSON (open it in Perfetto)")
-    p.add_argument("--quick", action="store_true", help="a few steps of a smaller model")
-    return p.parse_args()
-
-
-def say(world, *args):
-    if world.rank == 0:
-        print(*args, flush=True)
+from _kit import arguments, finish, mpi_world, say
 
 
 def main():
-    args = parse_args()
-    world = comm.world()
+    args = arguments(__doc__,
+                     ("--tp", 2, "tensor-parallel size T"),
+                     ("--pp", 2, "pipeline-parallel size P (D = W / (T·P))"),
+                     ("--schedule", "1f1b", "pipeline schedule (minipar schedule --help)"),
+                     ("--microbatches", 4), ("--steps", 400),
+                     ("--lr", 3e-3, "AdamW learning rate"),
+                     ("--check-steps", 5, "steps compared with serial"),
+                     ("--batch", 16, "global batch (sequences)"),
+                     ("--trace", None, "write every rank's last step as Chrome-trace JSON to this "
+                                       "file (open it in Perfetto)"),
+                     quick="a few steps of a smaller model")
     if args.quick:
         args.steps, args.check_steps, args.batch = 4, 2, 8
+    world = mpi_world(__doc__, ranks=[args.tp * args.pp * d for d in range(1, args.batch + 1)
+                                      if args.batch % (d * args.microbatches) == 0])
     groups = ParallelGroups(world, tp=args.tp, pp=args.pp)
     grid = groups.grid
 
-    say(world, f"Part 1. The rank grid of {world.size} ranks\n")
-    say(world, grid.describe())
-    say(world, "\nMegatron's documented example, 16 GPUs with T = 2, P = 4:")
+    say(f"Part 1. The rank grid of {world.size} ranks\n", grid.describe(),
+        "\nMegatron's documented example, 16 GPUs with T = 2, P = 4:")
     example = RankGrid(16, tp=2, pp=4)
-    say(world, "  tensor", example.groups("tp"), "\n  pipeline", example.groups("pp"),
-        "\n  data", example.groups("dp"))
+    say(f"  tensor {example.groups('tp')}", f"  pipeline {example.groups('pp')}",
+        f"  data {example.groups('dp')}")
 
     text = load_text("pydoc")
     tok = CharTokenizer(text)
@@ -69,10 +59,10 @@ def main():
     rng = backend.get_array_module().random.default_rng(0)  # the same batches on every rank
     batches = [get_batch(data, args.batch, config.block_size, rng) for _ in range(args.steps)]
 
-    say(world, f"\nPart 2. Training: {tok.vocab_size} characters (vocabulary padded to {vocab}), "
-               f"GPT {config.n_layer} blocks × {config.n_embd} channels, global batch "
-               f"{args.batch} × {config.block_size}, {args.schedule} with {args.microbatches} "
-               f"micro-batches, AdamW lr {args.lr}")
+    say(f"\nPart 2. Training: {tok.vocab_size} characters (vocabulary padded to {vocab}), "
+        f"GPT {config.n_layer} blocks × {config.n_embd} channels, global batch "
+        f"{args.batch} × {config.block_size}, {args.schedule} with {args.microbatches} "
+        f"micro-batches, AdamW lr {args.lr}")
 
     def make_optimizer(params):
         return optim.AdamW(params, lr=args.lr, weight_decay=0.0)
@@ -86,8 +76,8 @@ def main():
         losses.append(trainer.step(ids, targets))
         if i % max(1, args.steps // 10) == 0 or i == args.steps - 1:
             recent = losses[-10:]
-            say(world, f"  step {i:4d}  loss {losses[-1]:.4f}  mean of last {len(recent):2d} "
-                       f"{sum(recent) / len(recent):.4f}  ({time.perf_counter() - start:.1f} s)")
+            say(f"  step {i:4d}  loss {losses[-1]:.4f}  mean of last {len(recent):2d} "
+                f"{sum(recent) / len(recent):.4f}  ({time.perf_counter() - start:.1f} s)")
     seconds = (time.perf_counter() - start) / args.steps
     moved = {name: c.counters.snapshot() for name, c in
              (("tensor", groups.tensor), ("pipeline", groups.pipeline), ("data", groups.data))}
@@ -109,8 +99,8 @@ def main():
               f"(ln {tok.vocab_size} = {math.log(tok.vocab_size):.3f} is a uniform guess), "
               f"{seconds * 1e3:.0f} ms per step")
 
-    say(world, f"\nPart 3. The last step of the pipeline of rank 0 "
-               f"(ranks {grid.group_of(0, 'pp')}, one row per stage)")
+    say(f"\nPart 3. The last step of the pipeline of rank 0 "
+        f"(ranks {grid.group_of(0, 'pp')}, one row per stage)")
     if world.rank == 0:
         stages = grid.group_of(0, "pp")
         mine = [trace.Event(stages.index(r), e.start, e.end, e.kind, e.mb, e.chunk)
@@ -135,7 +125,9 @@ def main():
         print("\n  Tensor groups carry the most messages (two all-reduces per layer each way);"
               "\n  pipeline groups carry activations once per micro-batch and stage boundary;"
               "\n  data groups carry the gradients once per step.")
+    return finish(f"the first {args.check_steps} losses of the 3D run equal serial training's "
+                  f"and the loss falls")
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

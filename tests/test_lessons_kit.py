@@ -27,3 +27,11 @@ def test_wrong_rank_count_prints_one_line_and_exits_2():
     assert done.stderr.strip().splitlines() == [
         "03_send_recv.py runs on exactly 2 ranks, not 3: mpiexec -n 2 python lessons/03_send_recv.py"]
 
+
+@pytest.mark.mpi
+def test_the_suggested_command_keeps_the_arguments_and_fits_them():
+    done = run(2, "11_3d_parallel.py", "--quick", "--tp", "3")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "11_3d_parallel.py runs on 6 or 12 ranks, not 2: "
+        "mpiexec -n 6 python lessons/11_3d_parallel.py --quick --tp 3"]
