@@ -9,7 +9,7 @@ allocator setting, fitted cost constants), then one row per size and algorithm:
     algbw    n / time                         (bytes of the vector per second)
     busbw    algbw * 2(p-1)/p                 (nccl-tests: comparable with the link speed)
     vs mpi   time / MPI_Allreduce's time in the same run
-    model    the cost model's prediction (collectives.py formula, constants fitted by fit.fit)
+    model    the cost model's prediction (the formula beside its code, constants fitted by comm/fit.py)
     wrong    ranks whose result differed from the exact sum
 
 MPICH allocates a full-size temporary buffer on every large MPI_Allreduce; glibc serves large
@@ -28,8 +28,8 @@ import mpi4py
 from mpi4py import MPI
 
 from minipar import backend
-from minipar.comm import collectives, cost, fit
-from minipar.comm.communicator import cuda_aware, world
+from minipar.comm import ALGORITHMS, cost, cuda_aware, fit, world
+from minipar.comm.allreduce import AUTO_CANDIDATES
 from minipar.testing import RANK_ENV, mpiexec
 
 DEFAULT_SIZES = [8] + [16 << (2 * k) for k in range(12)]  # 8 B, 16 B, 64 B, ... 64 MiB
@@ -107,7 +107,7 @@ def iterations(nbytes, budget=0.2):
 def run_bench(comm, sizes, algorithms, slow_max, as_json):
     fit_sizes = [m for m in fit.FIT_SIZES if m <= max(sizes)] or fit.FIT_SIZES[:1]
     fitted = [a for a in algorithms if a not in ("mpi", "auto")] + list(
-        collectives.AUTO_CANDIDATES)  # each its own alpha
+        AUTO_CANDIDATES)  # each its own alpha
     model = fit.fit(comm, fit_sizes, algorithms=fitted)  # no message beyond the largest vector
     info = header(comm, model)
     p, rows = comm.size, []
@@ -148,7 +148,7 @@ def run_bench(comm, sizes, algorithms, slow_max, as_json):
 def add_arguments(parser):
     parser.add_argument("-n", "--nprocs", type=int, default=4,
                         help="ranks to launch when not already under mpiexec (default 4)")
-    parser.add_argument("--algorithms", default=",".join(a for a in collectives.ALGORITHMS[
+    parser.add_argument("--algorithms", default=",".join(a for a in ALGORITHMS[
         "all_reduce"] if a != "mpi"), help="comma-separated all-reduce algorithms")
     parser.add_argument("--sizes", default=None,
                         help="comma-separated sizes in bytes (default 8 B to 64 MiB)")
