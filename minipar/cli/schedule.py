@@ -10,9 +10,10 @@ micro-batches whose activations a rank holds at once (per chunk for interleaved)
 """
 import json
 
-from minipar.parallel.pipeline import BUILDERS, ScheduleError, bubble_theory, build, simulate, validate
-from minipar.trace import (bubble_fraction, makespan, peak_inflight, text_gantt,
-                           write_chrome_trace, write_png)
+from minipar.cli.drawing import write_png
+from minipar.parallel.pipeline import (BUILDERS, ScheduleError, bubble_fraction, bubble_theory, build,
+                                       makespan, peak_inflight, simulate, text_gantt, validate,
+                                       write_chrome_trace)
 
 
 def add_arguments(parser):

@@ -69,11 +69,13 @@ class Tracer:
             self.events.append(Event(self.rank, start, self.clock() - self.origin, kind, mb, chunk))
 
 
-def _ranks(events, n_ranks=None):
+def rank_count(events, n_ranks=None):
+    """``n_ranks``, or the ranks the events name."""
     return n_ranks if n_ranks is not None else 1 + max(e.rank for e in events)
 
 
-def _span(events):
+def span(events):
+    """(first start, last end) over all ranks."""
     if not events:
         raise ValueError("no events: nothing ran")
     return min(e.start for e in events), max(e.end for e in events)
@@ -81,14 +83,14 @@ def _span(events):
 
 def makespan(events):
     """Seconds from the first action's start to the last one's end, over all ranks."""
-    t0, t1 = _span(events)
+    t0, t1 = span(events)
     return t1 - t0
 
 
 def bubble_per_rank(events, n_ranks=None):
     """Idle fraction of each rank over the whole timeline: 1 - work_r / makespan."""
     total = makespan(events)
-    work = [0.0] * _ranks(events, n_ranks)
+    work = [0.0] * rank_count(events, n_ranks)
     for e in events:
         if e.kind in WORK_KINDS:
             work[e.rank] += e.duration
@@ -113,7 +115,7 @@ def peak_inflight(events, n_ranks=None):
     for e in events:
         if e.kind in ("F", "R", "B") and e.mb >= 0:
             spans.setdefault((e.rank, e.chunk, e.mb), {})[e.kind] = e
-    deltas = [[] for _ in range(_ranks(events, n_ranks))]
+    deltas = [[] for _ in range(rank_count(events, n_ranks))]
     for (rank, _, _), ev in spans.items():
         if "F" not in ev:
             continue
@@ -134,7 +136,8 @@ def peak_inflight(events, n_ranks=None):
     return peaks
 
 
-def _work(events):
+def work_events(events):
+    """The events that are work (F, B, W, R, OPT_STEP) and took time: what the drawings show."""
     return [e for e in events if e.kind in WORK_KINDS and e.duration > 0]
 
 
@@ -149,15 +152,15 @@ def text_gantt(events, n_ranks=None, unit=None):
     shortest work event), each cell the action running then (``F3``, ``B3``, ``W3``; chunk letters
     ``F3a``/``F3b`` when ranks hold several chunks; ``S`` the optimizer step) or ``.`` when the
     rank is idle."""
-    work = _work(events)
+    work = work_events(events)
     if not work:
         return ""
     unit = unit or min(e.duration for e in work)
-    t0, t1 = _span(events)
+    t0, t1 = span(events)
     n_cols = max(1, round((t1 - t0) / unit))
     chunked = any(e.chunk > 0 for e in work)
     width = max(len(_cell_label(e, chunked)) for e in work)
-    rows = [["."] * n_cols for _ in range(_ranks(events, n_ranks))]
+    rows = [["."] * n_cols for _ in range(rank_count(events, n_ranks))]
     for e in work:  # every action gets at least one cell, however short it was
         lo = min(round((e.start - t0) / unit), n_cols - 1)
         for col in range(lo, max(lo + 1, round((e.end - t0) / unit))):
@@ -172,7 +175,7 @@ def chrome_trace(events, n_ranks=None, to_us=1e6):
     rank (pid 0, tid = rank, named "rank r"). Zero-length events are left out. Save with
     ``json.dump`` and open in https://ui.perfetto.dev or chrome://tracing."""
     meta = [{"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "pipeline"}}]
-    for r in range(_ranks(events, n_ranks)):
+    for r in range(rank_count(events, n_ranks)):
         meta.append({"ph": "M", "name": "thread_name", "pid": 0, "tid": r, "args": {"name": f"rank {r}"}})
         meta.append({"ph": "M", "name": "thread_sort_index", "pid": 0, "tid": r, "args": {"sort_index": r}})
     body = [{"name": e.label, "cat": e.kind, "ph": "X", "ts": e.start * to_us, "dur": e.duration * to_us,
