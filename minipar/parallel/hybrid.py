@@ -23,7 +23,7 @@ the serial model's (``tests/test_hybrid.py`` checks the losses step by step).
 """
 from .. import backend, nn, random
 from ..optim import AdamW
-from .data import flatten_grads, offsets
+from .data.buckets import flatten_grads, offsets
 from .groups import RankGrid
 from .pipeline.runtime import Pipeline
 from .pipeline.schedules import build

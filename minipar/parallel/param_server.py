@@ -27,7 +27,7 @@ carries both ways (sent + received):
 from .. import backend
 from ..comm import Request, chunk_bounds, world
 from ..nn.module import Parameter
-from .data import broadcast_parameters, flatten_grads, flatten_parameters
+from .data.buckets import broadcast_parameters, flatten_grads, flatten_parameters
 
 PUSH, PULL = 11, 12  # message tags
 

@@ -30,7 +30,7 @@ accumulation (``no_sync``) here.
 from .. import backend
 from ..comm import chunk_bounds, world
 from ..nn.module import Parameter
-from .data import (ReadyQueue, broadcast_parameters, flatten_grads, flatten_parameters,
+from .data.buckets import (ReadyQueue, broadcast_parameters, flatten_grads, flatten_parameters,
                    gradient_bytes, make_buckets, offsets)
 
 # the all-gather that completes each reduce-scatter algorithm (the other half of its all-reduce)

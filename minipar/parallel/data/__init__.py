@@ -1,0 +1,13 @@
+"""Data parallelism: every rank holds the model and sees 1/N of the batch.
+
+ddp.py (all-reduce of bucketed gradients, overlapped with backward), sampler.py (each rank's
+shard of the data), zero.py (optimizer state and gradients sharded), param_server.py (push,
+update, pull), allreduce_optimizer.py (the 3D trainer's data-parallel step), and buckets.py,
+the pieces they share.
+"""
+from .buckets import (ReadyQueue, broadcast_parameters, flatten_grads, flatten_parameters,
+                      gradient_bytes, make_buckets, offsets)
+from .ddp import DistributedDataParallel
+
+__all__ = ["DistributedDataParallel", "ReadyQueue", "broadcast_parameters", "flatten_grads",
+           "flatten_parameters", "gradient_bytes", "make_buckets", "offsets"]

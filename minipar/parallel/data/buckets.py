@@ -1,0 +1,130 @@
+"""The pieces every data-parallel wrapper shares: rank 0's parameters everywhere, parameters cut
+into buckets, laid end to end in flat vectors, and a queue that fires a bucket's collective as
+soon as backward has produced all of its gradients.
+
+Layout. ``offsets`` places parameters end to end: parameter i occupies [o_i, o_i + n_i) with
+o_i = n_0 + ... + n_{i-1}. ``flatten_parameters`` makes every ``p.data`` a view of one such
+vector (so one collective writes all the parameters), ``flatten_grads`` copies the gradients into
+one (so one collective reduces them all). ``make_buckets`` cuts the parameters, last layer first
+(the order backward produces gradients in), into groups of about ``cap_bytes`` (Li et al. 2020).
+"""
+import warnings
+
+from ... import backend
+
+
+def broadcast_parameters(module, comm, on_mismatch="warn"):
+    """Give every rank rank 0's parameters and buffers (in place); return the names that differed
+    on this rank. ``on_mismatch``: "warn" (overwrite and warn), "ignore", or "raise" (every rank
+    raises the same ValueError naming the ranks and parameters that differed)."""
+    if on_mismatch not in ("warn", "ignore", "raise"):
+        raise ValueError(f"on_mismatch must be 'warn', 'ignore' or 'raise', got {on_mismatch!r}")
+    tensors = [(name, p.data) for name, p in module.named_parameters()]
+    differed = []
+    for name, array in tensors + list(module.named_buffers()):
+        theirs = comm.broadcast(array, root=0)
+        if not backend.get_array_module(array).array_equal(theirs, array):
+            differed.append(name)
+        array[...] = theirs
+    everyone = comm.all_gather_object(differed)  # a small check, not part of the algorithm
+    summary = "; ".join(f"rank {r}: {', '.join(names)}"
+                        for r, names in enumerate(everyone) if names)
+    if summary and on_mismatch == "raise":
+        raise ValueError(f"parameters differ from rank 0's at wrap time ({summary}); seed every "
+                         f"rank alike (minipar.manual_seed) or pass on_mismatch='warn'")
+    if differed and on_mismatch == "warn":
+        warnings.warn(f"rank {comm.rank}: {len(differed)} parameters/buffers differed from rank "
+                      f"0's and were overwritten by the broadcast: {', '.join(differed)}")
+    return differed
+
+
+def make_buckets(params, cap_bytes):
+    """Parameters in reverse order, cut into consecutive groups; a bucket is closed once it holds
+    ``cap_bytes`` or more (PyTorch's rule: a parameter is never split, and a layer's bias shares
+    its weight's bucket rather than costing a collective of its own); a change of dtype starts
+    a new bucket."""
+    buckets, size = [], 0
+    for p in reversed(params):
+        if not buckets or size >= cap_bytes or p.dtype != buckets[-1][0].dtype:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(p)
+        size += p.data.nbytes
+    return buckets
+
+
+def offsets(params):
+    """Start of each parameter in a flat vector of ``params`` laid end to end, and the total."""
+    starts, total = [], 0
+    for p in params:
+        starts.append(total)
+        total += p.size
+    return starts, total
+
+
+def flatten_parameters(params, size=None):
+    """One contiguous vector holding the params' values end to end (zero-padded to ``size``);
+    every ``p.data`` becomes a view of it, so writing the vector writes the parameters."""
+    starts, n = offsets(params)
+    flat = backend.get_array_module(params[0].data).zeros(n if size is None else size,
+                                                          params[0].dtype)
+    for p, o in zip(params, starts):
+        flat[o:o + p.size] = p.data.reshape(-1)
+        p.data = flat[o:o + p.size].reshape(p.shape)
+    return flat
+
+
+def flatten_grads(params, out):
+    """Copy the params' gradients end to end into ``out`` (zeros for a missing gradient)."""
+    for p, o in zip(params, offsets(params)[0]):
+        out[o:o + p.size] = 0 if p.grad is None else p.grad.reshape(-1)
+    return out
+
+
+def gradient_bytes(params):
+    """Bytes of the arrays the params' gradients live in (a shared bucket buffer counts once)."""
+    bases = {}
+    for p in params:
+        if p.grad is not None:
+            base = p.grad if p.grad.base is None else p.grad.base
+            bases[id(base)] = base.nbytes
+    return sum(bases.values())
+
+
+class ReadyQueue:
+    """Calls ``launch(i)`` for bucket i once every parameter of it has its gradient, in bucket
+    order (so all ranks issue the same collectives in the same order), then ``finish()`` after
+    the last bucket. ``enabled = False`` (no_sync) makes the hooks do nothing."""
+
+    def __init__(self, buckets, launch, finish):
+        self.sizes = [len(b) for b in buckets]
+        self.bucket_of = {id(p): i for i, b in enumerate(buckets) for p in b}
+        self.launch, self.finish, self.enabled = launch, finish, True
+        self.reset()
+        for b in buckets:
+            for p in b:
+                p.register_post_accumulate_grad_hook(self.ready)
+
+    def reset(self):
+        self.missing, self.next, self.active = list(self.sizes), 0, False
+
+    def ready(self, p):
+        if not self.enabled:
+            return
+        self.active = True
+        self.missing[self.bucket_of[id(p)]] -= 1
+        while self.next < len(self.sizes) and self.missing[self.next] == 0:
+            self.launch(self.next)
+            self.next += 1
+        if self.next == len(self.sizes):
+            self.flush()
+
+    def flush(self):
+        """Launch the buckets still waiting (a missing gradient counts as zero), then finish."""
+        if not self.active:
+            return
+        while self.next < len(self.sizes):
+            self.launch(self.next)
+            self.next += 1
+        self.finish()
+        self.reset()
