@@ -8,6 +8,8 @@ the pieces they share.
 from .buckets import (ReadyQueue, broadcast_parameters, flatten_grads, flatten_parameters,
                       gradient_bytes, make_buckets, offsets)
 from .ddp import DistributedDataParallel
+from .sampler import DistributedSampler, local_batch_size
 
-__all__ = ["DistributedDataParallel", "ReadyQueue", "broadcast_parameters", "flatten_grads",
+__all__ = ["DistributedDataParallel", "DistributedSampler", "local_batch_size",
+           "ReadyQueue", "broadcast_parameters", "flatten_grads",
            "flatten_parameters", "gradient_bytes", "make_buckets", "offsets"]
