@@ -9,7 +9,8 @@ from .buckets import (ReadyQueue, broadcast_parameters, flatten_grads, flatten_p
                       gradient_bytes, make_buckets, offsets)
 from .ddp import DistributedDataParallel
 from .sampler import DistributedSampler, local_batch_size
+from .zero import ZeRO
 
-__all__ = ["DistributedDataParallel", "DistributedSampler", "local_batch_size",
+__all__ = ["DistributedDataParallel", "DistributedSampler", "local_batch_size", "ZeRO",
            "ReadyQueue", "broadcast_parameters", "flatten_grads",
            "flatten_parameters", "gradient_bytes", "make_buckets", "offsets"]

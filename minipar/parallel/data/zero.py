@@ -1,0 +1,96 @@
+"""ZeRO (Rajbhandari et al. 2020): data parallelism without N copies of the optimizer state.
+
+Plain data parallelism keeps, on every rank, the parameters (n values), the gradients (n) and the
+optimizer state (2n for Adam). Yet after the all-reduce every rank computes the same update of
+every element: N-fold redundant. ZeRO splits the work by element instead:
+
+    stage 1 (optimizer state sharded)     reduce-scatter the gradients: rank r gets the average
+                                          of its 1/N shard only; it updates that shard with its
+                                          shard of the optimizer state; all-gather the parameters
+    stage 2 (gradients sharded too)       as in stage 1, but each bucket is reduce-scattered as
+                                          soon as its gradients are ready during backward, and the
+                                          full gradients are freed: a rank keeps n/N gradients
+
+A reduce-scatter plus an all-gather moves the same bytes as one ring all-reduce (which is that
+pair), so stage 1 and 2 cost no extra communication. Stage 3 (parameters sharded) is not here.
+
+Layout. Parameters are grouped in reverse order into buckets (``bucket_cap_mb``; None: one bucket
+of everything, the textbook picture). Each bucket is one flat vector, padded with zeros to a
+multiple of N, and every parameter's ``.data`` becomes a view into it. Rank r owns chunk r of
+every bucket, so a bucket's reduce-scatter lands on the owners and its all-gather writes straight
+into the parameters. The optimizer sees one Parameter per bucket, a view of the owned chunk, and
+so keeps state for about n/N elements (plus at most N-1 padding elements per bucket). Optimizer
+updates are elementwise, so updating a flat shard gives the bits a per-parameter update gives;
+global-norm clipping would need one more all-reduce and is not supported. No gradient
+accumulation (``no_sync``) here.
+
+    zero = ZeRO(model, lambda params: optim.AdamW(params, lr=1e-3), comm, stage=2)
+    loss.backward(); zero.step(); zero.zero_grad()
+"""
+from ... import backend
+from ...comm import chunk_bounds, world
+from ...nn.module import Parameter
+from .buckets import (ReadyQueue, broadcast_parameters, flatten_grads, flatten_parameters,
+                      gradient_bytes, make_buckets, offsets)
+
+# the all-gather that completes each reduce-scatter algorithm (the other half of its all-reduce)
+_ALL_GATHER_TWIN = {"recursive_halving": "recursive_doubling", "pairwise": "ring"}
+
+
+class ZeRO:
+    """Sharded data-parallel training; ``step()`` after ``backward()`` replaces optimizer.step()."""
+
+    def __init__(self, module, make_optimizer, comm=None, stage=1, bucket_cap_mb=None,
+                 algorithm="ring", on_mismatch="warn"):
+        if stage not in (1, 2):
+            raise ValueError(f"ZeRO stage {stage} is not implemented: choose 1 or 2")
+        self.module, self.comm = module, comm or world()
+        self.stage, self.algorithm = stage, algorithm
+        self.mismatched = broadcast_parameters(module, self.comm, on_mismatch)
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        cap = float("inf") if bucket_cap_mb is None else bucket_cap_mb * 2**20
+        self.buckets = make_buckets(self.params, cap)
+        self.flats, self.shards = [], []
+        N, r = self.comm.size, self.comm.rank
+        for bucket in self.buckets:
+            n = offsets(bucket)[1]
+            flat = flatten_parameters(bucket, -(-n // N) * N)  # padded to a multiple of N
+            lo, hi = chunk_bounds(flat.size, N)[r:r + 2]
+            self.flats.append(flat)
+            self.shards.append(Parameter(flat[lo:hi]))  # a view: updates land in the model
+        self.optimizer = make_optimizer(self.shards)
+        if stage == 2:
+            self.queue = ReadyQueue(self.buckets, self._reduce_scatter, lambda: None)
+
+    def _reduce_scatter(self, i):
+        """Average bucket i's gradients, keep this rank's chunk, drop the full gradients."""
+        grad = flatten_grads(self.buckets[i], backend.get_array_module(self.flats[i]).zeros_like(
+            self.flats[i]))
+        self.shards[i].grad = self.comm.reduce_scatter(grad, op="avg", algorithm=self.algorithm)
+        for p in self.buckets[i]:
+            p.grad = None  # stage 2 frees the full gradient as soon as its bucket is reduced
+
+    def step(self):
+        """Reduce-scatter gradients (stage 1; stage 2 did it during backward), update the owned
+        shard, all-gather the parameters."""
+        if self.stage == 1:
+            for i in range(len(self.buckets)):
+                self._reduce_scatter(i)
+        else:
+            self.queue.flush()  # buckets whose parameters got no gradient
+        self.optimizer.step()
+        gather = _ALL_GATHER_TWIN.get(self.algorithm, self.algorithm)
+        for flat, shard in zip(self.flats, self.shards):
+            self.comm.all_gather(shard.data.copy(), algorithm=gather,
+                                 out=flat.reshape(self.comm.size, -1))
+
+    def zero_grad(self):
+        for p in self.params + self.shards:
+            p.grad = None
+
+    def memory_bytes(self):
+        """Bytes this rank holds now: parameters, gradients (full ones and owned shards) and
+        optimizer state. Call it after backward to see stage 2's saving."""
+        return {"parameters": sum(int(f.nbytes) for f in self.flats),
+                "gradients": gradient_bytes(self.params) + gradient_bytes(self.shards),
+                "optimizer_state": self.optimizer.state_bytes()}
