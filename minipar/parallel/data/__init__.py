@@ -8,9 +8,11 @@ the pieces they share.
 from .buckets import (ReadyQueue, broadcast_parameters, flatten_grads, flatten_parameters,
                       gradient_bytes, make_buckets, offsets)
 from .ddp import DistributedDataParallel
+from .param_server import ParameterServer, busiest_link
 from .sampler import DistributedSampler, local_batch_size
 from .zero import ZeRO
 
 __all__ = ["DistributedDataParallel", "DistributedSampler", "local_batch_size", "ZeRO",
+           "ParameterServer", "busiest_link",
            "ReadyQueue", "broadcast_parameters", "flatten_grads",
            "flatten_parameters", "gradient_bytes", "make_buckets", "offsets"]

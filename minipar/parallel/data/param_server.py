@@ -1,0 +1,91 @@
+"""Parameter-server training (Li et al. 2014, "Scaling Distributed Machine Learning with the
+Parameter Server"), synchronous: the data-parallel design before all-reduce.
+
+Every rank is a worker: it computes the gradient of its local batch. Servers own the parameters
+and the optimizer. One step:
+
+    push   every worker sends the servers its gradient (server j gets the slice it owns)
+    update each server averages the N gradients of its slice, in rank order, and applies its
+           optimizer (the only optimizer state in the job lives on the servers)
+    pull   every worker receives the new parameters from the servers
+
+Layout. The parameters are laid end to end in one flat vector (each ``p.data`` becomes a view of
+it). ``sharded=False``: one server, rank 0, which is also a worker, owns the whole vector.
+``sharded=True``: every rank is a server too and owns chunk r (``chunk_bounds``), 1/N of it.
+
+Cost per step, n the bytes of the parameters (the gradients are as big), counting what a link
+carries both ways (sent + received):
+
+    one server     the server's link carries (N-1)·n in and (N-1)·n out: 2(N-1)·n, growing with
+                   N, while a worker's carries 2n. The server is the bottleneck.
+    sharded        every link carries 2(N-1)·n/N in and as much out: 4(N-1)·n/N < 4n for any N,
+                   spread evenly; the bytes of a ring all-reduce. (This push/update/pull is also
+                   ZeRO-1 without the ring: a reduce-scatter, a sharded update, an all-gather.)
+
+``busiest_link`` measures it from the counters: the rank that sent plus received the most.
+"""
+from ... import backend
+from ...comm import Request, chunk_bounds, world
+from ...nn.module import Parameter
+from .buckets import broadcast_parameters, flatten_grads, flatten_parameters
+
+PUSH, PULL = 11, 12  # message tags
+
+
+class ParameterServer:
+    """Synchronous parameter-server training of ``module``; ``step()`` after ``backward()``
+    replaces ``optimizer.step()``. ``make_optimizer(params)`` builds the servers' optimizer."""
+
+    def __init__(self, module, make_optimizer, comm=None, sharded=False, on_mismatch="warn"):
+        self.comm = comm or world()
+        self.mismatched = broadcast_parameters(module, self.comm, on_mismatch)
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.flat = flatten_parameters(self.params)
+        n = self.flat.size
+        N, r = self.comm.size, self.comm.rank
+        self.bounds = chunk_bounds(n, N) if sharded else [0] + [n] * N  # server j owns [b_j, b_j+1)
+        self.grad = backend.get_array_module(self.flat).empty_like(self.flat)
+        lo, hi = self.bounds[r], self.bounds[r + 1]
+        self.shard = Parameter(self.flat[lo:hi]) if hi > lo else None
+        self.optimizer = make_optimizer([self.shard]) if self.shard is not None else None
+
+    def _owned(self, j, vector):
+        return vector[self.bounds[j]:self.bounds[j + 1]]
+
+    def servers(self):
+        return [j for j in range(self.comm.size) if self.bounds[j + 1] > self.bounds[j]]
+
+    def step(self):
+        c, r = self.comm, self.comm.rank
+        flatten_grads(self.params, self.grad)
+        # push: my gradient's slice j to server j
+        sends = [c.isend(self._owned(j, self.grad), j, PUSH) for j in self.servers() if j != r]
+        if self.shard is not None:  # update: sum the N gradients in rank order, average, step
+            mine, got = self._owned(r, self.grad), backend.get_array_module(self.grad).empty(
+                self.shard.size, self.grad.dtype)
+            total = mine.copy() if r == 0 else c.recv(got, 0, PUSH).copy()
+            for j in range(1, c.size):
+                total += mine if j == r else c.recv(got, j, PUSH)
+            self.shard.grad = total / c.size
+            self.optimizer.step()
+        Request.wait_all(sends)
+        # pull: every server sends its slice of the parameters to every other rank
+        recvs = [c.irecv(self._owned(j, self.flat), j, PULL) for j in self.servers() if j != r]
+        sends = ([c.isend(self.shard.data, j, PULL) for j in range(c.size) if j != r]
+                 if self.shard is not None else [])
+        Request.wait_all(recvs + sends)
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+
+def busiest_link(comm, before):
+    """(bytes, rank): the most bytes one rank sent plus received since the counters read
+    ``before`` (a ``comm.counters.snapshot()``). Gathered with a small MPI call that the
+    counters do not see."""
+    now = comm.counters.snapshot()
+    mine = sum(now[key] - before[key] for key in ("bytes_sent", "bytes_received"))
+    everyone = comm.all_gather_object(mine)
+    rank = max(range(comm.size), key=everyone.__getitem__)
+    return everyone[rank], rank
