@@ -1,4 +1,5 @@
-"""The rank grid of 3D parallelism: which ranks share a tensor, a pipeline or a data group.
+"""The rank grid of 3D parallelism: which ranks share a tensor, a pipeline or a data group, and
+the communicators built from it (``ParallelGroups``: one per group kind, for this rank).
 
 W ranks are arranged as a grid of tp × dp × pp = W. Megatron-LM's default order makes the tensor
 coordinate vary fastest, then data, then pipeline (its order string "tp-dp-pp"), so
@@ -110,3 +111,26 @@ class RankGrid:
             lines.append(f"\n{NAMES[kind]} groups ({len(self.groups(kind))} of {self.sizes[kind]}): "
                          f"{groups}")
         return "\n".join(lines)
+
+
+class ParallelGroups:
+    """This rank's place in the grid and one communicator per group kind (tensor, pipeline,
+    data), each ordered by that coordinate: ``pipeline.rank`` is this rank's stage."""
+
+    def __init__(self, world, tp=1, pp=1, order="tp-dp-pp"):
+        self.world = world
+        self.grid = RankGrid(world.size, tp=tp, pp=pp, order=order)
+        self.coords = self.grid.coords(world.rank)
+        comms = {}
+        for kind in ("tp", "pp", "dp"):  # every rank joins every split, in the same order
+            groups = self.grid.groups(kind)
+            color = next(i for i, g in enumerate(groups) if world.rank in g)
+            comms[kind] = world.split(color, key=self.coords[kind])
+        self.tensor, self.pipeline, self.data = comms["tp"], comms["pp"], comms["dp"]
+
+    def describe(self):
+        c = self.coords
+        return (f"rank {self.world.rank}: tp {c['tp']} dp {c['dp']} pp {c['pp']}  "
+                f"tensor {self.grid.group_of(self.world.rank, 'tp')} "
+                f"pipeline {self.grid.group_of(self.world.rank, 'pp')} "
+                f"data {self.grid.group_of(self.world.rank, 'dp')}")

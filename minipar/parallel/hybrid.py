@@ -24,7 +24,7 @@ the serial model's (``tests/test_hybrid.py`` checks the losses step by step).
 from .. import backend, nn, random
 from ..optim import AdamW
 from .data.buckets import flatten_grads, offsets
-from .groups import RankGrid
+from .groups import ParallelGroups  # noqa: F401  (re-exported: its old home)
 from .pipeline.runtime import Pipeline
 from .pipeline.schedules import build
 from .tensor_gpt import TensorParallelGPT, check_config
@@ -33,29 +33,6 @@ from .tensor_gpt import TensorParallelGPT, check_config
 def default_optimizer(params):
     """AdamW(lr=1e-3, no weight decay): the optimizer of both the 3D run and its serial twin."""
     return AdamW(params, lr=1e-3, weight_decay=0.0)
-
-
-class ParallelGroups:
-    """This rank's place in the grid and one communicator per group kind (tensor, pipeline,
-    data), each ordered by that coordinate: ``pipeline.rank`` is this rank's stage."""
-
-    def __init__(self, world, tp=1, pp=1, order="tp-dp-pp"):
-        self.world = world
-        self.grid = RankGrid(world.size, tp=tp, pp=pp, order=order)
-        self.coords = self.grid.coords(world.rank)
-        comms = {}
-        for kind in ("tp", "pp", "dp"):  # every rank joins every split, in the same order
-            groups = self.grid.groups(kind)
-            color = next(i for i, g in enumerate(groups) if world.rank in g)
-            comms[kind] = world.split(color, key=self.coords[kind])
-        self.tensor, self.pipeline, self.data = comms["tp"], comms["pp"], comms["dp"]
-
-    def describe(self):
-        c = self.coords
-        return (f"rank {self.world.rank}: tp {c['tp']} dp {c['dp']} pp {c['pp']}  "
-                f"tensor {self.grid.group_of(self.world.rank, 'tp')} "
-                f"pipeline {self.grid.group_of(self.world.rank, 'pp')} "
-                f"data {self.grid.group_of(self.world.rank, 'dp')}")
 
 
 class DataParallelOptimizer:
