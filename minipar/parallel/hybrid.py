@@ -11,6 +11,7 @@ of each kind. The three strategies nest, each using only its own group:
     data      the ranks of a data group hold the same slices of the same stages and see
               different shards of the batch; after the pipeline's last backward, each
               averages its gradients over the data group, then every rank steps its optimizer
+              (data/allreduce_optimizer.py)
 
 So a step on the global batch of N sequences goes: rank (tp, dp, pp) takes the dp-th shard of
 N/dp sequences (the same shard for every tp and pp coordinate), the pipeline splits it into m
@@ -23,7 +24,7 @@ the serial model's (``tests/test_hybrid.py`` checks the losses step by step).
 """
 from .. import backend, nn, random
 from ..optim import AdamW
-from .data.buckets import flatten_grads, offsets
+from .data.allreduce_optimizer import AllReduceOptimizer
 from .groups import ParallelGroups  # noqa: F401  (re-exported: its old home)
 from .pipeline.runtime import Pipeline
 from .pipeline.schedules import build
@@ -33,30 +34,6 @@ from .tensor_gpt import TensorParallelGPT, check_config
 def default_optimizer(params):
     """AdamW(lr=1e-3, no weight decay): the optimizer of both the 3D run and its serial twin."""
     return AdamW(params, lr=1e-3, weight_decay=0.0)
-
-
-class DataParallelOptimizer:
-    """An optimizer that first averages its parameters' gradients over the data group.
-
-    The gradients are laid end to end in one buffer and all-reduced once (``op="avg"``): the
-    data-parallel reduction of Megatron, done after the pipeline's flush."""
-
-    def __init__(self, optimizer, params, data_comm, algorithm="auto"):
-        self.optimizer, self.params, self.comm, self.algorithm = optimizer, params, data_comm, algorithm
-        self._starts, total = offsets(params)
-        self._flat = backend.get_array_module(params[0].data).zeros(total, params[0].dtype) \
-            if data_comm.size > 1 and params else None
-
-    def step(self):
-        if self._flat is not None:
-            flat = flatten_grads(self.params, self._flat)
-            self.comm.all_reduce(flat, op="avg", algorithm=self.algorithm, out=flat)
-            for p, o in zip(self.params, self._starts):
-                p.grad = flat[o:o + p.size].reshape(p.shape)  # views, valid until next step
-        self.optimizer.step()
-
-    def zero_grad(self):
-        self.optimizer.zero_grad()
 
 
 class Trainer3D:
@@ -85,8 +62,7 @@ class Trainer3D:
         self.schedule = build(schedule, groups.grid.pp, microbatches or groups.grid.pp, chunks)
         self.pipe = Pipeline(
             self.model.to_sequential(), self.schedule, groups.pipeline, self.model.loss,
-            optimizer=lambda ps: DataParallelOptimizer(make_optimizer(ps), ps, groups.data,
-                                                       algorithm),
+            optimizer=lambda ps: AllReduceOptimizer(ps, make_optimizer, groups.data, algorithm),
             trace=trace)
 
     def local_shard(self, array):

@@ -5,6 +5,7 @@ shard of the data), zero.py (optimizer state and gradients sharded), param_serve
 update, pull), allreduce_optimizer.py (the 3D trainer's data-parallel step), and buckets.py,
 the pieces they share.
 """
+from .allreduce_optimizer import AllReduceOptimizer
 from .buckets import (ReadyQueue, broadcast_parameters, flatten_grads, flatten_parameters,
                       gradient_bytes, make_buckets, offsets)
 from .ddp import DistributedDataParallel
@@ -13,6 +14,6 @@ from .sampler import DistributedSampler, local_batch_size
 from .zero import ZeRO
 
 __all__ = ["DistributedDataParallel", "DistributedSampler", "local_batch_size", "ZeRO",
-           "ParameterServer", "busiest_link",
+           "ParameterServer", "busiest_link", "AllReduceOptimizer",
            "ReadyQueue", "broadcast_parameters", "flatten_grads",
            "flatten_parameters", "gradient_bytes", "make_buckets", "offsets"]

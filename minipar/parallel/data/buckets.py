@@ -81,9 +81,10 @@ def flatten_grads(params, out):
     return out
 
 
-def gradient_bytes(params):
-    """Bytes of the arrays the params' gradients live in (a shared bucket buffer counts once)."""
-    bases = {}
+def gradient_bytes(params, buffers=()):
+    """Bytes of the arrays the params' gradients live in, plus ``buffers``: an array shared by
+    several gradients (a bucket buffer) counts once."""
+    bases = {id(b): b.nbytes for b in buffers}
     for p in params:
         if p.grad is not None:
             base = p.grad if p.grad.base is None else p.grad.base
