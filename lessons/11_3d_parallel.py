@@ -20,7 +20,8 @@ import minipar
 from minipar import backend, nn, optim, trace
 from minipar.data import CharTokenizer, get_batch, load_text
 from minipar.parallel.groups import RankGrid
-from minipar.parallel.hybrid import ParallelGroups, Trainer3D, serial_losses
+from minipar.parallel.hybrid import ParallelGroups, Trainer3D
+from minipar.testing import serial_losses
 
 from _kit import arguments, finish, mpi_world, say
 

@@ -220,3 +220,26 @@ def _rank_main(folder, name, args_json, grace):
 
 if __name__ == "__main__":
     sys.exit(_rank_main(sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])))
+
+
+# ----------------------------------------------------------------------------------------------
+# Serial twins: the oracles the parallel layouts are checked against
+# ----------------------------------------------------------------------------------------------
+
+def serial_losses(config, batches, make_optimizer=None, seed=0, dtype="float32"):
+    """The serial GPT trained on the same global batches with the same seed: the losses a
+    ``minipar.parallel.hybrid.Trainer3D`` run of any (dp, tp, pp) layout must reproduce."""
+    from minipar import nn, random
+    from minipar.parallel.hybrid import default_optimizer
+
+    random.manual_seed(seed)
+    model = nn.GPT(config).astype(dtype)
+    optimizer = (make_optimizer or default_optimizer)(model.parameters())
+    losses = []
+    for ids, targets in batches:
+        model.zero_grad()
+        _, loss = model(ids, targets)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses

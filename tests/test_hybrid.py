@@ -22,7 +22,8 @@ def batches(n=8, steps=STEPS, seed=1):
 def layouts_body(layouts, schedule):
     """On every rank: train each (dp, tp, pp) layout and the serial model; return the losses."""
     from minipar import comm
-    from minipar.parallel.hybrid import ParallelGroups, Trainer3D, serial_losses
+    from minipar.parallel.hybrid import ParallelGroups, Trainer3D
+    from minipar.testing import serial_losses
 
     world = comm.world()
     data = batches()

@@ -22,7 +22,7 @@ the serial model's (``tests/test_hybrid.py`` checks the losses step by step).
     trainer = Trainer3D(config, groups, schedule="1f1b", microbatches=4)
     loss = trainer.step(ids, targets)               # the global batch, the same on every rank
 """
-from .. import backend, nn, random
+from .. import backend, random
 from ..optim import AdamW
 from .data.allreduce_optimizer import AllReduceOptimizer
 from .groups import ParallelGroups  # noqa: F401  (re-exported: its old home)
@@ -85,18 +85,3 @@ class Trainer3D:
             self.groups.data.all_reduce(value, op="avg", algorithm="mpi", out=value)
         self.groups.pipeline.broadcast(value, root=last, out=value)
         return float(value[0])
-
-
-def serial_losses(config, batches, make_optimizer=None, seed=0, dtype="float32"):
-    """The reference: the serial GPT trained on the same global batches with the same seed."""
-    random.manual_seed(seed)
-    model = nn.GPT(config).astype(dtype)
-    optimizer = (make_optimizer or default_optimizer)(model.parameters())
-    losses = []
-    for ids, targets in batches:
-        model.zero_grad()
-        _, loss = model(ids, targets)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
