@@ -27,7 +27,7 @@ carries both ways (sent + received):
 from ... import backend
 from ...comm import Request, chunk_bounds, world
 from ...nn.module import Parameter
-from .buckets import broadcast_parameters, flatten_grads, flatten_parameters
+from .buckets import broadcast_parameters, flatten_grads, flatten_parameters, gradient_bytes
 
 PUSH, PULL = 11, 12  # message tags
 
@@ -78,6 +78,15 @@ class ParameterServer:
     def zero_grad(self):
         for p in self.params:
             p.grad = None
+
+    def memory_bytes(self):
+        """Bytes this rank holds now, as ZeRO's ``memory_bytes``: parameters, gradients
+        (backward's, the push buffer, a server's averaged slice) and optimizer state, which only
+        the servers hold: all of it on rank 0 with one server, 1/N of it per rank sharded."""
+        shard = [] if self.shard is None else [self.shard]
+        return {"parameters": int(self.flat.nbytes),
+                "gradients": gradient_bytes(self.params + shard, [self.grad]),
+                "optimizer_state": self.optimizer.state_bytes() if self.optimizer else 0}
 
 
 def busiest_link(comm, before):
