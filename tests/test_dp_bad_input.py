@@ -29,10 +29,8 @@ def bad_input_body():
 
     import minipar
     from minipar import comm, optim
-    from minipar.parallel.data import DistributedDataParallel
-    from minipar.parallel.param_server import ParameterServer
-    from minipar.parallel.sampler import DistributedSampler
-    from minipar.parallel.zero import ZeRO
+    from minipar.parallel.data import (DistributedDataParallel, DistributedSampler,
+                                       ParameterServer, ZeRO)
     from test_dp_helpers import make_model
 
     world = comm.world()

@@ -10,10 +10,7 @@ import minipar
 import minipar.nn as nn
 from minipar import functional as F
 from minipar import optim
-from minipar.parallel.data import DistributedDataParallel
-from minipar.parallel.param_server import ParameterServer
-from minipar.parallel.sampler import DistributedSampler
-from minipar.parallel.zero import ZeRO
+from minipar.parallel.data import DistributedDataParallel, DistributedSampler, ParameterServer, ZeRO
 
 STEPS, GLOBAL_BATCH = 3, 12
 OPTIMIZERS = {

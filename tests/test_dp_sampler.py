@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minipar.parallel.sampler import DistributedSampler, local_batch_size
+from minipar.parallel.data import DistributedSampler, local_batch_size
 
 
 def shards(n, ranks, **kw):

@@ -6,7 +6,7 @@ from minipar.testing import run_on_ranks
 
 def link_body():
     from minipar import comm
-    from minipar.parallel.param_server import ParameterServer, busiest_link
+    from minipar.parallel.data import ParameterServer, busiest_link
     from test_dp_helpers import OPTIMIZERS, loss_of, make_data, make_model
 
     world = comm.world()

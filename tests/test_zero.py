@@ -10,8 +10,7 @@ def memory_body():
     import numpy as np
 
     from minipar import comm
-    from minipar.parallel.data import DistributedDataParallel
-    from minipar.parallel.zero import ZeRO
+    from minipar.parallel.data import DistributedDataParallel, ZeRO
     from test_dp_helpers import OPTIMIZERS, loss_of, make_data, make_model
 
     world = comm.world()
