@@ -4,6 +4,11 @@ ddp.py (all-reduce of bucketed gradients, overlapped with backward), sampler.py 
 shard of the data), zero.py (optimizer state and gradients sharded), param_server.py (push,
 update, pull), allreduce_optimizer.py (the 3D trainer's data-parallel step), and buckets.py,
 the pieces they share.
+
+DDP wraps the module, as torch's does: ``DistributedDataParallel(module, comm, bucket_cap_mb=...)``,
+then backward and the plain optimizer. The other three wrap the optimizer and share one shape,
+``Wrapper(module, make_optimizer, comm, ...)`` with ``step()``, ``zero_grad()`` and
+``memory_bytes()`` (parameters, gradients, optimizer state held on this rank).
 """
 from .allreduce_optimizer import AllReduceOptimizer
 from .buckets import (ReadyQueue, broadcast_parameters, flatten_grads, flatten_parameters,
@@ -15,5 +20,6 @@ from .zero import ZeRO
 
 __all__ = ["DistributedDataParallel", "DistributedSampler", "local_batch_size", "ZeRO",
            "ParameterServer", "busiest_link", "AllReduceOptimizer",
-           "ReadyQueue", "broadcast_parameters", "flatten_grads",
-           "flatten_parameters", "gradient_bytes", "make_buckets", "offsets"]
+           # the shared pieces (buckets.py)
+           "broadcast_parameters", "make_buckets", "offsets", "flatten_parameters",
+           "flatten_grads", "gradient_bytes", "ReadyQueue"]
