@@ -218,9 +218,6 @@ def _rank_main(folder, name, args_json, grace):
     return 0 if record["ok"] else 1
 
 
-if __name__ == "__main__":
-    sys.exit(_rank_main(sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])))
-
 
 # ----------------------------------------------------------------------------------------------
 # Serial twins: the oracles the parallel layouts are checked against
@@ -229,8 +226,8 @@ if __name__ == "__main__":
 def serial_losses(config, batches, make_optimizer=None, seed=0, dtype="float32"):
     """The serial GPT trained on the same global batches with the same seed: the losses a
     ``minipar.parallel.hybrid.Trainer3D`` run of any (dp, tp, pp) layout must reproduce."""
-    from minipar import nn, random
-    from minipar.parallel.hybrid import default_optimizer
+    from minipar import nn, random  # here, not at the top: the launching process of
+    from minipar.parallel.hybrid import default_optimizer  # run_on_ranks never loads MPI
 
     random.manual_seed(seed)
     model = nn.GPT(config).astype(dtype)
@@ -243,3 +240,7 @@ def serial_losses(config, batches, make_optimizer=None, seed=0, dtype="float32")
         optimizer.step()
         losses.append(loss.item())
     return losses
+
+
+if __name__ == "__main__":
+    sys.exit(_rank_main(sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])))

@@ -3,7 +3,7 @@
 Each rank has coordinates (tp, dp, pp) in the grid of ``groups.RankGrid`` and belongs to one group
 of each kind. The three strategies nest, each using only its own group:
 
-    tensor    the layers of the GPT are split over the tensor group (tensor.py, tensor_gpt.py):
+    tensor    the layers of the GPT are split over the tensor group (tensor/):
               two all-reduces per transformer layer forward and two backward
     pipeline  the split GPT's layers are cut into pp stages, one per rank of the pipeline group,
               run by a schedule (pipeline/runtime.py): activations and their gradients move
@@ -28,7 +28,7 @@ from .data.allreduce_optimizer import AllReduceOptimizer
 from .groups import ParallelGroups  # noqa: F401  (re-exported: its old home)
 from .pipeline.runtime import Pipeline
 from .pipeline.schedules import build
-from .tensor_gpt import TensorParallelGPT, check_config
+from .tensor import TensorParallelGPT, check_config
 
 
 def default_optimizer(params):
