@@ -3,7 +3,7 @@
     mpiexec -n 4 python lessons/04_allreduce.py
 
 All-reduce gives every rank the sum of all ranks' vectors: the gradient step of data parallel
-training. minipar.comm.collectives writes it by hand over send/recv in seven ways; each is
+training. minipar.comm writes it by hand over send/recv in seven ways; each is
 proved equal to MPI_Allreduce by the tests. Part 1 draws each algorithm's messages for a tiny
 vector, from the communicator's trace. Part 2 fills the lecture's comparison table from the
 counters: time, peak bandwidth per node (the busiest rank's bytes in and out) and total

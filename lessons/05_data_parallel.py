@@ -20,11 +20,10 @@ import minipar
 import minipar.nn as nn
 from minipar import optim
 from minipar import functional as F
-from minipar.comm.collectives import ALGORITHMS
+from minipar.comm import ALGORITHMS
 from minipar.data import load_digits
-from minipar.parallel.data import DistributedDataParallel
-from minipar.parallel.param_server import ParameterServer, busiest_link
-from minipar.parallel.sampler import DistributedSampler, local_batch_size
+from minipar.parallel.data import (DistributedDataParallel, DistributedSampler, ParameterServer,
+                                   busiest_link, local_batch_size)
 
 
 from _kit import arguments, finish, mpi_world, say

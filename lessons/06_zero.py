@@ -18,9 +18,7 @@ import minipar
 import minipar.nn as nn
 from minipar import optim
 from minipar.data import CharTokenizer, load_text
-from minipar.parallel.data import DistributedDataParallel
-from minipar.parallel.sampler import local_batch_size
-from minipar.parallel.zero import ZeRO
+from minipar.parallel.data import DistributedDataParallel, ZeRO, local_batch_size
 
 from _kit import arguments, finish, mpi_world, say
 

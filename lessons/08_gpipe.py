@@ -26,9 +26,8 @@ import numpy as np  # noqa: E402
 
 import minipar  # noqa: E402
 from minipar import nn  # noqa: E402
-from minipar.parallel.pipeline import Pipeline, bubble_theory, build  # noqa: E402
+from minipar.parallel.pipeline import Pipeline, bubble_theory, build, text_gantt  # noqa: E402
 from minipar.parallel.pipeline.measure import measure_bubble  # noqa: E402
-from minipar.trace import text_gantt  # noqa: E402
 
 from _kit import arguments, finish, mpi_world, say  # noqa: E402
 

@@ -3,7 +3,7 @@
     mpiexec -n 2 python lessons/10_tensor_parallel.py        (works with -n 4; add --quick)
 
 All ranks form one tensor group of size p, and every rank sees the same batch. Each rank holds
-1/p of every weight matrix (``minipar/parallel/tensor.py``) and computes 1/p of every layer.
+1/p of every weight matrix (``minipar/parallel/tensor/``) and computes 1/p of every layer.
 The ranks talk inside each layer, so the group must be the fastest-connected set of ranks.
 This lesson measures, in float64 against the serial twin built from the same seed:
 
@@ -20,7 +20,7 @@ import minipar
 from minipar import Tensor, nn, optim
 from minipar import functional as F
 from minipar.parallel import tensor as tp
-from minipar.parallel.tensor_gpt import accounting, shard_from_serial
+from minipar.parallel.tensor import accounting, shard_from_serial
 
 from _kit import arguments, finish, mpi_world, say
 

@@ -17,10 +17,11 @@ import math
 import time
 
 import minipar
-from minipar import backend, nn, optim, trace
+from minipar import backend, nn, optim
 from minipar.data import CharTokenizer, get_batch, load_text
-from minipar.parallel.groups import RankGrid
-from minipar.parallel.hybrid import ParallelGroups, Trainer3D
+from minipar.parallel.groups import ParallelGroups, RankGrid
+from minipar.parallel.hybrid import Trainer3D
+from minipar.parallel.pipeline import timeline
 from minipar.testing import serial_losses
 
 from _kit import arguments, finish, mpi_world, say
@@ -104,15 +105,15 @@ def main():
         f"(ranks {grid.group_of(0, 'pp')}, one row per stage)")
     if world.rank == 0:
         stages = grid.group_of(0, "pp")
-        mine = [trace.Event(stages.index(r), e.start, e.end, e.kind, e.mb, e.chunk)
+        mine = [timeline.Event(stages.index(r), e.start, e.end, e.kind, e.mb, e.chunk)
                 for r, evs in enumerate(events) if r in stages for e in evs]
         shortest = min(e.duration for e in mine if e.kind in ("F", "B"))
-        print(trace.text_gantt(mine, unit=shortest))  # a cell: the shortest F or B
-        print(f"  bubble measured {trace.bubble_fraction(mine):.2f}")
+        print(timeline.text_gantt(mine, unit=shortest))  # a cell: the shortest F or B
+        print(f"  bubble measured {timeline.bubble_fraction(mine):.2f}")
         if args.trace:
-            every = [trace.Event(r, e.start, e.end, e.kind, e.mb, e.chunk)
+            every = [timeline.Event(r, e.start, e.end, e.kind, e.mb, e.chunk)
                      for r, evs in enumerate(events) for e in evs]
-            trace.write_chrome_trace(every, args.trace, n_ranks=world.size)
+            timeline.write_chrome_trace(every, args.trace, n_ranks=world.size)
             print(f"  all {world.size} ranks' timelines written to {args.trace} (ui.perfetto.dev)")
     totals = world.mpi.gather(moved, root=0)
     if world.rank == 0:
