@@ -11,6 +11,7 @@ two contractions plus one ``add_windows``.
 """
 from .. import backend
 from ..autograd import as_tensor, make_result
+from ..checkpoint import is_recomputing as _is_recomputing  # a replay leaves running stats alone
 
 
 def _pair(v):
@@ -158,15 +159,6 @@ def adaptive_avg_pool2d(x, output_size=1):
     x = as_tensor(x)
     _check_nchw("adaptive_avg_pool2d", x)
     return x.mean(axis=(2, 3), keepdims=True)
-
-
-def _is_recomputing():
-    """True while ``minipar.checkpoint`` re-runs a forward (then running stats must not move)."""
-    try:
-        from ..checkpoint import is_recomputing
-    except ImportError:  # checkpointing not available: nothing is ever recomputed
-        return False
-    return is_recomputing()
 
 
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=True,
