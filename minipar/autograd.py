@@ -6,47 +6,12 @@ a ``backward(g)`` closure that maps the gradient of the output to the gradients 
 
     out = make_result(a.data * b.data, (a, b), lambda g: (g * b.data, g * a.data), "mul")
 
-``Tensor.backward()`` then does what micrograd does: sort the graph topologically, walk it once
-backwards, and add each node's contribution into its parents (the chain rule, summed over uses).
-Only leaves (tensors made by the user, e.g. parameters) keep ``.grad``; like PyTorch, the graph is
-released as it is consumed, so a second ``backward()`` through it is an error unless the first
-one passed ``retain_graph=True``.
+``Tensor.backward()`` hands the graph to ``graph.run_backward``: a topological sort, then one loop
+backwards, the graph released as it is consumed.
 """
-import contextlib
-
 from . import backend, memory
-
-_grad_enabled = [True]
-
-
-def is_grad_enabled():
-    return _grad_enabled[0]
-
-
-@contextlib.contextmanager
-def set_grad_enabled(mode):
-    """Inside the block, ops record a graph only when ``mode`` is true."""
-    previous = _grad_enabled[0]
-    _grad_enabled[0] = bool(mode)
-    try:
-        yield
-    finally:
-        _grad_enabled[0] = previous
-
-
-def no_grad():
-    """Context: build no graph (inference, optimizer updates, checkpointed forwards)."""
-    return set_grad_enabled(False)
-
-
-def enable_grad():
-    return set_grad_enabled(True)
-
-
-def _released_backward(g):
-    raise RuntimeError(
-        "trying to backward through the graph a second time: its saved arrays were freed after "
-        "the first backward(); pass retain_graph=True to the first call if you need to do this")
+from .graph import (as_array, enable_grad, is_grad_enabled, no_grad, release,  # noqa: F401
+                    run_backward, set_grad_enabled)
 
 
 class Tensor:
@@ -59,7 +24,7 @@ class Tensor:
     def __init__(self, data, requires_grad=False, dtype=None, name=None):
         if isinstance(data, Tensor):
             data = data.data
-        self.data = _as_array(data, dtype)
+        self.data = as_array(data, dtype)
         self.grad = None
         self.requires_grad = False
         self._parents = ()
@@ -148,7 +113,7 @@ class Tensor:
                     f"reduce it first (e.g. .sum()) or pass backward(grad) of shape {self.shape}")
             grad = self._xp().ones_like(self.data)
         else:
-            grad = _as_array(grad.data if isinstance(grad, Tensor) else grad, self.data.dtype)
+            grad = as_array(grad.data if isinstance(grad, Tensor) else grad, self.data.dtype)
             if grad.shape != self.shape:
                 raise ValueError(f"backward(grad): grad has shape {grad.shape} but the tensor has "
                                  f"shape {self.shape}")
@@ -156,94 +121,6 @@ class Tensor:
 
     def _xp(self):
         return backend.get_array_module(self.data)
-
-
-def run_backward(roots, grads, retain_graph=False):
-    """Propagate ``grads`` (arrays, one per root) back through the graph below ``roots``.
-
-    A leaf's gradient is final once every node that uses it has run, so each leaf is finished
-    (``.grad`` set, post-accumulate hooks called) right then, while backward goes on, not at its
-    place in the topological order (which may be the very end)."""
-    order = _topological_order(roots)
-    uses = {}  # leaf id -> how many (node, parent) edges still have to deliver a gradient
-    for node in order:
-        for parent in node._parents:
-            if parent.requires_grad and parent._backward is None:
-                uses[id(parent)] = uses.get(id(parent), 0) + 1
-    pending = {}
-    for root, g in zip(roots, grads):
-        _accumulate(pending, root, g)
-    for node in reversed(order):
-        g = pending.pop(id(node), None)
-        if g is None:
-            continue
-        g = _apply_hooks(node, g)
-        if node._backward is None:  # a leaf not finished below (a root, or some use got no grad)
-            _finish_leaf(node, g)
-            continue
-        if node._retain:
-            node.grad = g if node.grad is None else node.grad + g
-        parent_grads = node._backward(g)
-        for parent, pg in zip(node._parents, parent_grads):
-            if pg is not None and parent.requires_grad:
-                _accumulate(pending, parent, pg)
-            if parent.requires_grad and parent._backward is None:
-                uses[id(parent)] -= 1
-                if uses[id(parent)] == 0 and id(parent) in pending:
-                    _finish_leaf(parent, _apply_hooks(parent, pending.pop(id(parent))))
-        if not retain_graph:
-            release(node)
-
-
-def _apply_hooks(node, g):
-    for hook in node._hooks or ():
-        new = hook(g)
-        g = g if new is None else _as_array(getattr(new, "data", new), g.dtype)
-    return g
-
-
-def _finish_leaf(node, g):
-    """Keep a leaf's gradient, then tell its post-accumulate hooks."""
-    node.grad = g if node.grad is None else node.grad + g
-    for hook in node._post_hooks or ():
-        hook(node)
-
-
-def release(node):
-    """Free what a node saved for backward; a later backward through it raises a clear error."""
-    if node._backward is not None and node._backward is not _released_backward:
-        memory.forget(node)
-        node._backward = _released_backward
-        node._parents = ()
-
-
-def _accumulate(pending, node, g):
-    if g.shape != node.shape:
-        raise RuntimeError(f"internal error: op {node._op!r} produced a gradient of shape "
-                           f"{g.shape} for a tensor of shape {node.shape}")
-    key = id(node)
-    pending[key] = g if key not in pending else pending[key] + g
-
-
-def _topological_order(roots):
-    """Nodes that need gradients, each after all of its parents (iterative DFS, no recursion)."""
-    order, seen = [], set()
-    stack = [(r, False) for r in roots if r.requires_grad]
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            order.append(node)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if node._backward is _released_backward:
-            _released_backward(None)
-        stack.append((node, True))
-        for parent in node._parents:
-            if parent.requires_grad and id(parent) not in seen:
-                stack.append((parent, False))
-    return order
 
 
 def make_result(data, parents, backward, op):
@@ -259,7 +136,7 @@ def make_result(data, parents, backward, op):
     out._post_hooks = None
     out.name = None
     out._op = op
-    if _grad_enabled[0] and any(p.requires_grad for p in parents):
+    if is_grad_enabled() and any(p.requires_grad for p in parents):
         out.requires_grad = True
         out._parents = tuple(parents)
         out._backward = backward
@@ -269,21 +146,6 @@ def make_result(data, parents, backward, op):
         out._parents = ()
         out._backward = None
     return out
-
-
-def _as_array(data, dtype=None):
-    """A backend array on the current device from arrays, scalars or nested lists.
-
-    Python floats become float32 (as in PyTorch); arrays keep their dtype unless one is given.
-    A CuPy array stays where it is; anything else goes to the current device.
-    """
-    if backend.is_gpu_array(data):
-        arr = data
-    else:
-        arr = backend.xp().asarray(data)
-        if arr.dtype.kind == "f" and arr.dtype.itemsize == 8 and not hasattr(data, "dtype"):
-            arr = arr.astype("float32")
-    return arr if dtype is None or arr.dtype == dtype else arr.astype(dtype)
 
 
 def tensor(data, requires_grad=False, dtype=None):
