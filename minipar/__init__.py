@@ -5,11 +5,10 @@
     (x * x).sum().backward()
     x.grad   # array([[2., 4.]], dtype=float32)
 """
-from . import backend, ops  # noqa: F401  (ops installs the Tensor operators)
-from . import functional  # noqa: F401
-from .autograd import (Tensor, as_tensor, enable_grad, is_grad_enabled, no_grad,  # noqa: F401
-                       set_grad_enabled, tensor)
-from .ops import concat, embedding, gather, masked_fill, split, stack, where  # noqa: F401
+from . import backend, functional  # noqa: F401
+from .autograd import (Tensor, as_tensor, concat, embedding, enable_grad, gather,  # noqa: F401
+                       is_grad_enabled, masked_fill, no_grad, set_grad_enabled, split, stack,
+                       tensor, where)
 from .random import get_rng_state, manual_seed, set_rng_state  # noqa: F401
 from .backend import to_numpy  # noqa: F401
 

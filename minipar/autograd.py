@@ -1,15 +1,23 @@
-"""Tensors that remember how they were made, and reverse-mode differentiation over that record.
+"""Tensors that remember how they were made.
 
-A ``Tensor`` wraps one backend array (NumPy or CuPy, see ``backend``). An op (in ``ops.py`` and
-``functional.py``) computes its result and, when any input needs gradients, hands ``make_result``
-a ``backward(g)`` closure that maps the gradient of the output to the gradients of its inputs:
+A ``Tensor`` wraps one backend array (NumPy or CuPy, see ``backend``), and its class body lists
+its whole API. Each operator hands its arrays to an op of ``ops.py`` through ``apply``:
 
-    out = make_result(a.data * b.data, (a, b), lambda g: (g * b.data, g * a.data), "mul")
+    def __mul__(self, other): return apply(ops.mul, self, other)
 
-``Tensor.backward()`` hands the graph to ``graph.run_backward``: a topological sort, then one loop
+An op returns its output array and one gradient function per input; ``apply`` wraps the output
+and records a graph node whose ``backward(g)`` calls only the gradient functions of the inputs
+that require grad (``x @ W`` with a constant ``x`` never computes dL/dx). Fused functions
+(``functional.py``) record their node directly with ``make_result``:
+
+    out = make_result(y, (x,), lambda g: (g * mask,), "dropout")
+
+``Tensor.backward()`` hands the node to ``graph.run_backward``: a topological sort, then one loop
 backwards, the graph released as it is consumed.
 """
-from . import backend, memory
+import numbers
+
+from . import backend, memory, ops
 from .graph import (as_array, enable_grad, is_grad_enabled, no_grad, release,  # noqa: F401
                     run_backward, set_grad_enabled)
 
@@ -53,6 +61,76 @@ class Tensor:
         values = str(backend.to_numpy(self.data)).replace("\n", "\n       ")
         return f"tensor({values}, dtype={self.dtype}{grad}{op})"
 
+    # --- arithmetic, each also reflected (2 * x); Python numbers stay weak scalars --------------
+    def __add__(self, other): return apply(ops.add, self, other)
+    def __radd__(self, other): return apply(ops.add, other, self)
+    def __sub__(self, other): return apply(ops.sub, self, other)
+    def __rsub__(self, other): return apply(ops.sub, other, self)
+    def __mul__(self, other): return apply(ops.mul, self, other)
+    def __rmul__(self, other): return apply(ops.mul, other, self)
+    def __truediv__(self, other): return apply(ops.div, self, other)
+    def __rtruediv__(self, other): return apply(ops.div, other, self)
+    def __pow__(self, other): return apply(ops.pow_, self, other)
+    def __rpow__(self, other): return apply(ops.pow_, other, self)
+    def __matmul__(self, other): return apply(ops.matmul, self, as_tensor(other))
+    def __rmatmul__(self, other): return apply(ops.matmul, as_tensor(other), self)
+    def __neg__(self): return apply(ops.neg, self)
+
+    # --- elementwise functions ---------------------------------------------------------------
+    def exp(self): return apply(ops.exp, self)
+    def log(self): return apply(ops.log, self)
+    def sqrt(self): return apply(ops.sqrt, self)
+    def tanh(self): return apply(ops.tanh, self)
+    def sigmoid(self): return apply(ops.sigmoid, self)
+    def relu(self): return apply(ops.relu, self)
+    def abs(self): return apply(ops.abs_, self)
+
+    def masked_fill(self, mask, value):
+        """A copy with ``value`` where ``mask`` is true; no gradient flows to filled places."""
+        return apply(ops.masked_fill, self, mask=_array(mask), value=value)
+
+    # --- reductions --------------------------------------------------------------------------
+    def sum(self, axis=None, keepdims=False):
+        return apply(ops.sum_, self, axis=axis, keepdims=keepdims)
+
+    def mean(self, axis=None, keepdims=False):
+        return apply(ops.mean, self, axis=axis, keepdims=keepdims)
+
+    def max(self, axis=None, keepdims=False):
+        return apply(ops.max_, self, axis=axis, keepdims=keepdims)
+
+    def min(self, axis=None, keepdims=False):
+        return apply(ops.min_, self, axis=axis, keepdims=keepdims)
+
+    # --- shapes and indexing -----------------------------------------------------------------
+    def reshape(self, *shape): return apply(ops.reshape, self, shape=_varargs(shape))
+    view = reshape
+    def permute(self, *axes): return apply(ops.permute, self, axes=_varargs(axes))
+    def transpose(self, dim0=-2, dim1=-1): return apply(ops.transpose, self, dim0=dim0, dim1=dim1)
+    T = property(lambda self: self.permute(tuple(reversed(range(self.ndim)))))
+
+    def __getitem__(self, index):
+        """Basic slicing (a view's gradient is a slice assignment) or advanced indexing (repeated
+        indices accumulate their gradients)."""
+        index = tuple(_array(i) for i in index) if isinstance(index, tuple) else _array(index)
+        return apply(ops.slice_ if ops.is_basic_index(index) else ops.getitem, self, index=index)
+
+    def gather(self, dim, index):
+        """torch.gather: out[i][j] = self[i][index[i][j]] for dim=1 (likewise for any dim)."""
+        return apply(ops.gather, self, dim=dim, index=_array(index))
+
+    def split(self, split_size_or_sections, axis=0):
+        """torch.split: pieces of ``split_size`` along ``axis`` (the last may be shorter), or of
+        the listed sizes. Each piece is its own op, so unused pieces cost nothing in backward."""
+        return [apply(ops.slice_, self, index=index)
+                for index in ops.split_slices(self.shape, split_size_or_sections, axis)]
+
+    # --- dtype -------------------------------------------------------------------------------
+    def astype(self, dtype): return apply(ops.astype, self, dtype=dtype)
+    def float(self): return self.astype("float32")
+    def double(self): return self.astype("float64")
+
+    # --- values on the host ------------------------------------------------------------------
     def numpy(self):
         """The values as a NumPy array on the host (an explicit device-to-host copy on a GPU)."""
         return backend.to_numpy(self.data)
@@ -123,6 +201,42 @@ class Tensor:
         return backend.get_array_module(self.data)
 
 
+def _varargs(args):
+    """``t.reshape(2, 3)`` and ``t.reshape((2, 3))`` alike."""
+    return args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
+
+
+def _array(x):
+    """A tensor used as an index, mask or condition: its array (it is not differentiated)."""
+    return x.data if isinstance(x, Tensor) else x
+
+
+def apply(op, *inputs, **options):
+    """``op`` (from ``ops.py``) on the inputs' arrays, its result recorded for backward.
+
+    Python numbers stay numbers (NumPy's weak scalar typing); arrays and lists become constant
+    tensors. ``op(*arrays, **options)`` returns the output array and one gradient function per
+    input; backward keeps and calls only those of inputs that require grad, each result summed
+    down to its input's shape (``ops.unbroadcast``). An output that is not floating point
+    carries no gradient (``x.astype("int64")``).
+    """
+    inputs = [x if isinstance(x, (Tensor, numbers.Number)) else Tensor(x) for x in inputs]
+    out, grad_fns = op(*[x.data if isinstance(x, Tensor) else x for x in inputs], **options)
+    name = op.__name__.rstrip("_")
+    parents = [x for x in inputs if isinstance(x, Tensor)]
+    if not (is_grad_enabled() and out.dtype.kind in "fc" and any(p.requires_grad for p in parents)):
+        return make_result(out, (), None, name)
+    wanted = [fn if x.requires_grad else None
+              for x, fn in zip(inputs, grad_fns) if isinstance(x, Tensor)]
+    shapes = [p.shape for p in parents]
+
+    def backward(g):
+        return [None if fn is None else ops.unbroadcast(fn(g), shape)
+                for fn, shape in zip(wanted, shapes)]
+
+    return make_result(out, parents, backward, name)
+
+
 def make_result(data, parents, backward, op):
     """Wrap an op's output array; record the graph only if some parent needs a gradient.
 
@@ -156,3 +270,34 @@ def tensor(data, requires_grad=False, dtype=None):
 def as_tensor(x):
     """Tensors pass through; arrays and scalars become constant (no-grad) tensors."""
     return x if isinstance(x, Tensor) else Tensor(x)
+
+
+# --- functions of several tensors (``minipar.concat`` ...) and torch-style free forms -------------
+def concat(tensors, axis=0):
+    return apply(ops.concat, *tensors, axis=axis)
+
+
+def stack(tensors, axis=0):
+    return apply(ops.stack, *tensors, axis=axis)
+
+
+def where(condition, a, b):
+    """Elementwise choice: a where condition holds, else b (both broadcast)."""
+    return apply(ops.where, a, b, condition=_array(condition))
+
+
+def embedding(weight, ids):
+    """Rows of ``weight`` picked by integer ``ids`` (any shape): out[..., :] = weight[ids[...]]."""
+    return apply(ops.embedding, weight, ids=_array(ids))
+
+
+def gather(a, dim, index):
+    return a.gather(dim, index)
+
+
+def masked_fill(a, mask, value):
+    return a.masked_fill(mask, value)
+
+
+def split(a, split_size_or_sections, axis=0):
+    return a.split(split_size_or_sections, axis)

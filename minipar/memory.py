@@ -1,10 +1,11 @@
 """Bytes of activations held for backward, live and peak: the quantity checkpointing trades away.
 
 What a graph node holds for backward is exactly what its ``backward`` closure captures: arrays,
-and tensors whose arrays it will read. While an ``ActivationMemory`` tracker is active, every
-node that records a graph is inspected when it is made and counted until backward releases it
-(or it is garbage collected). Each distinct buffer counts once (views share their base), and
-leaves are not counted: parameters and input batches exist whether or not backward will run.
+tensors whose arrays it will read, and the gradient functions it will call, with what they
+capture. While an ``ActivationMemory`` tracker is active, every node that records a graph is
+inspected when it is made and counted until backward releases it (or it is garbage collected).
+Each distinct buffer counts once (views share their base), and leaves are not counted:
+parameters and input batches exist whether or not backward will run.
 
     with ActivationMemory() as mem:
         loss = model(x).sum()
@@ -65,8 +66,11 @@ def _base(array):
 
 
 def saved_buffers(fn):
-    """(id, nbytes) of each distinct non-leaf buffer captured by a backward closure."""
-    found = {}
+    """(id, nbytes) of each distinct non-leaf buffer captured by a backward closure.
+
+    A function found there (``apply`` keeps one gradient function per input) holds what its own
+    closure captures, so it is walked in the same way."""
+    found, walked = {}, set()
 
     def visit(obj, depth=0):
         if hasattr(obj, "_backward") and hasattr(obj, "data"):  # a Tensor
@@ -81,12 +85,18 @@ def saved_buffers(fn):
         elif isinstance(obj, dict) and depth < 2:
             for item in obj.values():
                 visit(item, depth + 1)
+        elif getattr(obj, "__closure__", None) and id(obj) not in walked:  # a function
+            walk(obj)
 
-    for cell in fn.__closure__ or ():
-        try:
-            visit(cell.cell_contents)
-        except ValueError:  # an empty cell
-            pass
+    def walk(function):
+        walked.add(id(function))
+        for cell in function.__closure__ or ():
+            try:
+                visit(cell.cell_contents)
+            except ValueError:  # an empty cell
+                pass
+
+    walk(fn)
     return tuple(found.items())
 
 

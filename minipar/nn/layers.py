@@ -1,6 +1,6 @@
 """The basic layers, each a thin Module over one function of ``minipar.functional``."""
 from .. import functional as F
-from .. import ops
+from ..autograd import embedding
 from . import init
 from .module import Module, Parameter
 
@@ -32,7 +32,7 @@ class Embedding(Module):
         self.weight = Parameter(init.normal((num_embeddings, embedding_dim), 1.0, dtype))
 
     def forward(self, ids):
-        return ops.embedding(self.weight, ids)
+        return embedding(self.weight, ids)
 
     def extra_repr(self):
         return f"{self.num_embeddings}, {self.embedding_dim}"

@@ -11,8 +11,8 @@ Both split by those rows, rank i holding tokens [i·V/p, (i+1)·V/p):
                                    exponentials, target logit), all-reduced, and its backward
                                    needs none
 """
-from ... import backend, nn, ops
-from ...autograd import Tensor, as_tensor, make_result
+from ... import backend, nn
+from ...autograd import Tensor, as_tensor, embedding, make_result
 from ...nn import Module, Parameter
 from .mappings import _all_reduce, reduce_from_tensor_region, reduce_scatter_to_sequence_region
 from .shard import divide, shard
@@ -42,7 +42,7 @@ class VocabParallelEmbedding(Module):
         xp = backend.get_array_module(ids)
         local = ids - self.vocab_start
         mine = (local >= 0) & (local < self.per_rank)
-        rows = ops.embedding(self.weight, xp.where(mine, local, 0))
+        rows = embedding(self.weight, xp.where(mine, local, 0))
         rows = rows * mine[..., None].astype(rows.dtype)
         leave = reduce_scatter_to_sequence_region if self.sequence_parallel \
             else reduce_from_tensor_region
