@@ -220,21 +220,28 @@ def apply(op, *inputs, **options):
     down to its input's shape (``ops.unbroadcast``). An output that is not floating point
     carries no gradient (``x.astype("int64")``).
     """
-    inputs = [x if isinstance(x, (Tensor, numbers.Number)) else Tensor(x) for x in inputs]
-    out, grad_fns = op(*[x.data if isinstance(x, Tensor) else x for x in inputs], **options)
+    arrays, parents, slots, needed = [], [], [], False  # (one loop: this runs for every op)
+    for i, x in enumerate(inputs):
+        if not isinstance(x, Tensor):
+            if isinstance(x, numbers.Number):
+                arrays.append(x)
+                continue
+            x = Tensor(x)
+        arrays.append(x.data)
+        parents.append(x)
+        slots.append(i)
+        needed = needed or x.requires_grad
+    out, grad_fns = op(*arrays, **options)
     name = op.__name__.rstrip("_")
-    parents = [x for x in inputs if isinstance(x, Tensor)]
-    if not (is_grad_enabled() and out.dtype.kind in "fc" and any(p.requires_grad for p in parents)):
-        return make_result(out, (), None, name)
-    wanted = [fn if x.requires_grad else None
-              for x, fn in zip(inputs, grad_fns) if isinstance(x, Tensor)]
-    shapes = [p.shape for p in parents]
+    if not (needed and is_grad_enabled() and out.dtype.kind in "fc"):
+        return _result(out, (), None, name)
+    wanted = [(grad_fns[i], p.data.shape) if p.requires_grad else None
+              for i, p in zip(slots, parents)]
 
     def backward(g):
-        return [None if fn is None else ops.unbroadcast(fn(g), shape)
-                for fn, shape in zip(wanted, shapes)]
+        return [None if w is None else ops.unbroadcast(w[0](g), w[1]) for w in wanted]
 
-    return make_result(out, parents, backward, name)
+    return _result(out, parents, backward, name)
 
 
 def make_result(data, parents, backward, op):
@@ -242,6 +249,13 @@ def make_result(data, parents, backward, op):
 
     ``backward(g)`` returns one gradient (array or None) per parent, each of the parent's shape.
     """
+    if is_grad_enabled() and any(p.requires_grad for p in parents):
+        return _result(data, parents, backward, op)
+    return _result(data, (), None, op)
+
+
+def _result(data, parents, backward, op):
+    """A new tensor holding ``data``; a graph node when ``backward`` is given."""
     out = Tensor.__new__(Tensor)
     out.data = data
     out.grad = None
@@ -250,15 +264,11 @@ def make_result(data, parents, backward, op):
     out._post_hooks = None
     out.name = None
     out._op = op
-    if is_grad_enabled() and any(p.requires_grad for p in parents):
-        out.requires_grad = True
-        out._parents = tuple(parents)
-        out._backward = backward
+    out.requires_grad = backward is not None
+    out._parents = tuple(parents)
+    out._backward = backward
+    if backward is not None:
         memory.remember(out)
-    else:
-        out.requires_grad = False
-        out._parents = ()
-        out._backward = None
     return out
 
 
