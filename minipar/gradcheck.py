@@ -20,7 +20,7 @@ def numerical_grads(fn, arrays, projection, eps=1e-6):
         g = numpy.zeros(a.shape, dtype=numpy.float64)
         flat = a.reshape(-1)
         for i in range(flat.size):
-            saved = flat[i]
+            saved = flat[i].item()  # a copy: CuPy's flat[i] is a view that the next line changes
             flat[i] = saved + eps
             plus = _scalar(fn, arrays, projection)
             flat[i] = saved - eps
