@@ -26,7 +26,6 @@ otherwise add in different orders, so every rank computes the same bits.
 """
 from minipar.comm import cost
 from minipar.comm.buffers import bounds, check_same, finish, reducer, result_buffer, wait_all
-from minipar.comm.errors import dtype_tag
 from minipar.comm.patterns import (block_bounds, doubling_all_gather, fold, fold_cost, fold_in,
                                    fold_out, halves, halving_reduce_scatter, ring_all_gather,
                                    ring_reduce_scatter)
@@ -42,9 +41,10 @@ def all_reduce(comm, x, op="sum", algorithm="auto", out=None, check=None):
     run = pick("all_reduce", algorithm, op)
     check_same(comm, "all_reduce", x, check)
     result = result_buffer(x, out)
-    if comm.size > 1 and x.size:
+    if comm.size > 1:  # empty arrays too: a rank whose count differs must hear of it
+        tag = comm.collective_tag("all_reduce", algorithm, op, x, check=check)
         flat = result.reshape(-1)
-        run(comm.coll, flat if result is x else x.reshape(-1), flat, op, dtype_tag(x.dtype))
+        run(comm.coll, flat if result is x else x.reshape(-1), flat, op, tag)
     elif result is not x:
         result[...] = x
     return finish(result, op, comm.size)

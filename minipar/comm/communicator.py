@@ -16,19 +16,18 @@ registry (allreduce.py, trees.py, exchange.py, param_server.py, and MPI's own in
 
 Arrays go in, arrays come out (NumPy or CuPy: staging.py); collectives know nothing of tensors.
 Collectives talk on a private duplicate channel (``coll``) whose every receive checks the tag,
-which carries the dtype (errors.py), so they never match user messages and ranks that disagree
-on dtype or length get a ``CommError``.
+which carries the call's fingerprint (agreement.py): ranks that disagree on the collective, the
+algorithm, the op, the dtype or the count get a ``CommError`` naming both calls. Large messages
+move in chunks (chunks.py); the blocking call in progress is noted for the watchdog (watch.py).
+``comm.counters`` count messages, bytes and seconds (requests.py); ``comm.trace = []`` records
+``(rank, op, peer, start, end, bytes)`` events.
 
-Counters (per communicator, per rank): messages and bytes sent and received, and seconds spent
-inside communication calls. ``comm.counters.snapshot()`` gives them as a dict,
-``comm.counters.reset()`` zeroes them. ``comm.trace = []`` turns on trace events
-``(rank, op, peer, start, end, bytes)``; ``comm.trace = None`` turns them off.
-
-Errors. A peer out of range, a non-contiguous receive buffer, or a message whose size differs
-from the receive buffer raise ``CommError`` naming the rank, the peer and both sizes. Once
-``world()`` has been called, an uncaught exception on any rank prints its traceback and aborts
-the whole job (watch.py), so a failing rank never leaves its peers waiting for ever.
+Errors. A peer out of range, a non-array, a non-contiguous receive buffer, or a message whose
+size differs from the receive buffer raise ``CommError`` naming the rank, the peer and both
+sizes. From the import of this module, an uncaught exception on any rank aborts the whole job.
 """
+import functools
+import numbers
 import time
 
 from mpi4py import MPI
@@ -36,73 +35,29 @@ from mpi4py import MPI
 from minipar import backend
 # the algorithm modules register themselves in this order (the order tables and lessons list)
 from minipar.comm import allreduce, param_server, trees, exchange, mpi, nonblocking  # noqa: I001
-from minipar.comm.errors import CommError, tag_dtype
+from minipar.comm import agreement, chunks, watch
+from minipar.comm.errors import CommError, dtype_tag, tag_dtype
 from minipar.comm.registry import pick
+from minipar.comm.requests import Counters, Request  # noqa: F401  (Counters: re-exported)
+from minipar.comm.buffers import array as _array
 from minipar.comm.staging import HOST_ARRAY, cuda_aware, recv_buffer, send_buffer
-from minipar.comm.watch import current as _blocked, install_abort_hook, waiting
 
-class Counters:
-    """Messages, bytes and seconds of one rank's communication on one communicator."""
-
-    FIELDS = ("messages_sent", "messages_received", "bytes_sent", "bytes_received", "comm_time_s")
-
-    def __init__(self):
-        self.reset()
-
-    def reset(self):
-        for field in self.FIELDS:
-            setattr(self, field, 0)
-
-    def snapshot(self):
-        return {field: getattr(self, field) for field in self.FIELDS}
+_state = watch.state  # the blocking call in progress, for the watchdog (watch.py)
+watch.install_abort_hook()  # from this import on, an uncaught exception ends the whole job
 
 
-class Request:
-    """A non-blocking send or receive in flight; ``wait()`` completes it (and returns the buffer)."""
+def _collective(method):
+    """An entry point: refuses a non-array, and clears the watchdog's note of the call after."""
+    @functools.wraps(method)
+    def entry(self, x, *args, **kwargs):
+        if x is not None:
+            _array(x, method.__name__)
+        try:
+            return method(self, x, *args, **kwargs)
+        finally:
+            _state["collective"] = _state["call"] = None
+    return entry
 
-    def __init__(self, comm, mpi_request, op, peer, nbytes, start, buffer, finish=None, tag=0):
-        self.comm, self.mpi_request, self.op, self.peer = comm, mpi_request, op, peer
-        self.tag = tag
-        self.nbytes, self.start, self.buffer, self._finish = nbytes, start, buffer, finish
-        self.done = False
-
-    def wait(self):
-        if self.done:
-            return self.buffer
-        t0 = time.perf_counter()
-        with waiting(self.comm.rank, self.op, self.peer, self.nbytes):
-            status = MPI.Status()
-            self.mpi_request.Wait(status)
-        self._complete(status, t0)
-        return self.buffer
-
-    def test(self):
-        """True (and completed) when the transfer is done; never blocks."""
-        if not self.done:
-            t0 = time.perf_counter()
-            status = MPI.Status()
-            if self.mpi_request.Test(status):
-                self._complete(status, t0)
-        return self.done
-
-    def _complete(self, status, t0):
-        self.done = True
-        if self.op == "irecv":
-            self.comm._check_received(status, self.nbytes, self.peer, self.tag)
-        if self._finish is not None:
-            self._finish()
-        self.comm._account(None, None, 0, t0)
-        self.comm._record(self.op, self.peer, self.start, self.nbytes)
-
-    @staticmethod
-    def wait_all(requests):
-        """Wait for every request (in order; MPI progresses all of them meanwhile)."""
-        return [request.wait() for request in requests]
-
-
-# ----------------------------------------------------------------------------------------------
-# The communicator
-# ----------------------------------------------------------------------------------------------
 
 class Communicator:
     """One process group: ``rank``, ``size``, point-to-point calls, counters and collectives."""
@@ -115,12 +70,14 @@ class Communicator:
         self._worker = None  # background thread of iall_reduce (nonblocking.AsyncWorker)
         self._scratch = {}  # reusable receive buffers of the collectives, by slot
         self._status = MPI.Status()  # reused by the blocking calls (one allocation less each)
+        self.world_ranks = MPI.Group.Translate_ranks(mpi_comm.Get_group(), list(range(self.size)),
+                                                MPI.COMM_WORLD.Get_group())  # peers as world ranks
+        self._calls = 0  # collective calls made so far: the number in each call's fingerprint
         if parent is None:
             self.counters = counters or Counters()
             self._log = {"trace": None}
             self.strict_tags = False
-            # Collectives talk on a private duplicate, so their messages never match user p2p,
-            # and there every receive checks the tag, which carries the dtype (see dtype_tag).
+            # collectives talk on a private duplicate: their messages never match user p2p
             self.coll = Communicator(mpi_comm.Dup(), parent=self)
         else:  # the private channel shares its parent's counters and trace
             self.counters = parent.counters
@@ -162,15 +119,23 @@ class Communicator:
 
     # -- checks ------------------------------------------------------------------------------
     def check_peer(self, peer):
-        """CommError unless ``peer`` is a rank of this communicator."""
-        if not isinstance(peer, int) or not 0 <= peer < self.size:
-            raise CommError(f"rank {self.rank}: peer rank {peer!r} out of range for a "
-                            f"communicator of size {self.size} (valid ranks 0..{self.size - 1})")
+        """``peer`` as an int (a NumPy integer is one too), or a CommError unless it is a rank
+        of this communicator."""
+        if isinstance(peer, numbers.Integral) and not isinstance(peer, bool) \
+                and 0 <= peer < self.size:
+            return int(peer)
+        raise CommError(f"rank {self.rank}: peer rank {peer!r} out of range for a "
+                        f"communicator of size {self.size} (valid ranks 0..{self.size - 1})")
 
     def _check_received(self, status, expected, source, tag):
         if self.strict_tags and status.Get_tag() != tag:
+            got = status.Get_tag()
+            if agreement.fingerprinted(tag) or agreement.fingerprinted(got):
+                raise CommError(f"rank {self.rank}: {agreement.describe(tag)} received a message "
+                                f"of rank {source}'s {agreement.describe(got)}: "
+                                f"{agreement.difference(tag, got)}")
             raise CommError(f"rank {self.rank}: rank {source} sent "
-                            f"{tag_dtype(status.Get_tag())} data where {tag_dtype(tag)} was "
+                            f"{tag_dtype(got)} data where {tag_dtype(tag)} was "
                             f"expected: dtypes differ across ranks")
         got = status.Get_count(MPI.BYTE)
         if got != expected:
@@ -197,12 +162,24 @@ class Communicator:
     def _send_buffer(self, x):
         if type(x) is HOST_ARRAY and x.flags.c_contiguous:  # the common case, first
             return x
-        return send_buffer(x, self.is_cuda_aware())
+        return send_buffer(_array(x, "send"), self.is_cuda_aware())
 
     def _recv_buffer(self, out):
         if type(out) is HOST_ARRAY and out.flags.c_contiguous:
             return out, None
-        return recv_buffer(out, self.is_cuda_aware(), self.rank)
+        return recv_buffer(_array(out, "recv"), self.is_cuda_aware(), self.rank)
+
+    def collective_tag(self, collective, algorithm, op, x, root=None, check=None):
+        """The tag of this collective call's messages: the next call number and the call's
+        fingerprint (agreement.py), noted for the watchdog; the dtype alone when not checking."""
+        if check is False or (check is None and not agreement.ENABLED):
+            return dtype_tag(x.dtype)
+        number, self._calls = self._calls, self._calls + 1
+        tag = agreement.encode(collective, algorithm, op, x.dtype, x.size, root, number)
+        _state["collective"] = (f"{collective} #{number} ({algorithm}"
+                                f"{f', {op}' if op else ''}{'' if root is None else f', root {root}'}"
+                                f", {x.dtype.name} x {x.size})")
+        return tag
 
     def scratch(self, slot, n, like):
         """A reusable work buffer of n elements of like's dtype (grown, never shrunk, per slot):
@@ -232,31 +209,38 @@ class Communicator:
     # -- point to point ----------------------------------------------------------------------
     def send(self, x, dest, tag=0):
         """Blocking send of array ``x`` to rank ``dest``."""
-        self.check_peer(dest)
+        dest = self.check_peer(dest)
         t0 = time.perf_counter()
         buf = self._send_buffer(x)
-        _blocked["now"] = (self.rank, "send", dest, buf.nbytes)
+        _state["call"] = ("send", (self.world_ranks[dest],), buf.nbytes, tag, time.monotonic())
         try:
-            self.mpi.Send(buf, dest, tag)
+            if chunks.is_large(buf.nbytes):
+                chunks.send(self.mpi, buf, dest, tag)
+            else:
+                self.mpi.Send(buf, dest, tag)
         finally:
-            _blocked.pop("now", None)
+            _state["call"] = None
         self._account(True, None, buf.nbytes, t0)
         self._record("send", dest, t0, buf.nbytes)
 
     def recv(self, out, source, tag=0):
         """Blocking receive from rank ``source`` into ``out`` (its size must match); returns out."""
-        self.check_peer(source)
+        source = self.check_peer(source)
         t0 = time.perf_counter()
         buf, finish = self._recv_buffer(out)
         status = self._status
-        _blocked["now"] = (self.rank, "recv", source, buf.nbytes)
+        _state["call"] = ("recv", (self.world_ranks[source],), buf.nbytes, tag, time.monotonic())
         try:
-            self.mpi.Recv(buf, source, self._match(tag), status)
+            if chunks.is_large(buf.nbytes):
+                chunks.recv(self.mpi, buf, source, self._match(tag), status,
+                            lambda st, n: self._check_received(st, n, source, tag))
+            else:
+                self.mpi.Recv(buf, source, self._match(tag), status)
+                self._check_received(status, buf.nbytes, source, tag)
         except MPI.Exception as error:
             raise self._truncated(error, buf.nbytes, source) from None
         finally:
-            _blocked.pop("now", None)
-        self._check_received(status, buf.nbytes, source, tag)
+            _state["call"] = None
         if finish:
             finish()
         self._account(None, buf.nbytes, 0, t0)
@@ -265,21 +249,25 @@ class Communicator:
 
     def sendrecv(self, x, dest, out, source, sendtag=0, recvtag=None):
         """Send ``x`` to ``dest`` and receive into ``out`` from ``source`` at once (no deadlock)."""
-        self.check_peer(dest)
-        self.check_peer(source)
+        dest, source = self.check_peer(dest), self.check_peer(source)
         recvtag = sendtag if recvtag is None else recvtag
         t0 = time.perf_counter()
         sbuf = self._send_buffer(x)
         rbuf, finish = self._recv_buffer(out)
         status = self._status
-        _blocked["now"] = (self.rank, "sendrecv", (dest, source), rbuf.nbytes)
+        _state["call"] = ("sendrecv", (self.world_ranks[dest], self.world_ranks[source]), rbuf.nbytes,
+                          recvtag, time.monotonic())
         try:
-            self.mpi.Sendrecv(sbuf, dest, sendtag, rbuf, source, self._match(recvtag), status)
+            if chunks.is_large(sbuf.nbytes) or chunks.is_large(rbuf.nbytes):
+                chunks.sendrecv(self.mpi, sbuf, dest, sendtag, rbuf, source, self._match(recvtag),
+                                status, lambda st, n: self._check_received(st, n, source, recvtag))
+            else:
+                self.mpi.Sendrecv(sbuf, dest, sendtag, rbuf, source, self._match(recvtag), status)
+                self._check_received(status, rbuf.nbytes, source, recvtag)
         except MPI.Exception as error:
             raise self._truncated(error, rbuf.nbytes, source) from None
         finally:
-            _blocked.pop("now", None)
-        self._check_received(status, rbuf.nbytes, source, recvtag)
+            _state["call"] = None
         if finish:
             finish()
         self._account(True, rbuf.nbytes, sbuf.nbytes, t0)
@@ -288,21 +276,33 @@ class Communicator:
 
     def isend(self, x, dest, tag=0):
         """Start sending ``x`` to ``dest``; returns a ``Request``. Do not modify x before wait()."""
-        self.check_peer(dest)
-        t0 = time.perf_counter()
+        dest = self.check_peer(dest)
+        start = time.perf_counter()
         buf = self._send_buffer(x)
-        request = Request(self, self.mpi.Isend(buf, dest, tag), "isend", dest, buf.nbytes, t0, x)
-        self._account(True, None, buf.nbytes, t0)
+
+        def complete(status, t0):
+            self._account(None, None, 0, t0)
+            self._record("isend", dest, start, buf.nbytes)
+        note = ("isend", (self.world_ranks[dest],), buf.nbytes, tag)
+        request = Request(self.mpi.Isend(buf, dest, tag), x, note, complete)
+        self._account(True, None, buf.nbytes, start)
         return request
 
     def irecv(self, out, source, tag=0):
         """Start receiving into ``out`` from ``source``; returns a ``Request`` (wait() gives out)."""
-        self.check_peer(source)
-        t0 = time.perf_counter()
+        source = self.check_peer(source)
+        start = time.perf_counter()
         buf, finish = self._recv_buffer(out)
-        request = Request(self, self.mpi.Irecv(buf, source, self._match(tag)), "irecv", source,
-                          buf.nbytes, t0, out, finish, tag)
-        self._account(None, buf.nbytes, 0, t0)
+
+        def complete(status, t0):
+            self._check_received(status, buf.nbytes, source, tag)
+            if finish is not None:
+                finish()
+            self._account(None, None, 0, t0)
+            self._record("irecv", source, start, buf.nbytes)
+        note = ("irecv", (self.world_ranks[source],), buf.nbytes, tag)
+        request = Request(self.mpi.Irecv(buf, source, self._match(tag)), out, note, complete)
+        self._account(None, buf.nbytes, 0, start)
         return request
 
     # -- small Python objects (metadata, checks, timings: pickled by mpi4py, not counted) ------
@@ -321,12 +321,16 @@ class Communicator:
     def barrier(self):
         """Wait until every rank of this communicator arrives (MPI's barrier; moves no data)."""
         t0 = time.perf_counter()
-        with waiting(self.rank, "barrier", None, 0):
+        _state["call"] = ("barrier", tuple(self.world_ranks), 0, None, time.monotonic())
+        try:
             self.mpi.Barrier()
+        finally:
+            _state["call"] = None
         self._account(None, None, 0, t0)
         self._record("barrier", None, t0, 0)
 
     # -- collectives: each runs the algorithm named (registry.py), its formula beside its code --
+    @_collective
     def all_reduce(self, x, op="sum", algorithm="auto", out=None, check=None):
         """Every rank gets op(x_0, ..., x_{p-1}) elementwise (op: sum, avg, max, min, prod);
         ``out=x`` reduces in place; ``auto`` picks the algorithm the cost model favours."""
@@ -342,30 +346,37 @@ class Communicator:
             self._worker = nonblocking.AsyncWorker(self)
         return self._worker.submit(x, op, algorithm, out)
 
+    @_collective
     def broadcast(self, x, root=0, algorithm="binomial", out=None, check=None):
         """Every rank gets root's x (the others pass an array of the same shape, or ``out``)."""
         return trees.broadcast(self, x, root, algorithm, out, check)
 
+    @_collective
     def reduce(self, x, root=0, op="sum", algorithm="binomial", out=None, check=None):
         """Root gets op(x_0, ..., x_{p-1}); the other ranks get None."""
         return trees.reduce(self, x, root, op, algorithm, out, check)
 
+    @_collective
     def reduce_scatter(self, x, op="sum", algorithm="ring", out=None, check=None):
         """Rank r gets chunk r (``chunk_bounds``) of op(x_0, ..., x_{p-1}) flattened."""
         return exchange.reduce_scatter(self, x, op, algorithm, out, check)
 
+    @_collective
     def all_gather(self, x, algorithm="ring", out=None, check=None):
         """Every rank gets the stack [x_0, ..., x_{p-1}] of shape (p, *x.shape)."""
         return exchange.all_gather(self, x, algorithm, out, check)
 
+    @_collective
     def all_to_all(self, x, algorithm="pairwise", out=None, check=None):
         """x of shape (p, ...): row j goes to rank j; rank r gets [x_0[r], ..., x_{p-1}[r]]."""
         return exchange.all_to_all(self, x, algorithm, out, check)
 
+    @_collective
     def gather(self, x, root=0, algorithm="linear", out=None, check=None):
         """Root gets the stack [x_0, ..., x_{p-1}]; the other ranks get None."""
         return exchange.gather(self, x, root, algorithm, out, check)
 
+    @_collective
     def scatter(self, x, root=0, algorithm="linear", out=None, check=None):
         """Rank r gets row r of root's x of shape (p, ...) (others: x of that shape, or out)."""
         return exchange.scatter(self, x, root, algorithm, out, check)
@@ -374,9 +385,13 @@ class Communicator:
 _world = {}
 
 
-def world():
-    """The communicator of all ranks (``MPI.COMM_WORLD``); installs the abort-on-error hook."""
+def world(timeout=None):
+    """The communicator of all ranks (``MPI.COMM_WORLD``), with the watchdog running (watch.py:
+    ``timeout`` seconds without progress end the job; None: ``MINIPAR_TIMEOUT``, default 120;
+    0: off)."""
     if "world" not in _world:
-        install_abort_hook()
+        watch.start(timeout)
         _world["world"] = Communicator(MPI.COMM_WORLD)
+    elif timeout is not None:
+        watch.set_timeout(timeout)
     return _world["world"]

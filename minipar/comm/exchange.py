@@ -12,7 +12,7 @@ ZeRO uses the two halves separately. Rank r's piece is chunk r of ``chunk_bounds
 """
 from minipar.comm.buffers import (bounds as chunks_of, check_same, contiguous, copy, finish,
                                   reducer, result_buffer, wait_all)
-from minipar.comm.errors import CommError, dtype_tag
+from minipar.comm.errors import CommError
 from minipar.comm.patterns import (block_bounds, doubling_all_gather, fold, fold_cost, fold_in,
                                    fold_out, halves, halving_reduce_scatter, ring_all_gather,
                                    ring_reduce_scatter)
@@ -29,8 +29,9 @@ def reduce_scatter(comm, x, op="sum", algorithm="ring", out=None, check=None):
     lo, hi = bounds[comm.rank], bounds[comm.rank + 1]
     result = result_buffer(x, out, shape=(hi - lo,))
     work = copy(x).reshape(-1)
-    if comm.size > 1 and x.size:
-        run(comm.coll, work, bounds, op, dtype_tag(x.dtype))
+    if comm.size > 1:
+        run(comm.coll, work, bounds, op,
+            comm.collective_tag("reduce_scatter", algorithm, op, x, check=check))
     result[...] = work[lo:hi]
     return finish(result, op, comm.size)
 
@@ -80,9 +81,10 @@ def all_gather(comm, x, algorithm="ring", out=None, check=None):
     check_same(comm, "all_gather", x, check)
     result = result_buffer(x, out, shape=(comm.size,) + tuple(x.shape))
     result[comm.rank] = x
-    if comm.size > 1 and x.size:
+    if comm.size > 1:
         bounds = [j * x.size for j in range(comm.size + 1)]
-        run(comm.coll, result.reshape(-1), bounds, dtype_tag(x.dtype))
+        run(comm.coll, result.reshape(-1), bounds,
+            comm.collective_tag("all_gather", algorithm, None, x, check=check))
     return result
 
 
@@ -120,7 +122,7 @@ def all_to_all(comm, x, algorithm="pairwise", out=None, check=None):
     x = contiguous(x)
     result = result_buffer(x, out)
     result[comm.rank] = x[comm.rank]
-    run(comm.coll, x, result, dtype_tag(x.dtype))
+    run(comm.coll, x, result, comm.collective_tag("all_to_all", algorithm, None, x, check=check))
     return result
 
 
@@ -136,14 +138,14 @@ def _all_to_all_pairwise(c, x, result, tag):
 def gather(comm, x, root=0, algorithm="linear", out=None, check=None):
     """Root gets the stack [x_0, ..., x_{p-1}] (returned; other ranks get None)."""
     run = pick("gather", algorithm)
-    comm.check_peer(root)
+    root = comm.check_peer(root)
     check_same(comm, "gather", x, check)
     x = contiguous(x)
     at_root = comm.rank == root
     result = result_buffer(x, out, shape=(comm.size,) + tuple(x.shape)) if at_root else None
     if at_root:
         result[root] = x
-    run(comm.coll, x, result, root, dtype_tag(x.dtype))
+    run(comm.coll, x, result, root, comm.collective_tag("gather", algorithm, None, x, root, check))
     return result
 
 
@@ -162,7 +164,7 @@ def scatter(comm, x, root=0, algorithm="linear", out=None, check=None):
     """Rank r gets row r of root's x (shape (p, ...)). Other ranks pass x of the same shape
     (values ignored), or x=None with ``out`` of shape x.shape[1:]."""
     run = pick("scatter", algorithm)
-    comm.check_peer(root)
+    root = comm.check_peer(root)
     at_root = comm.rank == root
     if x is None and (at_root or out is None):
         raise CommError("scatter: the root passes x; other ranks pass x or out")
@@ -173,7 +175,8 @@ def scatter(comm, x, root=0, algorithm="linear", out=None, check=None):
     x = contiguous(x) if at_root else x
     if at_root:
         result[...] = x[root]
-    run(comm.coll, x, result, root, dtype_tag(result.dtype))
+    run(comm.coll, x, result, root,
+        comm.collective_tag("scatter", algorithm, None, result, root, check))
     return result
 
 

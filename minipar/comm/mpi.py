@@ -7,12 +7,35 @@ communicator's entry points run every algorithm alike. GPU arrays go to MPI dire
 CUDA-aware and through host copies otherwise (staging.py). ``op="avg"`` reaches MPI as a sum;
 the entry point divides (buffers.finish).
 """
+import time
+
 from mpi4py import MPI
 
+from minipar import backend
+from minipar.comm import agreement, watch
+from minipar.comm.errors import CommError
 from minipar.comm.registry import algorithm
 from minipar.comm.staging import inout_buffer, recv_buffer, send_buffer
 
 MPI_OP = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
+
+
+def agree(c, tag):
+    """MPI's own collectives carry no message of ours to put the call's fingerprint in, so the
+    ranks compare it first with one MPI_Allreduce of (tag, -tag) under MAX: max = -min exactly
+    when every rank made the same call. On a mismatch every rank raises the same CommError.
+    The call is noted for the watchdog: it waits on every rank of the communicator."""
+    watch.state["call"] = ("MPI collective", tuple(c.world_ranks), 0, None, time.monotonic())
+    if not agreement.fingerprinted(tag):
+        return
+    both = backend.numpy.array([tag, -tag], dtype="int64")
+    c.mpi.Allreduce(MPI.IN_PLACE, both, op=MPI.MAX)
+    if both[0] != -both[1]:
+        tags = c.all_gather_object(tag)
+        calls = "; ".join(f"rank {r}: {agreement.describe(t)}" for r, t in enumerate(tags))
+        other = next(t for t in tags if t != tags[0])
+        raise CommError(f"the ranks disagree on an MPI collective call ({calls}): "
+                        f"{agreement.difference(tags[0], other)}")
 
 
 def _run(c, call, send, recv):
@@ -28,11 +51,13 @@ def _run(c, call, send, recv):
 @algorithm("all_reduce", "mpi")
 def _all_reduce(c, x, buf, op, tag):
     """MPI_Allreduce (in place when x is buf)."""
+    agree(c, tag)
     _run(c, lambda s, r: c.mpi.Allreduce(s, r, op=MPI_OP[op]), x, buf)
 
 
 @algorithm("broadcast", "mpi")
 def _broadcast(c, buf, root, tag):
+    agree(c, tag)
     data, done = inout_buffer(buf, c.is_cuda_aware())
     c.mpi.Bcast(data, root)
     if done and c.rank != root:
@@ -42,6 +67,7 @@ def _broadcast(c, buf, root, tag):
 @algorithm("reduce", "mpi")
 def _reduce(c, buf, root, op, tag):
     """MPI_Reduce: the root reduces in place into buf, the others send theirs."""
+    agree(c, tag)
     data, done = inout_buffer(buf, c.is_cuda_aware())
     at_root = c.rank == root
     c.mpi.Reduce(MPI.IN_PLACE if at_root else data, data if at_root else None, MPI_OP[op], root)
@@ -52,6 +78,7 @@ def _reduce(c, buf, root, op, tag):
 @algorithm("reduce_scatter", "mpi")
 def _reduce_scatter(c, buf, bounds, op, tag):
     """MPI_Reduce_scatter with the chunk sizes of ``chunk_bounds``; chunk r lands in place."""
+    agree(c, tag)
     lo, hi = bounds[c.rank], bounds[c.rank + 1]
     counts = [bounds[j + 1] - bounds[j] for j in range(c.size)]
     mine = c.scratch("mpi", hi - lo, buf)
@@ -62,6 +89,7 @@ def _reduce_scatter(c, buf, bounds, op, tag):
 @algorithm("all_gather", "mpi")
 def _all_gather(c, buf, bounds, tag):
     """MPI_Allgather in place: every rank's block already sits at its place in buf."""
+    agree(c, tag)
     data, done = inout_buffer(buf, c.is_cuda_aware())
     c.mpi.Allgather(MPI.IN_PLACE, data)
     if done:
@@ -70,14 +98,17 @@ def _all_gather(c, buf, bounds, tag):
 
 @algorithm("all_to_all", "mpi")
 def _all_to_all(c, x, result, tag):
+    agree(c, tag)
     _run(c, c.mpi.Alltoall, x, result)
 
 
 @algorithm("gather", "mpi")
 def _gather(c, x, result, root, tag):
+    agree(c, tag)
     _run(c, lambda s, r: c.mpi.Gather(s, r, root), x, result)
 
 
 @algorithm("scatter", "mpi")
 def _scatter(c, x, result, root, tag):
+    agree(c, tag)
     _run(c, lambda s, r: c.mpi.Scatter(s, r, root), x if c.rank == root else None, result)

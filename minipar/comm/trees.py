@@ -10,7 +10,6 @@ it. Reduce is the broadcast run backwards: receive from the children, send to th
 """
 from minipar.comm.buffers import (chunk_bounds, check_same, copy, finish, reducer,
                                   result_buffer)
-from minipar.comm.errors import dtype_tag
 from minipar.comm.patterns import log2, ring_all_gather
 from minipar.comm.registry import algorithm, pick
 
@@ -19,13 +18,14 @@ def broadcast(comm, x, root=0, algorithm="binomial", out=None, check=None):
     """Every rank gets root's x. Other ranks pass an array of the same shape and dtype (its
     values are ignored) or ``out``; ``out=x`` receives in place."""
     run = pick("broadcast", algorithm)
-    comm.check_peer(root)
+    root = comm.check_peer(root)
     check_same(comm, "broadcast", x, check)
     result = result_buffer(x, out)
     if comm.rank == root and result is not x:
         result[...] = x
-    if comm.size > 1 and x.size:
-        run(comm.coll, result.reshape(-1), root, dtype_tag(x.dtype))
+    if comm.size > 1:
+        run(comm.coll, result.reshape(-1), root,
+            comm.collective_tag("broadcast", algorithm, None, x, root, check))
     return result
 
 
@@ -71,14 +71,15 @@ def _broadcast_scatter_allgather(c, buf, root, tag):
 def reduce(comm, x, root=0, op="sum", algorithm="binomial", out=None, check=None):
     """Root gets op(x_0, ..., x_{p-1}) (returned; other ranks get None)."""
     run = pick("reduce", algorithm, op)
-    comm.check_peer(root)
+    root = comm.check_peer(root)
     check_same(comm, "reduce", x, check)
     at_root = comm.rank == root
     work = result_buffer(x, out) if at_root else copy(x)
     if work is not x:
         work[...] = x
-    if comm.size > 1 and x.size:
-        run(comm.coll, work.reshape(-1), root, op, dtype_tag(x.dtype))
+    if comm.size > 1:
+        run(comm.coll, work.reshape(-1), root, op,
+            comm.collective_tag("reduce", algorithm, op, x, root, check))
     return finish(work, op, comm.size) if at_root else None
 
 

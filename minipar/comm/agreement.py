@@ -1,0 +1,89 @@
+"""Ranks agree on every collective call, or they hear about it: fingerprints in the message tag.
+
+Every collective call gets the next call number of its communicator and a fingerprint: the
+collective, the algorithm, the op, the dtype, and a hash of the count and root. Both ride in
+the tag of every message the algorithm sends anyway (a tag has 29 bits with MPICH), so checking
+costs no extra message. The receiving rank compares the tag that arrived with the one it
+expects and, when they differ, raises a ``CommError`` naming both calls:
+
+    rank 1: broadcast #3 (binomial, root 0, float32, 10 elements) received a message of rank
+    0's all_reduce #3 (ring, sum, float32): the ranks called different collectives
+
+instead of adding a stray message into the wrong result or the next call. MPI's own
+collectives send no message of ours, so algorithm ``mpi`` checks with one tiny MPI_Allreduce of
+the tag (mpi.py). ``check=False`` on a call, or ``MINIPAR_CHECK=0``, leaves only the dtype in the
+tag (as the receive checks always did): the opt-out for benchmarks.
+
+    bits, low to high:  dtype 5 | collective 4 | algorithm 4 | op 3 | count and root 6 | call rest
+"""
+import os
+import zlib
+
+from mpi4py import MPI
+
+from minipar.comm.errors import dtype_tag, tag_dtype
+from minipar.comm.registry import ALGORITHMS, COLLECTIVES, OPS
+
+ENABLED = os.environ.get("MINIPAR_CHECK", "1") not in ("", "0")
+FIELDS = (("dtype", 5), ("collective", 4), ("algorithm", 4), ("op", 3), ("shape", 6))
+_TAG_BITS = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB).bit_length()
+_CALL_BITS = max(_TAG_BITS - sum(bits for _, bits in FIELDS), 0)
+
+
+def encode(collective, algorithm, op, dtype, count, root, call):
+    """The tag of every message of this call (dtype alone when checking is off)."""
+    values = {"dtype": dtype_tag(dtype), "collective": 1 + COLLECTIVES.index(collective),
+              "algorithm": list(ALGORITHMS[collective]).index(algorithm),
+              "op": 1 + OPS.index(op) if op else 0,
+              "shape": zlib.crc32(f"{count},{root}".encode()) % 64}
+    tag, shift = 0, 0
+    for name, bits in FIELDS:
+        tag |= values[name] << shift
+        shift += bits
+    return tag | (call % (1 << _CALL_BITS)) << shift
+
+
+def decode(tag):
+    """{field: value} of a tag made by ``encode`` (names where a name is known)."""
+    fields, shift = {}, 0
+    for name, bits in FIELDS:
+        fields[name] = tag >> shift & ((1 << bits) - 1)
+        shift += bits
+    fields["call"] = tag >> shift
+    collective = COLLECTIVES[fields["collective"] - 1] if fields["collective"] else None
+    fields["collective"] = collective
+    if collective:
+        names = list(ALGORITHMS[collective])
+        fields["algorithm"] = names[fields["algorithm"]] if fields["algorithm"] < len(names) else "?"
+    fields["op"] = OPS[fields["op"] - 1] if 0 < fields["op"] <= len(OPS) else None
+    fields["dtype"] = tag_dtype(fields["dtype"])
+    return fields
+
+
+def fingerprinted(tag):
+    return tag >= 1 << FIELDS[0][1]
+
+
+def describe(tag):
+    """``all_reduce #3 (ring, sum, float32)`` for a tag (the call number modulo its bits)."""
+    f = decode(tag)
+    if f["collective"] is None:
+        return f"a message of {f['dtype']} data (no fingerprint: checking is off)"
+    what = ", ".join(x for x in (f["algorithm"], f["op"], f["dtype"]) if x)
+    return f"{f['collective']} #{f['call']} ({what})"
+
+
+def difference(mine, theirs):
+    """Why two tags differ, in words."""
+    a, b = decode(mine), decode(theirs)
+    if a["collective"] is None or b["collective"] is None:
+        return ("checking differs across ranks: check=False or MINIPAR_CHECK=0 on one side only")
+    if a["call"] != b["call"]:
+        return (f"collective call numbers differ across ranks (#{a['call']} here, #{b['call']} "
+                f"there): a rank skipped a collective call, or made one the others did not")
+    for field, words in (("collective", "collectives"), ("algorithm", "algorithms"),
+                         ("op", "reduction ops"), ("dtype", "dtypes"),
+                         ("shape", "counts or roots")):
+        if a[field] != b[field]:
+            return f"{words} differ across ranks"
+    return "tags differ across ranks"
