@@ -114,6 +114,32 @@ def run_on_ranks(target, nprocs, timeout=120, args=(), env=None, grace=2.0, heav
         return [results[r]["value"] for r in range(nprocs)]
 
 
+def run_job(source, nprocs, timeout=60, env=None):
+    """Run a script (its source text) as a plain ``mpiexec -n nprocs python script`` job, the
+    way a student runs one: no harness around the ranks, so what minipar does on its own when
+    something goes wrong is what happens. Returns (exit status, output, seconds); a job still
+    running after ``timeout`` seconds is killed and reported with status None."""
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rank_env = {**os.environ, **RANK_ENV, **(env or {})}
+    rank_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (package_root, rank_env.get("PYTHONPATH")) if p)
+    with tempfile.TemporaryDirectory(prefix="minipar-job-") as folder:
+        script = os.path.join(folder, "job.py")
+        with open(script, "w") as f:
+            f.write(source)
+        start = time.monotonic()
+        proc = subprocess.Popen([mpiexec(), "-n", str(nprocs), sys.executable, script],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=rank_env,
+                                start_new_session=True, text=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+            status = proc.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, status = proc.communicate()[0], None
+        return status, output, time.monotonic() - start
+
+
 def _describe(failed):
     return "".join(f"\n--- rank {r} ---\n{v['traceback']}" for r, v in sorted(failed.items()))
 
