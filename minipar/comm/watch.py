@@ -183,6 +183,8 @@ def set_timeout(seconds):
 
 def _at_exit():
     """Wait for every rank at exit; if a peer is blocked on this one, name it and abort."""
+    if MPI.Is_finalized():  # the program finalized MPI itself: nothing to wait for
+        return
     side, me = _watch["side"], world_rank()
     state["exiting"] = True
     everyone = side.Ibarrier()
