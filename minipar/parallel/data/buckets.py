@@ -19,6 +19,7 @@ def broadcast_parameters(module, comm, on_mismatch="warn"):
     raises the same ValueError naming the ranks and parameters that differed)."""
     if on_mismatch not in ("warn", "ignore", "raise"):
         raise ValueError(f"on_mismatch must be 'warn', 'ignore' or 'raise', got {on_mismatch!r}")
+    check_same_layout(module, comm)
     tensors = [(name, p.data) for name, p in module.named_parameters()]
     differed = []
     for name, array in tensors + list(module.named_buffers()):
@@ -36,6 +37,47 @@ def broadcast_parameters(module, comm, on_mismatch="warn"):
         warnings.warn(f"rank {comm.rank}: {len(differed)} parameters/buffers differed from rank "
                       f"0's and were overwritten by the broadcast: {', '.join(differed)}")
     return differed
+
+
+def check_same_layout(module, comm):
+    """Every rank must hold the same parameters and buffers (names, order, shapes, dtypes,
+    requires_grad): otherwise the broadcast and the buckets pair different arrays, and a rank
+    with an extra layer waits for ever. One ``all_gather_object`` of the small lists; a
+    difference raises on every rank the same ValueError naming the first one."""
+    mine = [("parameter", name, tuple(p.shape), str(p.dtype), p.requires_grad)
+            for name, p in module.named_parameters()]
+    mine += [("buffer", name, tuple(a.shape), str(a.dtype), False)
+             for name, a in module.named_buffers()]
+    everyone = comm.all_gather_object(mine)
+    differ = [r for r in range(1, comm.size) if everyone[r] != everyone[0]]
+    if differ:
+        more = f" (ranks {', '.join(map(str, differ))} differ)" if len(differ) > 1 else ""
+        raise ValueError(f"the model differs across ranks: "
+                         f"{_first_difference(everyone[0], everyone[differ[0]], differ[0])}{more};"
+                         f" build the same model on every rank before wrapping it")
+
+
+def _first_difference(first, other, r):
+    """The first entry where rank r's list differs from rank 0's, in words."""
+    def what(e):
+        return f"{e[0]} {e[1]!r} {e[2]} {e[3]}"
+    names0, names_r = {e[1] for e in first}, {e[1] for e in other}
+    for i in range(max(len(first), len(other))):
+        a = first[i] if i < len(first) else None
+        b = other[i] if i < len(other) else None
+        if a == b:
+            continue
+        if b is not None and b[1] not in names0:
+            return f"rank {r} has an extra {what(b)} that rank 0 lacks"
+        if a is not None and a[1] not in names_r:
+            return f"rank {r} lacks the {what(a)} that rank 0 has"
+        if a[1] != b[1]:
+            return (f"they come in a different order: at position {i} rank 0 has {what(a)}, "
+                    f"rank {r} has {what(b)}")
+        if a[2:4] != b[2:4]:
+            return f"{a[0]} {a[1]!r} is {a[2]} {a[3]} on rank 0 but {b[2]} {b[3]} on rank {r}"
+        return (f"{a[0]} {a[1]!r} has requires_grad={a[4]} on rank 0 but requires_grad={b[4]} "
+                f"on rank {r}")
 
 
 def make_buckets(params, cap_bytes):
