@@ -28,16 +28,30 @@ given a free core: with as many busy ranks as cores the copies take compute's CP
 or not; see scripts/bench_dp.py). Buckets are launched strictly in bucket order, so every rank
 issues the same collectives in the same order. When the last bucket has been launched, the hook
 waits for all of them: once ``loss.backward()`` returns, every ``p.grad`` holds sum_r g_r/N (the
-average, exactly so when N is a power of two, to rounding otherwise). Contract: if some parameters
-got no gradient in a step (unused), their buckets never fill; call ``model.synchronize()`` before
-``optimizer.step()`` (it is a no-op when backward already finished the job). ``overlap=False``
+average, exactly so when N is a power of two, to rounding otherwise). ``overlap=False``
 keeps the buckets but reduces them one after another once backward has ended (the benchmark's
 baseline). Inside ``with model.no_sync():`` gradients only accumulate locally (gradient
 accumulation); the first backward outside it averages the sums.
+
+Agreement. Before the broadcast the ranks compare their parameters' and buffers' names, shapes
+and dtypes (``check_same_layout``): a model built differently on one rank is the same ValueError
+on every rank, naming the first difference, instead of a hang.
+
+Unused parameters. A parameter that gets no gradient in a step never fills its bucket: this rank
+would wait for ever, or step on un-averaged gradients while the others wait. So each forward
+(when it records a graph, outside ``no_sync``) walks the output's graph once, from every Tensor
+in it, and lists the parameters it never reaches. By default that is a ValueError naming them;
+with ``find_unused_parameters=True`` (torch's name) they are marked ready with a zero gradient
+when backward delivers its first gradient (as torch's reducer does), so every bucket still
+launches, in the same order on every rank. Backward run from something other than this forward's
+output (the module called directly) escapes the walk: then call ``model.synchronize()`` before
+``optimizer.step()``; it launches what is left, counting missing gradients as zero (a no-op when
+backward already finished the job).
 """
 import contextlib
 
 from ... import backend
+from ...autograd import Tensor, is_grad_enabled
 from ...comm import world
 from ...nn.module import Module
 from .buckets import ReadyQueue, broadcast_parameters, make_buckets, offsets
@@ -46,16 +60,19 @@ from .buckets import ReadyQueue, broadcast_parameters, make_buckets, offsets
 class DistributedDataParallel(Module):
     """Wrap ``module``: rank 0's parameters everywhere, gradients averaged over ``comm`` in
     buckets of ``bucket_cap_mb`` with all-reduce ``algorithm`` (any of ``comm.ALGORITHMS``),
-    overlapping backward when ``overlap``. See the module docstring for the contract."""
+    overlapping backward when ``overlap``; ``find_unused_parameters`` lets a forward leave some
+    parameters out (zero gradient). See the module docstring for the contract."""
 
     def __init__(self, module, comm=None, bucket_cap_mb=25.0, algorithm="ring", overlap=True,
-                 on_mismatch="warn"):
+                 on_mismatch="warn", find_unused_parameters=False):
         super().__init__()
         self.module = module
         self.comm = comm or world()
         self.algorithm, self.overlap = algorithm, overlap
+        self.find_unused_parameters, self.unused = find_unused_parameters, []
         self.mismatched = broadcast_parameters(module, self.comm, on_mismatch)
-        params = [p for p in module.parameters() if p.requires_grad]
+        self.named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        params = [p for _, p in self.named]
         self.buckets = make_buckets(params, bucket_cap_mb * 2**20)
         self.grad_buffers = [backend.get_array_module(b[0].data).zeros(offsets(b)[1], b[0].dtype)
                              for b in self.buckets]
@@ -69,7 +86,22 @@ class DistributedDataParallel(Module):
         self.queue = ReadyQueue(self.buckets, self._launch, self._finish)
 
     def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
+        out = self.module(*args, **kwargs)
+        if is_grad_enabled() and self.queue.enabled:
+            reached = reached_nodes(out)
+            unused = [(n, p) for n, p in self.named if id(p) not in reached]
+            if unused and not self.find_unused_parameters:
+                raise ValueError(
+                    f"rank {self.comm.rank}: DistributedDataParallel: the forward's output does "
+                    f"not depend on {len(unused)} parameter(s) that require grad: "
+                    f"{', '.join(repr(n) for n, _ in unused)}; their buckets would never be "
+                    f"averaged and the ranks would wait on each other. Pass "
+                    f"find_unused_parameters=True (their gradient then counts as zero), or set "
+                    f"requires_grad=False on them before wrapping")
+            self.unused = [p for _, p in unused]
+            if len(unused) == len(self.named):  # no gradient will come to mark them: now
+                self._mark_unused()
+        return out
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -87,7 +119,16 @@ class DistributedDataParallel(Module):
     def _arrive(self, p):
         """Post-accumulate hook: g/N into p's slice of its bucket, which becomes ``p.grad``."""
         if self.queue.enabled:
+            self._mark_unused()
             self._into_bucket(p)
+
+    def _mark_unused(self):
+        """The parameters this step's forward left out: zero gradient, ready (their buckets may
+        launch; p's own is not ready yet, so the order stays the bucket order)."""
+        unused, self.unused = self.unused, []
+        for q in unused:
+            self._into_bucket(q)
+            self.queue.ready(q)
 
     def _into_bucket(self, p):
         view = self.views[id(p)]
@@ -118,3 +159,23 @@ class DistributedDataParallel(Module):
     def gradient_bytes(self):
         """Bytes of gradient memory on this rank: the bucket buffers the gradients live in."""
         return sum(int(b.nbytes) for b in self.grad_buffers)
+
+
+def reached_nodes(out):
+    """ids of every graph node that the Tensors in ``out`` (a Tensor, or a tuple, list or dict of
+    them, nested) depend on, their leaves included: one pass over the graph."""
+    stack, seen, outputs = [], set(), [out]
+    while outputs:
+        o = outputs.pop()
+        if isinstance(o, Tensor):
+            stack.append(o)
+        elif isinstance(o, (tuple, list)):
+            outputs.extend(o)
+        elif isinstance(o, dict):
+            outputs.extend(o.values())
+    while stack:
+        node = stack.pop()
+        if node.requires_grad and id(node) not in seen:
+            seen.add(id(node))
+            stack.extend(node._parents)
+    return seen
