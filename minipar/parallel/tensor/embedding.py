@@ -49,7 +49,7 @@ class VocabParallelEmbedding(Module):
         return leave(rows, self.group, self.where)
 
 
-def vocab_parallel_cross_entropy(local_logits, targets, group, where="loss"):
+def vocab_parallel_cross_entropy(local_logits, targets, group, where="loss", ignore_index=-100):
     """Mean cross-entropy from each rank's vocabulary slice of the logits, none gathered.
 
     With z the logits of one token and M = max_v z_v:
@@ -57,17 +57,30 @@ def vocab_parallel_cross_entropy(local_logits, targets, group, where="loss"):
     Three all-reduces of one number per token give it: the max (op max), the sum of exponentials,
     and the target's shifted logit (only its owner contributes a non-zero). The backward pass
     needs no communication: d loss/d z_v = (softmax(z)_v − [v = target]) / n on each local slice.
+    Targets as ``functional.cross_entropy`` takes them: integers in [0, V) for the global V, or
+    ``ignore_index``: such tokens are left out of the mean (n counts the others; 0 if none is
+    left) and get a zero gradient. Every rank holds the same targets, so a bad one is the same
+    error on every rank, before any collective.
     """
     logits = as_tensor(local_logits)
     t = targets.data if isinstance(targets, Tensor) else backend.asarray(targets)
+    if t.dtype.kind not in "iu":
+        raise TypeError(f"vocab_parallel_cross_entropy: targets must hold integer class indices, "
+                        f"got {t.dtype}")
     if logits.shape[:-1] != t.shape:
         raise ValueError(f"vocab_parallel_cross_entropy: logits of shape {logits.shape} need "
                          f"targets of shape {logits.shape[:-1]}, got {t.shape}")
     xp = backend.get_array_module(logits.data)
     v_local = logits.shape[-1]
+    vocab = v_local * group.size
     z = logits.data.reshape(-1, v_local)
-    local_t = t.reshape(-1) - group.rank * v_local
-    mine = (local_t >= 0) & (local_t < v_local)
+    t = t.reshape(-1)
+    keep = t != ignore_index
+    if bool(((t[keep] < 0) | (t[keep] >= vocab)).any()):
+        raise IndexError(f"vocab_parallel_cross_entropy: target values must lie in [0, {vocab}) "
+                         f"(or equal ignore_index={ignore_index})")
+    local_t = t - group.rank * v_local
+    mine = keep & (local_t >= 0) & (local_t < v_local)
     local_t = xp.where(mine, local_t, 0)
     rows = xp.arange(z.shape[0])
     note = (where, "forward")
@@ -75,12 +88,13 @@ def vocab_parallel_cross_entropy(local_logits, targets, group, where="loss"):
     e = xp.exp(z)
     total = _all_reduce(e.sum(axis=-1), group, -1, note)
     z_target = _all_reduce(z[rows, local_t] * mine, group, -1, note)
-    n = z.shape[0]
-    loss = (xp.log(total) - z_target).sum() / n
+    n = max(int(keep.sum()), 1)
+    loss = ((xp.log(total) - z_target) * keep).sum() / n
 
     def backward(g):
         grad = e / total[:, None]
         grad[rows, local_t] -= mine
+        grad *= keep[:, None]
         grad *= g / n
         return (grad.reshape(logits.shape),)
 
