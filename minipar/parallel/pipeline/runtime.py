@@ -23,7 +23,8 @@ When two consecutive stages share a rank (p = 1), F puts y straight into the nex
 B puts dL/dx into the previous stage's dy_in: no message.
 
 Sends are posted with ``isend`` and completed at the OPT_STEP (or the end of the step), receives
-block: the contract of schedules.py, which ``validate`` (run before anything else) proves
+block: the contract of schedules.py, which ``validate`` (run before anything else, once the
+ranks have checked they share the schedule, bounds and layers: agreement.py) proves
 deadlock-free. Messages carry the tag ``message_tag``, a header and its activation share it
 (MPI keeps messages of one sender and tag in order).
 
@@ -63,7 +64,8 @@ from minipar.checkpoint import recomputing
 from minipar.memory import ActivationMemory
 from minipar.nn import Sequential
 
-from .partition import balanced_split, split_layers
+from .agreement import agreed_bounds, check_targets, split_batch
+from .partition import split_layers
 from .schedules import B, F, OPT_STEP, R, RECV_B, RECV_F, SEND_B, SEND_F, W, message_tag
 from .timeline import Tracer, gather_events  # noqa: F401 (gather_events was defined here)
 from .validate import validate
@@ -110,13 +112,14 @@ class Pipeline:
 
     def __init__(self, model, schedule, comm, loss_fn, optimizer=None, bounds=None, delay=None,
                  trace=False, memory=False):
+        layers = list(model)  # every rank: the same schedule, bounds, layers (agreement.py)
+        self.bounds = agreed_bounds(comm, schedule, layers, bounds)
         self.schedule = validate(schedule)  # a broken schedule stops here, on every rank
         if comm.size != schedule.ranks:
             raise ValueError(f"schedule {schedule.name!r} is for {schedule.ranks} ranks but the "
                              f"communicator has {comm.size}")
         self.comm, self.rank, self.loss_fn = comm, comm.rank, loss_fn
-        self.n_stages, layers = schedule.n_stages, list(model)
-        self.bounds = bounds or balanced_split([1] * len(layers), self.n_stages)
+        self.n_stages = schedule.n_stages
         if len(self.bounds) != self.n_stages:
             raise ValueError(f"{len(self.bounds)} stage bounds for {self.n_stages} stages")
         stages = split_layers(layers, self.bounds)
@@ -150,7 +153,8 @@ class Pipeline:
         the last stage lives. Returns the batch loss there (PipeDream: the mean micro-batch loss),
         None elsewhere."""
         m = self.schedule.microbatches
-        xs, ys = _split(x, m, "inputs"), _split(y, m, "targets")
+        first, last = 0 in self.stages, self.n_stages - 1 in self.stages
+        xs, ys = split_batch(x, y, m, self.rank, first, last)  # agreement.py: clear errors
         scale = [1.0] * m if self.schedule.asynchronous or y is None else [len(t) / len(y) for t in ys]
         s = self.state = StepState(xs, ys, scale, WeightStash(self.params, self.rank))
         for q in self.params:
@@ -178,6 +182,7 @@ class Pipeline:
     def _run_stage(self, a, x, s):
         y = self.stages[a.stage](x)
         if a.stage == self.n_stages - 1:
+            check_targets(y, s.y[a.mb], a.stage, a.mb, self.rank)
             y = self.loss_fn(y, Tensor(s.y[a.mb])) * s.scale[a.mb]
         return y
 
@@ -287,12 +292,3 @@ def _switched_off(tensors):
     finally:
         for t in tensors:
             t.requires_grad = True
-
-
-def _split(batch, m, what):
-    """``m`` micro-batches along the first axis (sizes differ by at most one), or None."""
-    if batch is None:
-        return None
-    if len(batch) < m:
-        raise ValueError(f"cannot cut a batch of {len(batch)} {what} into {m} micro-batches")
-    return backend.get_array_module(batch).array_split(batch, m)
