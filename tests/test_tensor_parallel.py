@@ -317,3 +317,39 @@ def test_bad_input_is_the_same_clear_error_on_every_rank():
             assert words in seen[case], f"rank {rank}, {case}: {seen[case]}"
             if case != "targets":
                 assert "not divisible by the tensor-parallel size 2" in seen[case]
+
+
+def ignore_index_body():
+    """The vocab-parallel loss against the serial cross_entropy on targets with ignored tokens:
+    [(case, max error of the loss, max error of this rank's dlogits)]."""
+    from minipar import Tensor, comm
+    from minipar import functional as F
+    from minipar.parallel import tensor as tp
+
+    g = comm.world()
+    rng = np.random.default_rng(5)
+    logits = rng.standard_normal((B, T, V)) * 3
+    targets = rng.integers(0, V, (B, T))
+    some = rng.random((B, T)) < 0.3
+    cases = {"-100 ignored (default)": (np.where(some, -100, targets), {}),
+             "all ignored": (np.full((B, T), -100), {}),
+             "ignore_index=-1": (np.where(some, -1, targets), {"ignore_index": -1}),
+             "ignore_index=3, a class": (np.where(some, 3, targets), {"ignore_index": 3})}
+    found = []
+    for case, (t, kw) in cases.items():
+        full = Tensor(logits.copy(), requires_grad=True)
+        mine = Tensor(tp.shard(logits, 2, g.rank, g.size).copy(), requires_grad=True)
+        loss_s, loss_p = F.cross_entropy(full, t, **kw), tp.vocab_parallel_cross_entropy(
+            mine, t, g, **kw)
+        (loss_s * 2.5).backward()
+        (loss_p * 2.5).backward()
+        found.append((case, _err(loss_p.data, loss_s.data),
+                      _err(mine.grad, tp.shard(full.grad, 2, g.rank, g.size))))
+    return found
+
+
+@pytest.mark.mpi
+def test_vocab_parallel_loss_ignores_targets_like_serial():
+    for rank, found in enumerate(run_on_ranks(ignore_index_body, 2, timeout=60)):
+        for case, loss_err, grad_err in found:
+            assert loss_err < TOL and grad_err < TOL, (rank, case, loss_err, grad_err)
