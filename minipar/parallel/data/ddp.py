@@ -43,10 +43,11 @@ would wait for ever, or step on un-averaged gradients while the others wait. So 
 in it, and lists the parameters it never reaches. By default that is a ValueError naming them;
 with ``find_unused_parameters=True`` (torch's name) they are marked ready with a zero gradient
 when backward delivers its first gradient (as torch's reducer does), so every bucket still
-launches, in the same order on every rank. Backward run from something other than this forward's
-output (the module called directly) escapes the walk: then call ``model.synchronize()`` before
-``optimizer.step()``; it launches what is left, counting missing gradients as zero (a no-op when
-backward already finished the job).
+launches, in the same order on every rank (a rank may even leave out what another uses: its
+share of that gradient is zero). The walk sees what the output depends on, not what the loss
+does: a loss built from part of a tuple output, or backward through the module called directly,
+escapes it; then call ``model.synchronize()`` before ``optimizer.step()``: it launches what is
+left, counting missing gradients as zero (a no-op when backward already finished the job).
 """
 import contextlib
 
