@@ -2,7 +2,8 @@
 
 With ``find_unused_parameters=True`` a model whose forward skips a layer trains exactly as the
 serial model does (the skipped layer's gradient is zero, every bucket still launches), whatever
-the bucket size and with or without overlap; by default the same forward is an error naming the
+the bucket size and with or without overlap, and a rank that leaves out what another uses
+contributes zero to its average; by default the same forward is an error naming the
 skipped parameters; inside ``no_sync`` nothing is checked (nothing is communicated); a forward
 that returns a tuple is walked from every Tensor in it.
 """
@@ -35,6 +36,23 @@ def _model():
 
     minipar.manual_seed(0)
     return Skip().double(), Skip
+
+
+def _maybe_skip(skip):
+    """a, then b unless ``skip``: the same parameters, used or not."""
+    import minipar
+    from minipar import nn
+
+    class MaybeSkip(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(5, 3), nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.a(x) if skip else self.b(self.a(x))
+
+    minipar.manual_seed(1)
+    return MaybeSkip().double()
 
 
 def _train(model, x, y, net=None):
@@ -83,6 +101,15 @@ def unused_body():
         out["default"] = str(error)
     with net.no_sync():
         ((net(x[mine]) - y[mine]) ** 2).mean().backward()  # local: no check, no collective
+    # rank 1 leaves out what rank 0 uses: its share of that gradient is zero
+    local, model = _maybe_skip(world.rank == 1), _maybe_skip(world.rank == 1)
+    net = DistributedDataParallel(model, world, find_unused_parameters=True, bucket_cap_mb=1e-5)
+    ((local(x[mine]) - y[mine]) ** 2).mean().backward()
+    ((net(x[mine]) - y[mine]) ** 2).mean().backward()
+    shares = world.all_gather_object([np.zeros(p.shape) if p.grad is None else p.grad.copy()
+                                      for p in local.parameters()])
+    out["one rank leaves out"] = max(float(np.abs(p.grad - (s0 + s1) / 2).max())
+                                     for p, s0, s1 in zip(model.parameters(), *shares))
     two = _model()[1](two_outputs=True).double()  # aux is reached through the tuple's second
     logits, aux = DistributedDataParallel(two, world)(x[mine])
     (logits.sum() + aux.sum()).backward()
@@ -99,3 +126,4 @@ def test_find_unused_parameters_equals_serial_and_default_names_them():
                 "'skipped.bias', 'aux.weight', 'aux.bias'") in out["default"], out["default"]
         assert "find_unused_parameters=True" in out["default"]
         assert out["tuple"] == "ok"
+        assert out["one rank leaves out"] < TOL, out["one rank leaves out"]
