@@ -10,7 +10,7 @@ that does not fit) raise on that rank, and the job ends: one launch each, timed 
     DDP                             a parameter the forward leaves out, on every rank or one
     vocab_parallel_cross_entropy    targets -1, V, -100, with and without ignore_index: the
                                     serial cross_entropy's error (or its value: test_tensor_parallel)
-    Pipeline                        another schedule, m, stage bounds, layer or layer count on one
+    Pipeline, Trainer3D             another schedule, m, stage bounds, layer or layer count on one
                                     rank; a batch that does not cut into m micro-batches on one
                                     rank; targets of another size than the inputs
 """
@@ -58,6 +58,7 @@ def agreement_body():
 
     from minipar import comm, functional, nn, optim
     from minipar.parallel.data import DistributedDataParallel, ParameterServer, ZeRO
+    from minipar.parallel.hybrid import ParallelGroups, Trainer3D
     from minipar.parallel.pipeline import build
     from minipar.parallel.pipeline.runtime import Pipeline
     from minipar.parallel.tensor import vocab_parallel_cross_entropy
@@ -77,6 +78,13 @@ def agreement_body():
             Pipeline(nn.Sequential(*layers, nn.Linear(4, width)), build(*schedule), world,
                      lambda out, t: ((out - t) ** 2).mean(), bounds=bounds)
         return make
+
+    grid = ParallelGroups(world, tp=1, pp=2)  # collective: built once, outside the cases
+
+    def trainer(schedule="gpipe", n_layer=2):
+        return lambda: Trainer3D(nn.GPTConfig(vocab_size=16, block_size=4, n_layer=n_layer,
+                                              n_head=2, n_embd=8), grid, schedule=schedule,
+                                 microbatches=2)
 
     V = 8  # the vocabulary: 4 logits per rank
     rng = np.random.default_rng(0)
@@ -104,6 +112,8 @@ def agreement_body():
         "pipeline bounds": pipe(bounds=[0, 2, 6] if one else [0, 3, 6]),
         "pipeline layer": pipe(width=5 if one else 4),
         "pipeline layer count": pipe(n=7 if one else 6),
+        "3d schedule": trainer(schedule="1f1b" if one else "gpipe"),
+        "3d layers": trainer(n_layer=3 if one else 2),
     }
     serial_said = {}
     for name, targets, kw in [("targets -1", [0, -1, 2], {}), ("targets V", [0, V, 2], {}),
@@ -161,6 +171,8 @@ def test_ranks_that_disagree_get_the_same_clear_error():
         "pipeline layer": "layer 5 is Linear(weight (4, 4) float32 bias (4,) float32) on rank 0 "
                           "but Linear(weight (5, 4) float32 bias (5,) float32) on rank 1",
         "pipeline layer count": "rank 0's model has 6 layers, rank 1's has 7",
+        "3d schedule": "rank 0 has the schedule 'gpipe' (p=2, m=2, v=1",
+        "3d layers": "rank 0's model has 5 layers, rank 1's has 6",
     }
     def texts(rank):  # a local check names its rank; all else must be the same text
         return {k: v[0].replace(f"rank {rank}: ", "") for k, v in per_rank[rank]["seen"].items()}
