@@ -9,7 +9,7 @@ that does not fit) raise on that rank, and the job ends: one launch each, timed 
                                     layer, other shape, dtype, order, requires_grad)
     DDP                             a parameter the forward leaves out, on every rank or one
     vocab_parallel_cross_entropy    targets -1, V, -100, with and without ignore_index: the
-                                    serial cross_entropy's error (or its value: test_tensor_parallel)
+                                    serial loss's error (its value: test_tensor_parallel.py)
     Pipeline, Trainer3D             another schedule, m, stage bounds, layer or layer count on one
                                     rank; a batch that does not cut into m micro-batches on one
                                     rank; targets of another size than the inputs
@@ -38,6 +38,13 @@ def _model(kind="base"):
         layers[1] = nn.Linear(4, 5)
     elif kind == "frozen":
         layers[1].bias.requires_grad = False
+    elif kind in ("named", "order"):  # "order": the same parameters, declared the other way
+        model = nn.Module()
+        if kind == "named":
+            model.first, model.second = layers
+        else:
+            model.second, model.first = layers[1], layers[0]
+        return model
     model = nn.Sequential(*layers)
     return model.double() if kind == "dtype" else model
 
@@ -102,6 +109,8 @@ def agreement_body():
         "ddp other shape": ddp("shape"),
         "ddp other dtype": ddp("dtype"),
         "ddp requires_grad": ddp("frozen"),
+        "ddp other order": lambda: DistributedDataParallel(_model("order" if one else "named"),
+                                                           world),
         "zero extra layer": lambda: ZeRO(_model("extra" if one else "base"),
                                          lambda ps: optim.Adam(ps), world),
         "ps extra layer": lambda: ParameterServer(_model("extra" if one else "base"),
@@ -160,6 +169,9 @@ def test_ranks_that_disagree_get_the_same_clear_error():
                            "on rank 1",
         "ddp requires_grad": "parameter '1.bias' has requires_grad=True on rank 0 but "
                              "requires_grad=False on rank 1",
+        "ddp other order": "they come in a different order: at position 0 rank 0 has parameter "
+                           "'first.weight' (4, 3) float32, rank 1 has parameter 'second.weight' "
+                           "(4, 4) float32",
         "zero extra layer": "rank 1 has an extra parameter '2.weight'",
         "ps extra layer": "rank 1 has an extra parameter '2.weight'",
         "ddp unused on every rank": "does not depend on 2 parameter(s) that require grad: "
