@@ -118,7 +118,7 @@ def agreement_body():
         "ddp unused on every rank": unused_everywhere,
         "pipeline schedule": pipe(("1f1b", 2, 4) if one else ("gpipe", 2, 4)),
         "pipeline m": pipe(("gpipe", 2, 2) if one else ("gpipe", 2, 4)),
-        "pipeline bounds": pipe(bounds=[0, 2, 6] if one else [0, 3, 6]),
+        "pipeline bounds": pipe(bounds=[(0, 2), (2, 6)] if one else [(0, 3), (3, 6)]),
         "pipeline layer": pipe(width=5 if one else 4),
         "pipeline layer count": pipe(n=7 if one else 6),
         "3d schedule": trainer(schedule="1f1b" if one else "gpipe"),
@@ -178,8 +178,8 @@ def test_ranks_that_disagree_get_the_same_clear_error():
                                     "'skipped.weight', 'skipped.bias'",
         "pipeline schedule": "rank 0 has the schedule 'gpipe' (p=2, m=4, v=1",
         "pipeline m": "(p=2, m=2, v=1",
-        "pipeline bounds": "stage bounds: rank 0 cuts the layers at [0, 3, 6], rank 1 at "
-                           "[0, 2, 6]",
+        "pipeline bounds": "stage bounds: rank 0 cuts the layers into [(0, 3), (3, 6)], rank 1 "
+                           "into [(0, 2), (2, 6)]",
         "pipeline layer": "layer 5 is Linear(weight (4, 4) float32 bias (4,) float32) on rank 0 "
                           "but Linear(weight (5, 4) float32 bias (5,) float32) on rank 1",
         "pipeline layer count": "rank 0's model has 6 layers, rank 1's has 7",

@@ -38,7 +38,7 @@ def agreed_bounds(comm, schedule, layers, bounds=None):
     A bounds error (too few layers) is raised after the exchange, so on every rank alike."""
     failed = None
     try:
-        bounds = list(bounds or balanced_split([1] * len(layers), schedule.n_stages))
+        bounds = [tuple(b) for b in bounds or balanced_split([1] * len(layers), schedule.n_stages)]
     except ValueError as error:
         failed, bounds = error, f"none ({error})"
     mine = (describe_schedule(schedule), bounds, [describe_layer(layer) for layer in layers])
@@ -64,7 +64,7 @@ def _difference(first, other, r):
     if len(layers0) != len(layers):
         return f"rank 0's model has {len(layers0)} layers, rank {r}'s has {len(layers)}"
     if bounds0 != bounds:
-        return f"stage bounds: rank 0 cuts the layers at {bounds0}, rank {r} at {bounds}"
+        return f"stage bounds: rank 0 cuts the layers into {bounds0}, rank {r} into {bounds}"
     i = next(i for i, (a, b) in enumerate(zip(layers0, layers)) if a != b)
     return f"layer {i} is {layers0[i]} on rank 0 but {layers[i]} on rank {r}"
 
