@@ -164,3 +164,23 @@ def test_chunks_report_progress_while_a_slow_transfer_goes_on(monkeypatch):
     finally:
         watch.state["call"] = None
     assert len(oldest) == 5 and max(oldest) < 0.3, oldest
+
+
+def test_a_hang_in_a_pipeline_names_the_action_and_micro_batch():
+    """Rank 1 never runs its half of the pipeline: rank 0's watchdog names the action."""
+    status, output, seconds = run_job(PRELUDE + textwrap.dedent("""
+        import minipar
+        from minipar import nn
+        from minipar.parallel.pipeline import Pipeline, build
+        world = comm.world()
+        minipar.manual_seed(0)
+        pipe = Pipeline(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)), build("1f1b", 2, 2),
+                        world, lambda out, t: ((out - t) ** 2).mean())
+        if world.rank == 1:
+            time.sleep(3600)
+        pipe.step(np.ones((4, 4), "float32"), np.ones((4, 4), "float32"))
+        """), 2, timeout=60, env=WATCHDOG)
+    print(f"\npipeline hang: exit status {status}, ended in {seconds:.1f} s")
+    assert status == 1, output
+    assert "pipeline action RECV_B(stage 0, mb 0)<-1" in output, output
+    assert seconds < BOUND, output

@@ -61,6 +61,7 @@ import time
 from minipar import backend, random
 from minipar.autograd import Tensor, set_grad_enabled, run_backward
 from minipar.checkpoint import recomputing
+from minipar.comm.watch import state as watched  # a hang names the action and micro-batch
 from minipar.memory import ActivationMemory
 from minipar.nn import Sequential
 
@@ -166,12 +167,13 @@ class Pipeline:
         with (ActivationMemory() if self.memory else contextlib.nullcontext()) as mem:
             for a in self.schedule.actions[self.rank]:
                 with tracer.record(a.kind, a.mb, a.chunk) if tracer else contextlib.nullcontext():
-                    start = time.perf_counter()
+                    start, watched["action"] = time.perf_counter(), f"pipeline action {a}"
                     self.action_table[a.kind](a, s)
                     rest = self.delay(a) - (time.perf_counter() - start) if self.delay else 0
                     if rest > 0:  # the waiting kernel: sleep out the rest of the action's cost
                         time.sleep(rest)
         s.complete_sends()
+        watched["action"] = None
         self.events = tracer.events if tracer else []
         self.stats = {"peak_live": s.peak_live, "peak_bytes": mem.peak_bytes if mem else None}
         if self.n_stages - 1 not in self.stages:
