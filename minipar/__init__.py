@@ -11,6 +11,7 @@ from .autograd import (Tensor, as_tensor, concat, embedding, enable_grad, gather
                        tensor, where)
 from .random import get_rng_state, manual_seed, set_rng_state  # noqa: F401
 from .backend import to_numpy  # noqa: F401
+from .io import load, save  # noqa: F401
 
 __version__ = "0.1.0"
 
