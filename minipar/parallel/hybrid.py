@@ -21,14 +21,24 @@ the serial model's (``tests/test_hybrid.py`` checks the losses step by step).
     groups = ParallelGroups(world, tp=2, pp=2)      # dp = world.size / (tp·pp)
     trainer = Trainer3D(config, groups, schedule="1f1b", microbatches=4)
     loss = trainer.step(ids, targets)               # the global batch, the same on every rank
+
+Checkpoints. ``state_dict()`` describes this rank's part of the serial model with the serial
+names (``distributed.AppState``'s format): each parameter it holds, and its optimizer state, as a
+``ShardedTensor`` of the serial shape (the tensor split's boxes: a fused QKV weight gives three);
+only data-parallel rank 0 writes them, and a replicated parameter only tensor rank 0 as well.
+``load_state_dict`` takes whole arrays and keeps this rank's slices of its stages, so a checkpoint
+of one (tp, pp) layout loads into another, or into the serial GPT.
 """
+import copy
+
 from .. import backend, random
+from ..distributed.sharded import ShardedTensor
 from ..optim import AdamW
 from .data.allreduce_optimizer import AllReduceOptimizer
 from .groups import ParallelGroups  # noqa: F401  (re-exported: its old home)
 from .pipeline.runtime import Pipeline
 from .pipeline.schedules import build
-from .tensor import TensorParallelGPT, check_config
+from .tensor import TensorParallelGPT, check_config, shard, split_specs
 
 
 def default_optimizer(params):
@@ -85,3 +95,75 @@ class Trainer3D:
             self.groups.data.all_reduce(value, op="avg", algorithm="mpi", out=value)
         self.groups.pipeline.broadcast(value, root=last, out=value)
         return float(value[0])
+
+    # --- checkpoints ---------------------------------------------------------------------------
+    def _held(self):
+        """(serial name, Parameter, (axis, stride) or None) of every parameter of this rank's
+        stages, in the optimizer's order."""
+        names = {id(p): name for name, p in self.model.named_parameters()}
+        specs = split_specs(self.model)
+        return [(names[id(p)], p, specs.get(names[id(p)])) for p in self.pipe.params]
+
+    def _sharded(self, local, spec):
+        """``local`` (this rank's slice) as a piece of the serial tensor."""
+        tp, dp0 = self.groups.tensor, self.groups.coords["dp"] == 0
+        if spec is None:  # replicated over the tensor group
+            return ShardedTensor(local.shape, local.dtype,
+                                 [(tuple(slice(0, n) for n in local.shape), local)],
+                                 write=dp0 and tp.rank == 0)
+        axis, stride = spec
+        n = local.shape[axis] // stride
+        shape = list(local.shape)
+        shape[axis] *= tp.size
+        pieces = []
+        for b in range(stride):  # block b (q, k or v of a fused weight): rows of this rank
+            start = (b * tp.size + tp.rank) * n
+            index = [slice(0, m) for m in shape]
+            part = [slice(None)] * local.ndim
+            index[axis], part[axis] = slice(start, start + n), slice(b * n, (b + 1) * n)
+            pieces.append((tuple(index), local[tuple(part)]))
+        return ShardedTensor(shape, local.dtype, pieces, write=dp0)
+
+    def _optimizer(self):
+        return self.pipe.optimizer.optimizer if self.pipe.optimizer else None
+
+    def state_dict(self):
+        """{"model": {name: sharded}, "optimizer": {"state": {name: {...}}, "hyperparameters"}}
+        with the serial GPT's names: this rank's slices of its stages."""
+        held, opt = self._held(), self._optimizer()
+        state = {}
+        for i, (name, p, spec) in enumerate(held):
+            if opt is not None and i in opt.state:
+                state[name] = {key: self._sharded(value, spec) if hasattr(value, "shape")
+                               else value for key, value in opt.state[i].items()}
+        return {"model": {name: self._sharded(p.data, spec) for name, p, spec in held},
+                "optimizer": {"state": state,
+                              "hyperparameters": opt.hyperparameters() if opt else {}}}
+
+    def load_state_dict(self, state_dict):
+        """Load whole (serial) arrays; every problem is named before anything changes."""
+        tp, model, saved = self.groups.tensor, state_dict["model"], state_dict["optimizer"]
+
+        def mine(full, name, p, spec):
+            full = backend.to_numpy(full)
+            local = full if spec is None else shard(full, spec[0], tp.rank, tp.size, spec[1])
+            if local.shape != p.shape:
+                raise ValueError(f"{name}: the checkpoint's {full.shape} does not give this "
+                                 f"rank's slice {p.shape}")
+            return local
+
+        held, opt = self._held(), self._optimizer()
+        lacking = [name for name, _, _ in held if name not in model]
+        if lacking:
+            raise KeyError(f"the checkpoint has no parameters {lacking}")
+        values = [mine(model[name], name, p, spec) for name, p, spec in held]
+        named = {"state": {i: {key: mine(v, name, p, spec) if hasattr(v, "shape") else v
+                               for key, v in saved["state"][name].items()}
+                           for i, (name, p, spec) in enumerate(held) if name in saved["state"]},
+                 "hyperparameters": saved["hyperparameters"]}
+        if opt is not None:
+            copy.copy(opt).load_state_dict(named)  # a dry run: raises, changes nothing
+        for (_, p, _), value in zip(held, values):
+            p.data[...] = backend.get_array_module(p.data).asarray(value, dtype=p.dtype)
+        if opt is not None:
+            opt.load_state_dict(named)

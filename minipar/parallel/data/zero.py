@@ -26,9 +26,19 @@ accumulation (``no_sync``) here.
 
     zero = ZeRO(model, lambda params: optim.AdamW(params, lr=1e-3), comm, stage=2)
     loss.backward(); zero.step(); zero.zero_grad()
+
+Checkpoints. ``state_dict()`` names everything by the serial model's parameter names
+(``distributed.AppState``'s format): the parameters whole (every rank holds them), the optimizer
+state as ``ShardedTensor``s, each rank's flat chunk cut at the parameters' edges into ranges of
+their flattened arrays (the padding is dropped). ``load_state_dict`` takes that format with whole
+arrays (``minipar.distributed.checkpoint.load`` builds them) and keeps this rank's chunk, so a
+checkpoint of N ranks loads on M, or into a serial model and its optimizer.
 """
+import copy
+
 from ... import backend
 from ...comm import chunk_bounds, world
+from ...distributed.sharded import ShardedTensor
 from ...nn.module import Parameter
 from .buckets import (ReadyQueue, broadcast_parameters, flatten_grads, flatten_parameters,
                       gradient_bytes, make_buckets, offsets)
@@ -94,3 +104,59 @@ class ZeRO:
         return {"parameters": sum(int(f.nbytes) for f in self.flats),
                 "gradients": gradient_bytes(self.params) + gradient_bytes(self.shards),
                 "optimizer_state": self.optimizer.state_bytes()}
+
+    # --- checkpoints ---------------------------------------------------------------------------
+    def _owned(self):
+        """(bucket index, lo, hi, [(name, parameter, offset in the bucket)]) per bucket."""
+        names = {id(p): name for name, p in self.module.named_parameters()}
+        N, r = self.comm.size, self.comm.rank
+        for i, (bucket, flat) in enumerate(zip(self.buckets, self.flats)):
+            lo, hi = chunk_bounds(flat.size, N)[r:r + 2]
+            yield i, lo, hi, [(names[id(p)], p, o) for p, o in zip(bucket, offsets(bucket)[0])]
+
+    def state_dict(self):
+        """{"model": whole parameters, "optimizer": {"state": {name: {"step", name: sharded}},
+        "hyperparameters"}}: serial names, this rank's pieces of the optimizer state."""
+        state = {}
+        for i, lo, hi, members in self._owned():
+            for name, p, o in members:
+                a, b = max(o, lo), min(o + p.size, hi)  # this rank's part of p, in the bucket
+                entry = state[name] = {}
+                for key, value in self.optimizer.state.get(i, {}).items():
+                    entry[key] = value if not hasattr(value, "shape") else ShardedTensor(
+                        p.shape, value.dtype, [(slice(a - o, b - o), value[a - lo:b - lo])]
+                        if a < b else [])
+        order = [name for name, _ in self.module.named_parameters() if state.get(name)]
+        return {"model": self.module.state_dict(),
+                "optimizer": {"state": {name: state[name] for name in order},
+                              "hyperparameters": self.optimizer.hyperparameters()}}
+
+    def load_state_dict(self, state_dict):
+        """Load whole arrays in the format of ``state_dict()``; every problem is named before
+        anything changes."""
+        saved, shards = state_dict["optimizer"]["state"], {}
+        for i, lo, hi, members in self._owned():
+            found = [(saved[name], p, o) for name, p, o in members if name in saved]
+            if not found:
+                continue
+            if len(found) != len(members):
+                raise KeyError(f"optimizer state for only some of bucket {i}'s parameters: "
+                               f"{[name for name, _, _ in members if name not in saved]} lack it")
+            shard = shards[i] = {}
+            for key, value in found[0][0].items():
+                if not hasattr(value, "shape"):
+                    shard[key] = value
+                    continue
+                chunk = shard[key] = backend.get_array_module().zeros(hi - lo, self.flats[i].dtype)
+                for entry, p, o in found:
+                    if tuple(entry[key].shape) != p.shape:
+                        raise ValueError(f"optimizer state {key!r} has shape "
+                                         f"{tuple(entry[key].shape)}, the parameter {p.shape}")
+                    a, b = max(o, lo), min(o + p.size, hi)
+                    if a < b:
+                        flat = backend.to_numpy(entry[key]).reshape(-1)
+                        chunk[a - lo:b - lo] = flat[a - o:b - o]
+        named = {"state": shards, "hyperparameters": state_dict["optimizer"]["hyperparameters"]}
+        copy.copy(self.optimizer).load_state_dict(named)  # a dry run: raises, changes nothing
+        self.module.load_state_dict(state_dict["model"])
+        self.optimizer.load_state_dict(named)

@@ -1,0 +1,297 @@
+"""Distributed checkpoints with torch.distributed.checkpoint's names: save on N ranks, load on M.
+
+    from minipar.distributed import checkpoint as dcp
+    dcp.save({"trainer": trainer, "step": step, "rng": minipar.get_rng_state()},
+             checkpoint_id="ckpt/step-100")
+    state = {"trainer": trainer, "step": 0, "rng": None}
+    dcp.load(state, checkpoint_id="ckpt/step-100")     # fills ``state`` in place
+
+The state dict's values are trees (``{"model": module.state_dict()}``) or Stateful objects,
+anything with ``state_dict()`` and ``load_state_dict()``: a module, an optimizer, ``AppState``
+(a model and its optimizer), ZeRO, the 3D trainer. Both are collective over ``process_group``
+(default: the world, when minipar.comm is in use; a single process otherwise).
+
+The layout on disk. Every rank writes ``shard-<rank>.npz`` (minipar.save's format) holding the
+pieces of tensors it owns; rank 0 then writes ``manifest.npz``: for every global tensor its name
+(the path of keys down the tree), shape, dtype and which rank's file holds which slice
+(``sharded.ShardedTensor``); the Python values (step, RNG state, hyperparameters) of every rank;
+and each shard file's SHA-256. A plain array in the tree is taken to be the same on every rank
+(a replicated parameter) and is written by rank 0 only.
+
+Loading needs no communication: every rank reads the manifest, checks that every shard file is
+there and is the very file the manifest names (so a missing shard, a damaged one or a manifest of
+another save is an error naming the file, on every rank alike, before anything changes), then
+builds each global tensor from its pieces and keeps what its own layout needs. A tree's arrays are
+filled in place; a Stateful object gets the global tree (its serial model's names and shapes)
+through ``load_state_dict`` and keeps its own slices. A rank reads whole tensors to take a slice:
+simple, and cheap at this scale (torch's planner reads only the overlapping pieces). A Python
+value comes back from the same rank when the world size is unchanged, else from the lowest rank
+that saved it. So a checkpoint of N ranks loads in a plain process started without mpiexec.
+"""
+import os
+import sys
+import uuid
+
+from .. import backend, io
+from ..autograd import Tensor
+from .sharded import ShardedTensor, assemble, box, decode_index, encode_index, view
+from .state import AppState  # noqa: F401  (dcp.AppState)
+
+MANIFEST, FORMAT, VERSION = "manifest.npz", "minipar-distributed-checkpoint", 1
+
+
+def shard_name(rank):
+    return f"shard-{rank:05d}.npz"
+
+
+def _group(process_group):
+    """The communicator to save over: the one given, else the world when minipar.comm is
+    loaded (an MPI program), else None (one process)."""
+    if process_group is not None or "minipar.comm" not in sys.modules:
+        return process_group
+    from .. import comm
+
+    world = comm.world()
+    return world if world.size > 1 else None
+
+
+def _stateful(obj):
+    return (not isinstance(obj, (dict, list, tuple)) and hasattr(obj, "state_dict")
+            and hasattr(obj, "load_state_dict"))
+
+
+def _items(obj, path=()):
+    """(path, leaf) for every leaf of a tree; a path is a tuple of (container kind, key) steps,
+    so list/tuple/dict and integer keys survive; an empty container is a leaf of its own."""
+    if _stateful(obj):
+        obj = obj.state_dict()
+    if isinstance(obj, (dict, list, tuple)):
+        pairs = obj.items() if isinstance(obj, dict) else enumerate(obj)
+        kind = "d" if isinstance(obj, dict) else "t" if isinstance(obj, tuple) else "l"
+        found = False
+        for key, value in pairs:
+            found = True
+            yield from _items(value, path + ((kind, key),))
+        if not found and path:
+            yield path, ("empty", kind)
+        return
+    yield path, obj
+
+
+# ----------------------------------------------------------------------------------------------
+# save
+# ----------------------------------------------------------------------------------------------
+
+def save(state_dict, checkpoint_id, process_group=None):
+    """Write this rank's shard and (rank 0) the manifest into the folder ``checkpoint_id``.
+    Collective: every rank of ``process_group`` calls it; returns once the manifest is on disk."""
+    comm = _group(process_group)
+    rank, size = (comm.rank, comm.size) if comm else (0, 1)
+    os.makedirs(checkpoint_id, exist_ok=True)
+    arrays, layout = [], []
+    for path, leaf in _items(state_dict):
+        if isinstance(leaf, Tensor):
+            leaf = leaf.data
+        if isinstance(leaf, ShardedTensor):
+            pieces = leaf.pieces if leaf.write else []
+            shape, dtype = leaf.shape, leaf.dtype
+        elif hasattr(leaf, "shape") and hasattr(leaf, "dtype") and not isinstance(leaf, tuple):
+            pieces = [(box(leaf.shape), leaf)] if rank == 0 else []
+            shape, dtype = tuple(leaf.shape), leaf.dtype
+        else:
+            layout.append((path, "value", leaf))
+            continue
+        chunks = []
+        for index, array in pieces:
+            arrays.append(backend.to_numpy(array))
+            chunks.append((rank, len(arrays) - 1, encode_index(index)))
+        layout.append((path, "tensor", (shape, str(dtype), chunks)))
+    run = comm.broadcast_object(uuid.uuid4().hex) if comm else uuid.uuid4().hex
+    data = io.to_bytes({"run": run, "rank": rank, "pieces": arrays})
+    io.write_atomic(os.path.join(checkpoint_id, shard_name(rank)), data)
+    mine = (layout, data[-64:].decode())
+    everyone = comm.gather_object(mine) if comm else [mine]
+    error = None
+    if rank == 0:
+        try:
+            io.save(_manifest(everyone, run), os.path.join(checkpoint_id, MANIFEST))
+        except Exception as e:  # every rank raises it, not only rank 0
+            error = f"{type(e).__name__}: {e}"
+    error = comm.broadcast_object(error) if comm else error
+    if error:
+        raise RuntimeError(f"saving {checkpoint_id} failed on rank 0: {error}")
+
+
+def _manifest(everyone, run):
+    """Merge every rank's layout: one record per path, pieces from all ranks, values per rank."""
+    records = {}
+    for rank, (layout, _) in enumerate(everyone):
+        for path, kind, payload in layout:
+            record = records.setdefault(path, {"kind": kind, "ranks": {}, "chunks": []})
+            if record["kind"] != kind:
+                raise ValueError(f"{_name(path)} is a tensor on one rank and a value on another")
+            if kind == "value":
+                record["ranks"][rank] = payload
+                continue
+            shape, dtype, chunks = payload
+            if record.setdefault("shape", (shape, dtype)) != (shape, dtype):
+                raise ValueError(f"{_name(path)}: shape/dtype {record['shape']} on one rank, "
+                                 f"{(shape, dtype)} on rank {rank}")
+            record["chunks"] += chunks
+    return {"format": FORMAT, "version": VERSION, "run": run, "world_size": len(everyone),
+            "files": [(shard_name(r), digest) for r, (_, digest) in enumerate(everyone)],
+            "records": [(path, r) for path, r in records.items()]}
+
+
+def _name(path):
+    return "".join(f"[{key!r}]" for _, key in path) or "the state dict"
+
+
+# ----------------------------------------------------------------------------------------------
+# load
+# ----------------------------------------------------------------------------------------------
+
+def load(state_dict, checkpoint_id, process_group=None):
+    """Fill ``state_dict`` in place from the checkpoint in the folder ``checkpoint_id``,
+    resharding to this run's layout; ``io.CheckpointError`` naming the file when a file is
+    missing, damaged or from another save, ``KeyError`` naming the keys the checkpoint lacks:
+    in every case before anything is changed."""
+    comm = _group(process_group)
+    rank, size = (comm.rank, comm.size) if comm else (0, 1)
+    manifest, files = read(checkpoint_id)
+    same = manifest["world_size"] == size
+    tree = _tree(manifest, files, rank if same else None)
+    plan, missing = [], []
+    _fill(state_dict, tree, (), plan, missing)
+    if missing:
+        raise KeyError(f"the checkpoint {checkpoint_id} has no " + ", ".join(missing))
+    for apply in plan:
+        apply()
+
+
+def read(checkpoint_id):
+    """The manifest and every shard file's pieces, each file checked against the manifest."""
+    where = os.path.join(checkpoint_id, MANIFEST)
+    manifest = io.load(where)
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise io.CheckpointError(f"{where} is not a minipar distributed checkpoint manifest")
+    files = []
+    for name, digest in manifest["files"]:
+        path = os.path.join(checkpoint_id, name)
+        if not os.path.exists(path):
+            raise io.CheckpointError(f"{path} is missing: the manifest lists "
+                                     f"{len(manifest['files'])} shard files")
+        shard, actual = io.read(path)
+        if actual != digest or shard.get("run") != manifest["run"]:
+            raise io.CheckpointError(f"{path} is not the file the manifest {where} names (its "
+                                     f"SHA-256 differs): the shards and the manifest come from "
+                                     f"different saves")
+        files.append(shard["pieces"])
+    return manifest, files
+
+
+class _Global:
+    """A global tensor of the checkpoint, assembled from its pieces when first asked for."""
+
+    def __init__(self, path, record, files):
+        self.path, self.record, self.files, self._array = path, record, files, None
+        self.shape = tuple(record["shape"][0])
+
+    def array(self):
+        if self._array is None:
+            shape, dtype = self.record["shape"]
+            pieces = [(decode_index(index), self.files[rank][entry])
+                      for rank, entry, index in self.record["chunks"]]
+            self._array = assemble(shape, dtype, pieces, _name(self.path))
+        return self._array
+
+
+def _tree(manifest, files, rank):
+    """The checkpoint as one nested tree: tensors as ``_Global``, values picked for ``rank``
+    (None: from the lowest rank that saved them)."""
+    root = {}
+    for path, record in manifest["records"]:
+        if record["kind"] == "tensor":
+            leaf = _Global(path, record, files)
+        else:
+            ranks = record["ranks"]
+            leaf = ranks[rank] if rank in ranks else ranks[min(ranks)]
+        node = root
+        for i, (kind, key) in enumerate(path[:-1]):
+            node = node.setdefault((kind, key), {"__kind__": path[i + 1][0]})
+        node[path[-1]] = leaf
+    return _build(root, "d")
+
+
+def _build(node, kind):
+    if isinstance(node, tuple) and len(node) == 2 and node[0] == "empty":
+        return {"d": {}, "l": [], "t": ()}[node[1]]
+    if not isinstance(node, dict):
+        return node
+    kind = node.get("__kind__", kind)
+    items = [(key, _build(child, "d")) for (k, key), child in
+             ((s, c) for s, c in node.items() if s != "__kind__")]
+    if kind == "d":
+        return dict(items)
+    values = [v for _, v in sorted(items, key=lambda kv: kv[0])]
+    return values if kind == "l" else tuple(values)
+
+
+def materialize(tree):
+    """The tree with every ``_Global`` replaced by its NumPy array."""
+    if isinstance(tree, _Global):
+        return tree.array()
+    if isinstance(tree, dict):
+        return {k: materialize(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(materialize(v) for v in tree)
+    return tree
+
+
+def _fill(target, source, path, plan, missing):
+    """Plan the in-place loading of ``target`` (a dict or a list) from ``source``."""
+    keys = list(target) if isinstance(target, dict) else range(len(target))
+    for key in keys:
+        here = path + (key,)
+        if not _has(source, key):
+            missing.append("".join(f"[{k!r}]" for k in here))
+            continue
+        mine, theirs = target[key], source[key]
+        if _stateful(mine):
+            value = materialize(theirs)
+            plan.append(lambda m=mine, v=value: m.load_state_dict(v))
+        elif isinstance(mine, (dict, list)):
+            _fill(mine, theirs, here, plan, missing)
+        elif isinstance(mine, (ShardedTensor, Tensor)) or _is_array(mine):
+            plan.extend(_copies(mine, theirs, here))
+        else:
+            plan.append(lambda t=target, k=key, v=materialize(theirs): t.__setitem__(k, v))
+
+
+def _has(source, key):
+    if isinstance(source, dict):
+        return key in source
+    return isinstance(source, (list, tuple)) and isinstance(key, int) and key < len(source)
+
+
+def _is_array(x):
+    return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, tuple)
+
+
+def _copies(mine, theirs, path):
+    """Closures that copy the checkpoint's tensor into ``mine`` (its pieces for a sharded one)."""
+    name = "".join(f"[{k!r}]" for k in path)
+    if not isinstance(theirs, _Global):
+        raise TypeError(f"{name} is a tensor here but a {type(theirs).__name__} in the checkpoint")
+    pieces = mine.pieces if isinstance(mine, ShardedTensor) else [
+        (box(mine.shape), mine.data if isinstance(mine, Tensor) else mine)]
+    if tuple(mine.shape) != theirs.shape:
+        raise ValueError(f"{name} has shape {tuple(mine.shape)} here and {theirs.shape} in the "
+                         f"checkpoint")
+    full = theirs.array()
+
+    def copy(index, array):
+        xp = backend.get_array_module(array)
+        array[...] = xp.asarray(view(full, index).reshape(array.shape), dtype=array.dtype)
+
+    return [lambda i=i, a=a: copy(i, a) for i, a in pieces]

@@ -1,0 +1,88 @@
+"""A tensor spread over ranks, described by GLOBAL coordinates, so it can be saved by one layout
+and loaded by another (torch's ShardedTensor/DTensor, reduced to what a checkpoint needs).
+
+A ``ShardedTensor`` is the serial tensor of ``shape`` of which this rank holds ``pieces``, each a
+pair ``(index, array)``:
+
+    a tuple of slices       a box of the global tensor: tensor parallelism's row or column split
+                            (a fused QKV weight is three boxes, one each of q, k and v)
+    one slice               a range of the global tensor flattened in C order: ZeRO's flat
+                            shards, which cut through parameters wherever the bucket is cut
+
+``write=False`` marks a replica (a data-parallel copy of a shard held elsewhere too): it is loaded
+into but not written, so every element goes to disk once.
+
+    ShardedTensor((8, 4), "float64", [((slice(4, 8), slice(0, 4)), local)])   rows 4..7
+    ShardedTensor((8, 4), "float64", [(slice(10, 20), flat_piece)])          elements 10..19
+
+``assemble`` builds the global array back from pieces, checking that they cover all of it.
+"""
+import numpy
+
+from .. import backend
+
+
+class ShardedTensor:
+    """This rank's pieces of a global tensor (module docstring)."""
+
+    def __init__(self, shape, dtype, pieces, write=True):
+        self.shape, self.dtype = tuple(int(n) for n in shape), numpy.dtype(dtype)
+        self.pieces, self.write = list(pieces), bool(write)
+        for index, array in self.pieces:
+            size = _extent(index, self.shape)
+            if tuple(array.shape) != size and not (isinstance(index, slice) and
+                                                   array.size == size[0]):
+                raise ValueError(f"a piece at {encode_index(index)} of a tensor of shape "
+                                 f"{self.shape} has shape {tuple(array.shape)}, not {size}")
+
+    def __repr__(self):
+        return (f"ShardedTensor(shape={self.shape}, dtype={self.dtype}, pieces="
+                f"{[encode_index(i) for i, _ in self.pieces]}, write={self.write})")
+
+
+def box(shape):
+    """The index of the whole tensor: a replicated tensor is one piece covering everything."""
+    return tuple(slice(0, n) for n in shape)
+
+
+def _extent(index, shape):
+    if isinstance(index, slice):
+        return (index.stop - index.start,)
+    return tuple(s.stop - s.start for s in index)
+
+
+def encode_index(index):
+    """A piece's index as plain data for the manifest: ("flat", start, stop) or
+    ("box", starts, stops)."""
+    if isinstance(index, slice):
+        return ("flat", int(index.start), int(index.stop))
+    return ("box", tuple(int(s.start) for s in index), tuple(int(s.stop) for s in index))
+
+
+def decode_index(encoded):
+    kind, start, stop = encoded
+    if kind == "flat":
+        return slice(start, stop)
+    return tuple(slice(a, b) for a, b in zip(start, stop))
+
+
+def view(array, index):
+    """The part of ``array`` (global shape) at ``index``, as an array of the piece's shape."""
+    if isinstance(index, slice):
+        return array.reshape(-1)[index]
+    return array[tuple(index) + (Ellipsis,)]  # a 0-d array stays an array, not a scalar
+
+
+def assemble(shape, dtype, pieces, name):
+    """The global NumPy array from ``(index, array)`` pieces; a ValueError naming ``name`` when
+    the pieces leave part of it uncovered."""
+    out = numpy.zeros(shape, dtype=dtype)
+    covered = numpy.zeros(shape, dtype=bool)
+    for index, array in pieces:
+        target = view(out, index)
+        target[...] = backend.to_numpy(array).reshape(target.shape)
+        view(covered, index)[...] = True  # reshape(-1) of a fresh array is a view
+    if not covered.all():
+        raise ValueError(f"{name}: the checkpoint holds only {int(covered.sum())} of its "
+                         f"{covered.size} elements")
+    return out

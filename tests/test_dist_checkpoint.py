@@ -1,0 +1,193 @@
+"""minipar.distributed.checkpoint: resume is bit-identical (DDP, ZeRO-1/2, 3D; dropout, optimizer
+state and step included) and a checkpoint of one layout loads into another with the same next-step
+losses (float64): DDP and ZeRO on 2 ranks -> a plain process, ZeRO-1 2 -> 4 ranks, TP 2 x PP 2 ->
+TP 1 x PP 4 and -> serial."""
+import os
+
+import numpy as np
+import pytest
+
+from minipar.testing import run_on_ranks
+
+K = 2  # steps before the checkpoint, and after it
+RESHARD_TOLERANCE = 1e-12  # float64: the layouts only reorder sums
+
+
+def gpt_config(dropout):
+    from minipar import nn
+    return nn.GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=16,
+                        dropout=dropout)
+
+
+def batches(n=8, steps=2 * K):
+    ids = np.random.default_rng(1).integers(0, 16, size=(steps, n, 8))
+    return [(x, np.roll(x, -1, axis=1)) for x in ids]
+
+
+def make_optimizer(params):
+    from minipar import optim
+    return optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+
+
+# ---------------------------------------------------------------- data parallel (2 and 4 ranks)
+
+def dp_run(kind, comm, dropout, folder, steps, load=False, save_at=None):
+    """Global mean losses of ``steps`` steps of ``kind`` (ddp, zero1, zero2) from step
+    ``start``; loads ``folder`` first when ``load``, saves there after ``save_at`` steps."""
+    import minipar
+    from minipar import nn
+    from minipar.distributed import AppState, checkpoint as dcp
+    from minipar.parallel.data import DistributedDataParallel, ZeRO
+
+    minipar.manual_seed(0 if not load else 99)  # a resumed run must take everything from disk
+    model = nn.GPT(gpt_config(dropout)).double()
+    if kind == "ddp":
+        net, opt = DistributedDataParallel(model, comm), make_optimizer(model.parameters())
+        app, update, clear = AppState(model, opt), opt.step, opt.zero_grad
+    else:
+        app = ZeRO(model, make_optimizer, comm, stage=int(kind[-1]))
+        net, update, clear = model, app.step, app.zero_grad
+    state = {"app": app, "step": 0, "rng": minipar.get_rng_state()}
+    if load:
+        dcp.load(state, checkpoint_id=folder)
+        minipar.set_rng_state(state["rng"])
+    losses, rows = [], 8 // comm.size
+    for ids, targets in batches()[state["step"]:state["step"] + steps]:
+        clear()
+        mine = slice(comm.rank * rows, (comm.rank + 1) * rows)
+        loss = net(ids[mine], targets[mine])[1]
+        loss.backward()
+        update()
+        losses.append(float(np.mean(comm.all_gather_object(loss.item()))))
+        state["step"] += 1
+        if state["step"] == save_at:
+            dcp.save({"app": app, "step": state["step"], "rng": minipar.get_rng_state()},
+                     checkpoint_id=folder)
+    return losses, [minipar.to_numpy(p.data).tolist() for p in model.parameters()]
+
+
+def two_ranks_body(folder):
+    """Resume checks with dropout; then the checkpoints the reshard tests load (no dropout)."""
+    from minipar import comm
+
+    world, out = comm.world(), {}
+    for kind in ("ddp", "zero1", "zero2"):
+        where = os.path.join(folder, f"{kind}-dropout")
+        reference, final = dp_run(kind, world, 0.1, where, 2 * K, save_at=K)
+        resumed, params = dp_run(kind, world, 0.1, where, K, load=True)
+        out[kind] = {"bit-identical": resumed == reference[K:] and params == final,
+                     "reference": reference[K:], "resumed": resumed}
+        losses, _ = dp_run(kind, world, 0.0, os.path.join(folder, kind), 2 * K, save_at=K)
+        out[kind]["after save"] = losses[K:]
+    return out
+
+
+def four_ranks_body(folder):
+    from minipar import comm
+    losses, _ = dp_run("zero1", comm.world(), 0.0, os.path.join(folder, "zero1"), K, load=True)
+    return losses
+
+
+# ---------------------------------------------------------------- 3D (4 ranks)
+
+def trainer_run(folder, tp, pp, dropout, steps, load=False, save_at=None):
+    import minipar
+    from minipar import comm
+    from minipar.distributed import checkpoint as dcp
+    from minipar.parallel.hybrid import ParallelGroups, Trainer3D
+
+    groups = ParallelGroups(comm.world(), tp=tp, pp=pp)
+    trainer = Trainer3D(gpt_config(dropout), groups, microbatches=2, dtype="float64",
+                        seed=0 if not load else 99, make_optimizer=make_optimizer)
+    state = {"trainer": trainer, "step": 0, "rng": minipar.get_rng_state()}
+    if load:
+        dcp.load(state, checkpoint_id=folder)
+        minipar.set_rng_state(state["rng"])
+    losses = []
+    for ids, targets in batches()[state["step"]:state["step"] + steps]:
+        losses.append(trainer.step(ids, targets))
+        state["step"] += 1
+        if state["step"] == save_at:
+            dcp.save({"trainer": trainer, "step": state["step"], "rng": minipar.get_rng_state()},
+                     checkpoint_id=folder)
+    params = [minipar.to_numpy(p.data).tolist() for p in trainer.pipe.params]
+    return losses, params
+
+
+def trainer_body(folder):
+    resume = os.path.join(folder, "3d-dropout")
+    reference, final = trainer_run(resume, 2, 2, 0.1, 2 * K, save_at=K)
+    resumed, params = trainer_run(resume, 2, 2, 0.1, K, load=True)
+    reshard = os.path.join(folder, "3d")
+    before, _ = trainer_run(reshard, 2, 2, 0.0, 2 * K, save_at=K)
+    after, _ = trainer_run(reshard, 1, 4, 0.0, K, load=True)
+    return {"bit-identical": resumed == reference[K:] and params == final,
+            "reference": reference[K:], "resumed": resumed,
+            "tp2 pp2": before[K:], "tp1 pp4": after}
+
+
+# ---------------------------------------------------------------- the serial side, in pytest
+
+def serial_after_load(folder, key="app"):
+    """Load a checkpoint of any layout into the serial GPT and AdamW in THIS process (no
+    mpiexec), then train the K steps after it: the global losses."""
+    import minipar
+    from minipar import nn
+    from minipar.distributed import AppState, checkpoint as dcp
+
+    minipar.manual_seed(7)
+    model = nn.GPT(gpt_config(0.0)).double()
+    opt = make_optimizer(model.parameters())
+    state = {key: AppState(model, opt), "step": None}
+    dcp.load(state, checkpoint_id=folder)
+    losses = []
+    for ids, targets in batches()[state["step"]:]:
+        model.zero_grad()
+        loss = model(ids, targets)[1]
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.fixture(scope="module")
+def data_parallel(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("dcp"))
+    results = run_on_ranks(two_ranks_body, 2, args=(folder,), timeout=240)
+    return folder, results
+
+
+@pytest.mark.mpi
+def test_data_parallel_resume_is_bit_identical(data_parallel):
+    _, results = data_parallel
+    for rank, out in enumerate(results):
+        for kind, result in out.items():
+            assert result["bit-identical"], (rank, kind, result)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("kind", ["ddp", "zero1", "zero2"])
+def test_two_ranks_to_a_plain_process(data_parallel, kind):
+    folder, results = data_parallel
+    losses = serial_after_load(os.path.join(folder, kind))
+    np.testing.assert_allclose(losses, results[0][kind]["after save"], rtol=0,
+                               atol=RESHARD_TOLERANCE)
+
+
+@pytest.mark.mpi
+def test_zero1_two_ranks_to_four(data_parallel):
+    folder, results = data_parallel
+    for losses in run_on_ranks(four_ranks_body, 4, args=(folder,), timeout=240):
+        np.testing.assert_allclose(losses, results[0]["zero1"]["after save"], rtol=0,
+                                   atol=RESHARD_TOLERANCE)
+
+
+@pytest.mark.mpi
+def test_3d_resume_and_tp2_pp2_to_tp1_pp4_and_serial(tmp_path):
+    results = run_on_ranks(trainer_body, 4, args=(str(tmp_path),), timeout=300)
+    for rank, out in enumerate(results):
+        assert out["bit-identical"], (rank, out)
+        np.testing.assert_allclose(out["tp1 pp4"], out["tp2 pp2"], rtol=0,
+                                   atol=RESHARD_TOLERANCE, err_msg=f"rank {rank}")
+    serial = serial_after_load(str(tmp_path / "3d"), key="trainer")
+    np.testing.assert_allclose(serial, results[0]["tp2 pp2"], rtol=0, atol=RESHARD_TOLERANCE)
