@@ -1,0 +1,202 @@
+"""Checkpoint faults, each bounded in time: a checkpoint altered on disk (a flipped bit, a
+truncation, an appended byte, a missing shard, the manifest of another save) is an error naming the
+file and nothing is loaded; a rank killed with SIGKILL during training ends the job within 10 s
+and the checkpoint saved before stays loadable; a rank killed in the middle of a save leaves an
+incomplete checkpoint that is refused, naming what is missing.
+
+Every case prints its seconds (``pytest -s``) for the record."""
+import os
+import shutil
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from minipar.testing import run_on_ranks
+
+BOUND = 10.0  # seconds: a generous bound on a shared 2-core machine, not a benchmark
+STEPS_BEFORE_KILL = 2
+
+
+def record(case, seconds):
+    print(f"\n[fault ckpt] {case}: {seconds:.2f} s")
+    assert seconds < BOUND, f"{case} took {seconds:.1f} s"
+
+
+def model_and_state(seed):
+    import minipar
+    from minipar import nn, optim
+    from minipar.distributed import AppState
+
+    minipar.manual_seed(seed)
+    model = nn.GPT(nn.GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    model = model.double()
+    return model, {"app": AppState(model, optim.AdamW(model.parameters(), lr=1e-2)),
+                   "step": -1}
+
+
+def train(comm, net, update, steps, save=None):
+    ids = np.random.default_rng(1).integers(0, 16, size=(8, 8))
+    rows = slice(comm.rank * 4, comm.rank * 4 + 4)
+    for step in range(1, steps + 1):
+        loss = net(ids[rows], np.roll(ids, -1, axis=1)[rows])[1]
+        loss.backward()
+        update()
+        if save:
+            save(step)
+
+
+def save_two_runs_body(folder):
+    """Two saves of the same layout (ZeRO-1 on 2 ranks): run a and run b, a step apart."""
+    from minipar import comm
+    from minipar.distributed import checkpoint as dcp
+    from minipar.parallel.data import ZeRO
+    from minipar import optim
+
+    world = comm.world()
+    model, _ = model_and_state(0)
+    zero = ZeRO(model, lambda ps: optim.AdamW(ps, lr=1e-2), world)
+    for run, steps in (("a", 1), ("b", 1)):
+        train(world, model, zero.step, steps)
+        dcp.save({"app": zero, "step": 1}, checkpoint_id=os.path.join(folder, run))
+
+
+def load_damaged_body(folder):
+    """Every rank loads the damaged checkpoint: each must raise naming the same file."""
+    from minipar.distributed import checkpoint as dcp
+    from minipar.io import CheckpointError
+
+    _, state = model_and_state(5)
+    try:
+        dcp.load(state, checkpoint_id=folder)
+    except CheckpointError as e:
+        return str(e)
+    return "loaded"
+
+
+@pytest.fixture(scope="module")
+def two_saves(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("saves")
+    start = time.perf_counter()
+    run_on_ranks(save_two_runs_body, 2, args=(str(folder),), timeout=120)
+    record("save two checkpoints on 2 ranks (set-up)", time.perf_counter() - start)
+    return folder
+
+
+def flip_middle(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+DAMAGE = {
+    "shard: one bit flipped in the middle": ("shard-00001.npz", flip_middle),
+    "shard: truncated by one byte": ("shard-00001.npz",
+                                     lambda p: p.write_bytes(p.read_bytes()[:-1])),
+    "shard: truncated to half": ("shard-00000.npz",
+                                 lambda p: p.write_bytes(p.read_bytes()[:p.stat().st_size // 2])),
+    "shard: one byte appended": ("shard-00000.npz",
+                                 lambda p: p.write_bytes(p.read_bytes() + b"\n")),
+    "shard: missing": ("shard-00001.npz", os.unlink),
+    "manifest: one bit flipped in the middle": ("manifest.npz", flip_middle),
+    "manifest: missing": ("manifest.npz", os.unlink),
+    "manifest: from another save": ("manifest.npz",
+                                    lambda p: shutil.copy(p.parent.parent / "b" / p.name, p)),
+}
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("case", sorted(DAMAGE))
+def test_altered_checkpoint_is_refused_and_nothing_loads(two_saves, tmp_path, case):
+    name, damage = DAMAGE[case]
+    folder = tmp_path / "a"
+    shutil.copytree(two_saves / "a", folder)
+    shutil.copytree(two_saves / "b", tmp_path / "b")
+    damage(folder / name)
+    from minipar.distributed import checkpoint as dcp
+    from minipar.io import CheckpointError
+
+    model, state = model_and_state(5)
+    before = {n: a.copy() for n, a in model.state_dict().items()}
+    start = time.perf_counter()
+    with pytest.raises(CheckpointError) as error:
+        dcp.load(state, checkpoint_id=str(folder))
+    record(case, time.perf_counter() - start)
+    expected = "shard-00000.npz" if case == "manifest: from another save" else name
+    assert str(folder / expected) in str(error.value)
+    assert state["step"] == -1 and not state["app"].optimizer.state  # nothing loaded
+    for n, a in model.state_dict().items():
+        assert np.array_equal(a, before[n]), n
+    dcp.load(state, checkpoint_id=str(two_saves / "a"))  # the intact copy loads
+    assert state["step"] == 1
+
+
+@pytest.mark.fault
+def test_every_rank_refuses_a_damaged_shard(two_saves, tmp_path):
+    folder = tmp_path / "a"
+    shutil.copytree(two_saves / "a", folder)
+    flip_middle(folder / "shard-00001.npz")
+    start = time.perf_counter()
+    messages = run_on_ranks(load_damaged_body, 2, args=(str(folder),), timeout=60)
+    record("2 ranks load a checkpoint with a flipped bit in rank 1's shard",
+           time.perf_counter() - start)
+    for message in messages:
+        assert str(folder / "shard-00001.npz") in message and "damaged" in message
+
+
+def killed_body(folder, victim, when):
+    """Train ZeRO-1 on 2 ranks, saving every step into folder/step-N; rank ``victim`` kills
+    itself with SIGKILL during training after step STEPS_BEFORE_KILL was saved (``when`` =
+    "training"), or in the middle of the next save, after writing its shard ("saving")."""
+    from minipar import comm, io
+    from minipar.distributed import checkpoint as dcp
+    from minipar.parallel.data import ZeRO
+    from minipar import optim
+
+    world = comm.world()
+    model, _ = model_and_state(0)
+    zero = ZeRO(model, lambda ps: optim.AdamW(ps, lr=1e-2), world)
+
+    def die():
+        with open(os.path.join(folder, "killed-at"), "w") as f:
+            f.write(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def save(step):
+        if step > STEPS_BEFORE_KILL and world.rank == victim and when == "training":
+            die()
+        if step > STEPS_BEFORE_KILL and world.rank == victim and when == "saving":
+            write = io.write_atomic
+
+            def write_then_die(path, data):
+                write(path, data)
+                die()
+
+            io.write_atomic = write_then_die
+        dcp.save({"app": zero, "step": step}, checkpoint_id=os.path.join(folder, f"step-{step}"))
+
+    train(world, model, zero.step, STEPS_BEFORE_KILL + 3, save=save)
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("when", ["training", "saving"])
+def test_killed_rank_ends_the_job_and_the_last_checkpoint_loads(tmp_path, when):
+    with pytest.raises(AssertionError) as failure:
+        run_on_ranks(killed_body, 2, args=(str(tmp_path), 1, when), timeout=60)
+    ended = time.time()
+    killed = float((tmp_path / "killed-at").read_text())
+    record(f"rank 1 killed (SIGKILL) while {when}: the job ends", ended - killed)
+    assert "rank" in str(failure.value)
+    from minipar.distributed import checkpoint as dcp
+    from minipar.io import CheckpointError
+
+    _, state = model_and_state(5)
+    dcp.load(state, checkpoint_id=str(tmp_path / f"step-{STEPS_BEFORE_KILL}"))
+    assert state["step"] == STEPS_BEFORE_KILL
+    assert state["app"].optimizer.state[0]["step"] == STEPS_BEFORE_KILL
+    incomplete = tmp_path / f"step-{STEPS_BEFORE_KILL + 1}"
+    if when == "saving":  # the save that was cut short has shards but no manifest
+        with pytest.raises(CheckpointError, match=f"{incomplete / 'manifest.npz'} does not exist"):
+            dcp.load(state, checkpoint_id=str(incomplete))
+    assert state["step"] == STEPS_BEFORE_KILL
