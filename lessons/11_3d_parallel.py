@@ -10,8 +10,17 @@ steps' losses against the serial model trained on the same batches (float32: equ
 the rounding of a different order of sums). Part 3 shows one pipeline's timeline and the bytes
 each kind of group moved per step, from the communicators' own counters.
 
-The vocabulary is padded up to a multiple of T (Megatron's make-vocab-size-divisible-by): the
-extra logits belong to no character and their probability is learnt to be ~0.
+The vocabulary is padded up to a multiple of 8 and of T (Megatron's make-vocab-size-divisible-by):
+the extra logits belong to no character and their probability is learnt to be ~0; the same padding
+for every T <= 8 lets a checkpoint move between layouts.
+
+Checkpoints. ``--save DIR`` writes the trained state after the last step (every rank its shard,
+rank 0 the manifest: minipar.distributed.checkpoint); ``--resume DIR`` loads it before training
+and goes on counting from its step, with the next batches. A resumed run is checked against the
+serial GPT loaded from the very same checkpoint: the (T, P) slices go back into whole matrices.
+
+    mpiexec -n 8 python lessons/11_3d_parallel.py --steps 200 --save ckpt
+    mpiexec -n 4 python lessons/11_3d_parallel.py --tp 1 --pp 4 --steps 200 --resume ckpt
 """
 import math
 import time
@@ -19,6 +28,7 @@ import time
 import minipar
 from minipar import backend, nn, optim
 from minipar.data import CharTokenizer, get_batch, load_text
+from minipar.distributed import AppState, checkpoint as dcp
 from minipar.parallel.groups import ParallelGroups, RankGrid
 from minipar.parallel.hybrid import Trainer3D
 from minipar.parallel.pipeline import timeline
@@ -38,6 +48,9 @@ def main():
                      ("--batch", 16, "global batch (sequences)"),
                      ("--trace", None, "write every rank's last step as Chrome-trace JSON to this "
                                        "file (open it in Perfetto)"),
+                     ("--save", None, "save the trainer to this folder after training"),
+                     ("--resume", None, "load the trainer from this folder before training and "
+                                        "continue its step count"),
                      quick="a few steps of a smaller model")
     if args.quick:
         args.steps, args.check_steps, args.batch = 4, 2, 8
@@ -55,11 +68,11 @@ def main():
     text = load_text("pydoc")
     tok = CharTokenizer(text)
     data = tok.encode(text)
-    vocab = -(-tok.vocab_size // grid.tp) * grid.tp  # padded to a multiple of T
+    multiple = math.lcm(8, grid.tp)
+    vocab = -(-tok.vocab_size // multiple) * multiple  # padded to a multiple of 8 and of T
     config = nn.GPTConfig(vocab_size=vocab, block_size=32 if not args.quick else 16,
                           n_layer=2, n_head=4, n_embd=64 if not args.quick else 32)
     rng = backend.get_array_module().random.default_rng(0)  # the same batches on every rank
-    batches = [get_batch(data, args.batch, config.block_size, rng) for _ in range(args.steps)]
 
     say(f"\nPart 2. Training: {tok.vocab_size} characters (vocabulary padded to {vocab}), "
         f"GPT {config.n_layer} blocks × {config.n_embd} channels, global batch "
@@ -71,32 +84,47 @@ def main():
 
     trainer = Trainer3D(config, groups, schedule=args.schedule, microbatches=args.microbatches,
                         make_optimizer=make_optimizer, trace=True)
+    state = {"trainer": trainer, "step": 0, "rng": minipar.get_rng_state()}
+    if args.resume:
+        dcp.load(state, checkpoint_id=args.resume)  # this layout's slices of the saved model
+        minipar.set_rng_state(state["rng"])
+        say(f"  resumed from {args.resume} at step {state['step']}")
+    first = state["step"]  # the batches go on where the saved run stopped
+    batches = [get_batch(data, args.batch, config.block_size, rng)
+               for _ in range(first + args.steps)][first:]
     for c in (groups.tensor, groups.pipeline, groups.data):
         c.counters.reset()
     losses, start = [], time.perf_counter()
-    for i, (ids, targets) in enumerate(batches):
+    for i, (ids, targets) in enumerate(batches, first):
         losses.append(trainer.step(ids, targets))
-        if i % max(1, args.steps // 10) == 0 or i == args.steps - 1:
+        if (i - first) % max(1, args.steps // 10) == 0 or i == first + args.steps - 1:
             recent = losses[-10:]
             say(f"  step {i:4d}  loss {losses[-1]:.4f}  mean of last {len(recent):2d} "
                 f"{sum(recent) / len(recent):.4f}  ({time.perf_counter() - start:.1f} s)")
     seconds = (time.perf_counter() - start) / args.steps
+    state.update(step=first + args.steps, rng=minipar.get_rng_state())
+    if args.save:
+        dcp.save(state, checkpoint_id=args.save)
+        say(f"  saved step {state['step']} to {args.save}")
     moved = {name: c.counters.snapshot() for name, c in
              (("tensor", groups.tensor), ("pipeline", groups.pipeline), ("data", groups.data))}
     events = world.mpi.gather(trainer.pipe.events, root=0)
 
     if world.rank == 0:
-        reference = serial_losses(config, batches[:args.check_steps], make_optimizer)
+        reference = (serial_losses(config, batches[:args.check_steps], make_optimizer)
+                     if not args.resume else
+                     resumed_serial_losses(config, batches[:args.check_steps], make_optimizer,
+                                           args.resume))
         worst = max(abs(a - b) for a, b in zip(losses, reference))
-        print(f"\n  serial model, same batches: " +
-              " ".join(f"{x:.5f}" for x in reference))
-        print(f"  3D ({grid.dp}×{grid.tp}×{grid.pp}):                 " +
+        serial = f"serial model{' (loaded)' if args.resume else ''}, same batches:"
+        print(f"\n  {serial} " + " ".join(f"{x:.5f}" for x in reference))
+        print(f"  {f'3D ({grid.dp}×{grid.tp}×{grid.pp}):':{len(serial)}s} " +
               " ".join(f"{x:.5f}" for x in losses[:args.check_steps]))
         print(f"  largest difference {worst:.1e} (float32 rounding: tolerance 1e-4)")
         assert worst < 1e-4, "3D training must equal serial training"
         k = max(1, min(10, args.steps // 2))
         first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
-        assert last < first, "the loss must fall"
+        assert last < first or args.resume, "the loss must fall"
         print(f"  mean loss of the first and last {k} steps: {first:.3f} -> {last:.3f} "
               f"(ln {tok.vocab_size} = {math.log(tok.vocab_size):.3f} is a uniform guess), "
               f"{seconds * 1e3:.0f} ms per step")
@@ -129,6 +157,22 @@ def main():
               "\n  data groups carry the gradients once per step.")
     return finish(f"the first {args.check_steps} losses of the 3D run equal serial training's "
                   f"and the loss falls")
+
+
+def resumed_serial_losses(config, batches, make_optimizer, folder):
+    """The serial GPT and its optimizer loaded from the 3D run's checkpoint, then trained on the
+    same batches: the whole matrices are the (T, P) slices put back together."""
+    model = nn.GPT(config)
+    optimizer = make_optimizer(model.parameters())
+    dcp.load({"trainer": AppState(model, optimizer)}, checkpoint_id=folder)
+    losses = []
+    for ids, targets in batches:
+        model.zero_grad()
+        _, loss = model(ids, targets)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
 
 
 if __name__ == "__main__":

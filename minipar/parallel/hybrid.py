@@ -145,12 +145,13 @@ class Trainer3D:
         tp, model, saved = self.groups.tensor, state_dict["model"], state_dict["optimizer"]
 
         def mine(full, name, p, spec):
-            full = backend.to_numpy(full)
-            local = full if spec is None else shard(full, spec[0], tp.rank, tp.size, spec[1])
-            if local.shape != p.shape:
-                raise ValueError(f"{name}: the checkpoint's {full.shape} does not give this "
-                                 f"rank's slice {p.shape}")
-            return local
+            full, shape = backend.to_numpy(full), list(p.shape)
+            if spec is not None:
+                shape[spec[0]] *= tp.size
+            if full.shape != tuple(shape):
+                raise ValueError(f"{name} has shape {full.shape} in the checkpoint and "
+                                 f"{tuple(shape)} in this model")
+            return full if spec is None else shard(full, spec[0], tp.rank, tp.size, spec[1])
 
         held, opt = self._held(), self._optimizer()
         lacking = [name for name, _, _ in held if name not in model]
