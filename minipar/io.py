@@ -183,6 +183,9 @@ def read(path):
             data = f.read()
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint file {path} does not exist") from None
+    except IsADirectoryError:
+        raise CheckpointError(f"{path} is a folder, not a file: a distributed checkpoint? "
+                              f"(minipar.distributed.checkpoint.load)") from None
     return from_bytes(data, path)
 
 

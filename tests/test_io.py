@@ -180,3 +180,41 @@ def test_serial_resume_is_bit_identical(tmp_path):
     assert resumed == reference
     for name, array in model.state_dict().items():
         assert np.array_equal(array, final[name]), name
+
+
+@pytest.mark.gpu
+def test_cupy_goes_to_the_host_and_comes_back_on_the_device(tmp_path):
+    from minipar import backend
+    from minipar.distributed import AppState, checkpoint as dcp
+
+    if backend._cupy_or_none() is None:
+        pytest.skip("CuPy with a CUDA device is not available")
+    previous = backend.device()
+    backend.set_device("gpu")
+    try:
+        cp = backend.xp()
+        obj = {"a": cp.arange(4.0), "t": minipar.tensor([1.0, 2.0], requires_grad=True)}
+        minipar.save(obj, tmp_path / "c")
+        back = minipar.load(tmp_path / "c")
+        assert backend.is_gpu_array(back["a"]) and backend.is_gpu_array(back["t"].data)
+        assert back["t"].requires_grad and cp.array_equal(back["a"], obj["a"])
+        backend.set_device("cpu")
+        assert isinstance(minipar.load(tmp_path / "c")["a"], np.ndarray)  # the current device
+        backend.set_device("gpu")
+        # a distributed checkpoint of a model on the GPU, loaded into another on the GPU
+        minipar.manual_seed(0)
+        model = nn.Linear(4, 3)
+        opt = optim.Adam(model.parameters(), lr=0.1)
+        model(minipar.randn(2, 4)).sum().backward()
+        opt.step()
+        dcp.save({"app": AppState(model, opt)}, checkpoint_id=str(tmp_path / "d"))
+        minipar.manual_seed(1)
+        other = nn.Linear(4, 3)
+        other_opt = optim.Adam(other.parameters(), lr=0.1)
+        dcp.load({"app": AppState(other, other_opt)}, checkpoint_id=str(tmp_path / "d"))
+        assert backend.is_gpu_array(other.weight.data)
+        assert backend.is_gpu_array(other_opt.state[0]["exp_avg"])
+        assert cp.array_equal(other.weight.data, model.weight.data)
+        assert cp.array_equal(other_opt.state[0]["exp_avg"], opt.state[0]["exp_avg"])
+    finally:
+        backend.set_device(previous)

@@ -209,7 +209,7 @@ class _Global:
 def _tree(manifest, files, rank):
     """The checkpoint as one nested tree: tensors as ``_Global``, values picked for ``rank``
     (None: from the lowest rank that saved them)."""
-    root = {}
+    root = {"__kind__": "d"}
     for path, record in manifest["records"]:
         if record["kind"] == "tensor":
             leaf = _Global(path, record, files)
@@ -217,24 +217,23 @@ def _tree(manifest, files, rank):
             ranks = record["ranks"]
             leaf = ranks[rank] if rank in ranks else ranks[min(ranks)]
         node = root
-        for i, (kind, key) in enumerate(path[:-1]):
-            node = node.setdefault((kind, key), {"__kind__": path[i + 1][0]})
+        for step, (kind, _) in zip(path[:-1], path[1:]):
+            node = node.setdefault(step, {"__kind__": kind})
         node[path[-1]] = leaf
-    return _build(root, "d")
+    return _build(root)
 
 
-def _build(node, kind):
-    if isinstance(node, tuple) and len(node) == 2 and node[0] == "empty":
+def _build(node):
+    """Containers back from {"__kind__": "d", (kind, key): child, ...} nodes."""
+    if isinstance(node, tuple) and node[:1] == ("empty",):
         return {"d": {}, "l": [], "t": ()}[node[1]]
     if not isinstance(node, dict):
         return node
-    kind = node.get("__kind__", kind)
-    items = [(key, _build(child, "d")) for (k, key), child in
-             ((s, c) for s, c in node.items() if s != "__kind__")]
-    if kind == "d":
+    items = [(step[1], _build(child)) for step, child in node.items() if step != "__kind__"]
+    if node["__kind__"] == "d":
         return dict(items)
     values = [v for _, v in sorted(items, key=lambda kv: kv[0])]
-    return values if kind == "l" else tuple(values)
+    return values if node["__kind__"] == "l" else tuple(values)
 
 
 def materialize(tree):
