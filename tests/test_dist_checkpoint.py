@@ -29,6 +29,57 @@ def make_optimizer(params):
     return optim.AdamW(params, lr=1e-2, weight_decay=0.1)
 
 
+# ---------------------------------------------------------------- one process: trees and objects
+
+def test_plain_trees_fill_in_place_and_stateful_objects_load(tmp_path):
+    """{"model": module.state_dict()} is filled in place, an optimizer and a module load as
+    Stateful objects (integer keys and tuples intact), values are replaced; a key the checkpoint
+    lacks or a shape that differs is an error before anything changes."""
+    import minipar
+    from minipar import nn, optim
+    from minipar.distributed import checkpoint as dcp
+
+    def build(seed):
+        minipar.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+        opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        model(minipar.randn(5, 3)).sum().backward()
+        opt.step()
+        return model, opt
+
+    model, opt = build(0)
+    dcp.save({"model": model.state_dict(), "optim": opt, "copy": model,
+              "meta": {"step": 7, "rng": (0, 3), "epoch": [1, {}]}},
+             checkpoint_id=str(tmp_path / "c"))
+    other, other_opt = build(1)
+    live = other.state_dict()
+    state = {"model": live, "optim": other_opt, "meta": {"step": 0, "rng": None, "epoch": None}}
+    dcp.load(state, checkpoint_id=str(tmp_path / "c"))
+    assert state["model"] is live and all(np.array_equal(live[k], a)
+                                          for k, a in model.state_dict().items())
+    assert live["0.weight"] is other.state_dict()["0.weight"]  # in place: the very arrays
+    assert state["meta"] == {"step": 7, "rng": (0, 3), "epoch": [1, {}]}
+    assert sorted(other_opt.state) == [0, 1, 2, 3] and other_opt.state[0]["step"] == 1
+    assert np.array_equal(other_opt.state[2]["momentum_buffer"],
+                          opt.state[2]["momentum_buffer"])
+    fresh, _ = build(2)
+    dcp.load({"copy": fresh}, checkpoint_id=str(tmp_path / "c"))  # a module as Stateful
+    assert np.array_equal(fresh.state_dict()["1.bias"], model.state_dict()["1.bias"])
+
+    third, third_opt = build(3)
+    before = {k: a.copy() for k, a in third.state_dict().items()}
+    with pytest.raises(KeyError, match=r"\['meta'\]\['lr'\]"):
+        dcp.load({"model": third.state_dict(), "meta": {"lr": 1}},
+                 checkpoint_id=str(tmp_path / "c"))
+    wrong = nn.Sequential(nn.Linear(3, 5), nn.Linear(5, 2))
+    with pytest.raises(ValueError, match=r"\['copy'\]\['0.weight'\] has shape \(5, 3\) here"):
+        dcp.load({"model": third.state_dict(), "copy": wrong.state_dict()},
+                 checkpoint_id=str(tmp_path / "c"))
+    with pytest.raises(ValueError, match=r"\['model'\]\['0.weight'\] has shape \(5, 3\) here"):
+        dcp.load({"model": wrong.state_dict()}, checkpoint_id=str(tmp_path / "c"))
+    assert all(np.array_equal(a, before[k]) for k, a in third.state_dict().items())
+
+
 # ---------------------------------------------------------------- data parallel (2 and 4 ranks)
 
 def dp_run(kind, comm, dropout, folder, steps, load=False, save_at=None):

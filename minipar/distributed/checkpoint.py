@@ -82,7 +82,7 @@ def _items(obj, path=()):
 # save
 # ----------------------------------------------------------------------------------------------
 
-def save(state_dict, checkpoint_id, process_group=None):
+def save(state_dict, *, checkpoint_id, process_group=None):
     """Write this rank's shard and (rank 0) the manifest into the folder ``checkpoint_id``.
     Collective: every rank of ``process_group`` calls it; returns once the manifest is on disk."""
     comm = _group(process_group)
@@ -151,7 +151,7 @@ def _name(path):
 # load
 # ----------------------------------------------------------------------------------------------
 
-def load(state_dict, checkpoint_id, process_group=None):
+def load(state_dict, *, checkpoint_id, process_group=None):
     """Fill ``state_dict`` in place from the checkpoint in the folder ``checkpoint_id``,
     resharding to this run's layout; ``io.CheckpointError`` naming the file when a file is
     missing, damaged or from another save, ``KeyError`` naming the keys the checkpoint lacks:
