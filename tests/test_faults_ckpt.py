@@ -200,3 +200,32 @@ def test_killed_rank_ends_the_job_and_the_last_checkpoint_loads(tmp_path, when):
         with pytest.raises(CheckpointError, match=f"{incomplete / 'manifest.npz'} does not exist"):
             dcp.load(state, checkpoint_id=str(incomplete))
     assert state["step"] == STEPS_BEFORE_KILL
+
+
+def failed_write_body(folder):
+    """Rank 1 cannot write its shard (a full disk): every rank's save raises, naming rank 1."""
+    from minipar import comm, io
+    from minipar.distributed import checkpoint as dcp
+
+    world = comm.world()
+    model, state = model_and_state(0)
+    if world.rank == 1:
+        def full_disk(path, data):
+            raise OSError(28, "No space left on device")
+
+        io.write_atomic = full_disk
+    try:
+        dcp.save(state, checkpoint_id=folder)
+    except RuntimeError as e:
+        return str(e)
+    return "saved"
+
+
+@pytest.mark.fault
+def test_a_failed_shard_write_is_an_error_on_every_rank(tmp_path):
+    start = time.perf_counter()
+    messages = run_on_ranks(failed_write_body, 2, args=(str(tmp_path / "c"),), timeout=60)
+    record("rank 1 cannot write its shard: every rank's save raises", time.perf_counter() - start)
+    for message in messages:
+        assert "rank 1: OSError" in message and "No space left" in message
+    assert not (tmp_path / "c" / "manifest.npz").exists()  # no manifest: nothing claims a save

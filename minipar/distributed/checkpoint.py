@@ -8,8 +8,9 @@
 
 The state dict's values are trees (``{"model": module.state_dict()}``) or Stateful objects,
 anything with ``state_dict()`` and ``load_state_dict()``: a module, an optimizer, ``AppState``
-(a model and its optimizer), ZeRO, the 3D trainer. Both are collective over ``process_group``
-(default: the world, when minipar.comm is in use; a single process otherwise).
+(a model and its optimizer), ZeRO, the 3D trainer. ``save`` is collective over
+``process_group`` (default: the world when minipar.comm is in use, else one process;
+``no_dist=True``, torch's old flag: this process alone, e.g. rank 0 saving a serial model).
 
 The layout on disk. Every rank writes ``shard-<rank>.npz`` (minipar.save's format) holding the
 pieces of tensors it owns; rank 0 then writes ``manifest.npz``: for every global tensor its name
@@ -36,6 +37,7 @@ from .. import backend, io
 from ..autograd import Tensor
 from .sharded import ShardedTensor, assemble, box, decode_index, encode_index, view
 from .state import AppState  # noqa: F401  (dcp.AppState)
+from .tree import is_array, is_stateful, items, unflatten
 
 MANIFEST, FORMAT, VERSION = "manifest.npz", "minipar-distributed-checkpoint", 1
 
@@ -44,9 +46,11 @@ def shard_name(rank):
     return f"shard-{rank:05d}.npz"
 
 
-def _group(process_group):
+def _group(process_group, no_dist=False):
     """The communicator to save over: the one given, else the world when minipar.comm is
     loaded (an MPI program), else None (one process)."""
+    if no_dist:
+        return None
     if process_group is not None or "minipar.comm" not in sys.modules:
         return process_group
     from .. import comm
@@ -55,47 +59,24 @@ def _group(process_group):
     return world if world.size > 1 else None
 
 
-def _stateful(obj):
-    return (not isinstance(obj, (dict, list, tuple)) and hasattr(obj, "state_dict")
-            and hasattr(obj, "load_state_dict"))
-
-
-def _items(obj, path=()):
-    """(path, leaf) for every leaf of a tree; a path is a tuple of (container kind, key) steps,
-    so list/tuple/dict and integer keys survive; an empty container is a leaf of its own."""
-    if _stateful(obj):
-        obj = obj.state_dict()
-    if isinstance(obj, (dict, list, tuple)):
-        pairs = obj.items() if isinstance(obj, dict) else enumerate(obj)
-        kind = "d" if isinstance(obj, dict) else "t" if isinstance(obj, tuple) else "l"
-        found = False
-        for key, value in pairs:
-            found = True
-            yield from _items(value, path + ((kind, key),))
-        if not found and path:
-            yield path, ("empty", kind)
-        return
-    yield path, obj
-
-
 # ----------------------------------------------------------------------------------------------
 # save
 # ----------------------------------------------------------------------------------------------
 
-def save(state_dict, *, checkpoint_id, process_group=None):
+def save(state_dict, *, checkpoint_id, process_group=None, no_dist=False):
     """Write this rank's shard and (rank 0) the manifest into the folder ``checkpoint_id``.
     Collective: every rank of ``process_group`` calls it; returns once the manifest is on disk."""
-    comm = _group(process_group)
+    comm = _group(process_group, no_dist)
     rank, size = (comm.rank, comm.size) if comm else (0, 1)
     os.makedirs(checkpoint_id, exist_ok=True)
     arrays, layout = [], []
-    for path, leaf in _items(state_dict):
+    for path, leaf in items(state_dict):
         if isinstance(leaf, Tensor):
             leaf = leaf.data
         if isinstance(leaf, ShardedTensor):
             pieces = leaf.pieces if leaf.write else []
             shape, dtype = leaf.shape, leaf.dtype
-        elif hasattr(leaf, "shape") and hasattr(leaf, "dtype") and not isinstance(leaf, tuple):
+        elif is_array(leaf):
             pieces = [(box(leaf.shape), leaf)] if rank == 0 else []
             shape, dtype = tuple(leaf.shape), leaf.dtype
         else:
@@ -107,25 +88,30 @@ def save(state_dict, *, checkpoint_id, process_group=None):
             chunks.append((rank, len(arrays) - 1, encode_index(index)))
         layout.append((path, "tensor", (shape, str(dtype), chunks)))
     run = comm.broadcast_object(uuid.uuid4().hex) if comm else uuid.uuid4().hex
-    data = io.to_bytes({"run": run, "rank": rank, "pieces": arrays})
-    io.write_atomic(os.path.join(checkpoint_id, shard_name(rank)), data)
-    mine = (layout, data[-64:].decode())
-    everyone = comm.gather_object(mine) if comm else [mine]
-    error = None
+    digest = error = None
+    try:  # an error here is every rank's: the manifest waits for all shards
+        data = io.to_bytes({"run": run, "rank": rank, "pieces": arrays})
+        io.write_atomic(os.path.join(checkpoint_id, shard_name(rank)), data)
+        digest = data[-64:].decode()
+    except Exception as e:
+        error = f"rank {rank}: {type(e).__name__}: {e}"
+    everyone = comm.gather_object((layout, digest, error)) if comm else [(layout, digest, error)]
     if rank == 0:
+        error = "; ".join(e for _, _, e in everyone if e)
         try:
-            io.save(_manifest(everyone, run), os.path.join(checkpoint_id, MANIFEST))
-        except Exception as e:  # every rank raises it, not only rank 0
-            error = f"{type(e).__name__}: {e}"
+            if not error:
+                io.save(_manifest(everyone, run), os.path.join(checkpoint_id, MANIFEST))
+        except Exception as e:
+            error = f"rank 0: {type(e).__name__}: {e}"
     error = comm.broadcast_object(error) if comm else error
     if error:
-        raise RuntimeError(f"saving {checkpoint_id} failed on rank 0: {error}")
+        raise RuntimeError(f"saving the checkpoint {checkpoint_id} failed: {error}")
 
 
 def _manifest(everyone, run):
     """Merge every rank's layout: one record per path, pieces from all ranks, values per rank."""
     records = {}
-    for rank, (layout, _) in enumerate(everyone):
+    for rank, (layout, _, _) in enumerate(everyone):
         for path, kind, payload in layout:
             record = records.setdefault(path, {"kind": kind, "ranks": {}, "chunks": []})
             if record["kind"] != kind:
@@ -139,7 +125,7 @@ def _manifest(everyone, run):
                                  f"{(shape, dtype)} on rank {rank}")
             record["chunks"] += chunks
     return {"format": FORMAT, "version": VERSION, "run": run, "world_size": len(everyone),
-            "files": [(shard_name(r), digest) for r, (_, digest) in enumerate(everyone)],
+            "files": [(shard_name(r), digest) for r, (_, digest, _) in enumerate(everyone)],
             "records": [(path, r) for path, r in records.items()]}
 
 
@@ -151,12 +137,12 @@ def _name(path):
 # load
 # ----------------------------------------------------------------------------------------------
 
-def load(state_dict, *, checkpoint_id, process_group=None):
+def load(state_dict, *, checkpoint_id, process_group=None, no_dist=False):
     """Fill ``state_dict`` in place from the checkpoint in the folder ``checkpoint_id``,
     resharding to this run's layout; ``io.CheckpointError`` naming the file when a file is
     missing, damaged or from another save, ``KeyError`` naming the keys the checkpoint lacks:
     in every case before anything is changed."""
-    comm = _group(process_group)
+    comm = _group(process_group, no_dist)
     rank, size = (comm.rank, comm.size) if comm else (0, 1)
     manifest, files = read(checkpoint_id)
     same = manifest["world_size"] == size
@@ -209,31 +195,14 @@ class _Global:
 def _tree(manifest, files, rank):
     """The checkpoint as one nested tree: tensors as ``_Global``, values picked for ``rank``
     (None: from the lowest rank that saved them)."""
-    root = {"__kind__": "d"}
+    pairs = []
     for path, record in manifest["records"]:
         if record["kind"] == "tensor":
-            leaf = _Global(path, record, files)
+            pairs.append((path, _Global(path, record, files)))
         else:
             ranks = record["ranks"]
-            leaf = ranks[rank] if rank in ranks else ranks[min(ranks)]
-        node = root
-        for step, (kind, _) in zip(path[:-1], path[1:]):
-            node = node.setdefault(step, {"__kind__": kind})
-        node[path[-1]] = leaf
-    return _build(root)
-
-
-def _build(node):
-    """Containers back from {"__kind__": "d", (kind, key): child, ...} nodes."""
-    if isinstance(node, tuple) and node[:1] == ("empty",):
-        return {"d": {}, "l": [], "t": ()}[node[1]]
-    if not isinstance(node, dict):
-        return node
-    items = [(step[1], _build(child)) for step, child in node.items() if step != "__kind__"]
-    if node["__kind__"] == "d":
-        return dict(items)
-    values = [v for _, v in sorted(items, key=lambda kv: kv[0])]
-    return values if node["__kind__"] == "l" else tuple(values)
+            pairs.append((path, ranks[rank] if rank in ranks else ranks[min(ranks)]))
+    return unflatten(pairs)
 
 
 def materialize(tree):
@@ -256,12 +225,12 @@ def _fill(target, source, path, plan, missing):
             missing.append("".join(f"[{k!r}]" for k in here))
             continue
         mine, theirs = target[key], source[key]
-        if _stateful(mine):
+        if is_stateful(mine):
             value = materialize(theirs)
             plan.append(lambda m=mine, v=value: m.load_state_dict(v))
         elif isinstance(mine, (dict, list)):
             _fill(mine, theirs, here, plan, missing)
-        elif isinstance(mine, (ShardedTensor, Tensor)) or _is_array(mine):
+        elif isinstance(mine, (ShardedTensor, Tensor)) or is_array(mine):
             plan.extend(_copies(mine, theirs, here))
         else:
             plan.append(lambda t=target, k=key, v=materialize(theirs): t.__setitem__(k, v))
@@ -271,10 +240,6 @@ def _has(source, key):
     if isinstance(source, dict):
         return key in source
     return isinstance(source, (list, tuple)) and isinstance(key, int) and key < len(source)
-
-
-def _is_array(x):
-    return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, tuple)
 
 
 def _copies(mine, theirs, path):
