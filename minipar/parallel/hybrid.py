@@ -32,7 +32,7 @@ of one (tp, pp) layout loads into another, or into the serial GPT.
 import copy
 
 from .. import backend, random
-from ..distributed.sharded import ShardedTensor
+from ..distributed.sharded import ShardedTensor, box
 from ..optim import AdamW
 from .data.allreduce_optimizer import AllReduceOptimizer
 from .groups import ParallelGroups  # noqa: F401  (re-exported: its old home)
@@ -108,8 +108,7 @@ class Trainer3D:
         """``local`` (this rank's slice) as a piece of the serial tensor."""
         tp, dp0 = self.groups.tensor, self.groups.coords["dp"] == 0
         if spec is None:  # replicated over the tensor group
-            return ShardedTensor(local.shape, local.dtype,
-                                 [(tuple(slice(0, n) for n in local.shape), local)],
+            return ShardedTensor(local.shape, local.dtype, [(box(local.shape), local)],
                                  write=dp0 and tp.rank == 0)
         axis, stride = spec
         n = local.shape[axis] // stride
