@@ -1,7 +1,7 @@
 """minipar.distributed.checkpoint: resume is bit-identical (DDP, ZeRO-1/2, 3D; dropout, optimizer
 state and step included) and a checkpoint of one layout loads into another with the same next-step
-losses (float64): DDP and ZeRO on 2 ranks -> a plain process, ZeRO-1 2 -> 4 ranks, TP 2 x PP 2 ->
-TP 1 x PP 4 and -> serial."""
+losses (float64): DDP, ZeRO and the parameter server on 2 ranks -> a plain process, ZeRO-1 and
+the parameter server 2 -> 4 ranks, TP 2 x PP 2 -> TP 1 x PP 4 and -> serial."""
 import os
 
 import numpy as np
@@ -30,6 +30,17 @@ def make_optimizer(params):
 
 
 # ---------------------------------------------------------------- one process: trees and objects
+
+def test_tree_items_and_back():
+    from minipar.distributed.tree import items, unflatten
+
+    tree = {"a": {3: [1, (2, {})], "w": "x"}, "rng": (0, 3), "e": [], "f": (), "g": None}
+    assert unflatten(items(tree)) == tree
+    # a dict empty on one rank (a worker without optimizer) and full on another: the union
+    full = list(items({"h": {"lr": 0.1}}))
+    empty = list(items({"h": {}}))
+    assert unflatten(full + empty) == unflatten(empty + full) == {"h": {"lr": 0.1}}
+
 
 def test_plain_trees_fill_in_place_and_stateful_objects_load(tmp_path):
     """{"model": module.state_dict()} is filled in place, an optimizer and a module load as
@@ -83,12 +94,12 @@ def test_plain_trees_fill_in_place_and_stateful_objects_load(tmp_path):
 # ---------------------------------------------------------------- data parallel (2 and 4 ranks)
 
 def dp_run(kind, comm, dropout, folder, steps, load=False, save_at=None):
-    """Global mean losses of ``steps`` steps of ``kind`` (ddp, zero1, zero2) from step
+    """Global mean losses of ``steps`` steps of ``kind`` (ddp, zero1, zero2, ps, ps-sharded) from step
     ``start``; loads ``folder`` first when ``load``, saves there after ``save_at`` steps."""
     import minipar
     from minipar import nn
     from minipar.distributed import AppState, checkpoint as dcp
-    from minipar.parallel.data import DistributedDataParallel, ZeRO
+    from minipar.parallel.data import DistributedDataParallel, ParameterServer, ZeRO
 
     minipar.manual_seed(0 if not load else 99)  # a resumed run must take everything from disk
     model = nn.GPT(gpt_config(dropout)).double()
@@ -96,7 +107,8 @@ def dp_run(kind, comm, dropout, folder, steps, load=False, save_at=None):
         net, opt = DistributedDataParallel(model, comm), make_optimizer(model.parameters())
         app, update, clear = AppState(model, opt), opt.step, opt.zero_grad
     else:
-        app = ZeRO(model, make_optimizer, comm, stage=int(kind[-1]))
+        app = (ZeRO(model, make_optimizer, comm, stage=int(kind[-1])) if "zero" in kind else
+               ParameterServer(model, make_optimizer, comm, sharded=kind == "ps-sharded"))
         net, update, clear = model, app.step, app.zero_grad
     state = {"app": app, "step": 0, "rng": minipar.get_rng_state()}
     if load:
@@ -122,7 +134,7 @@ def two_ranks_body(folder):
     from minipar import comm
 
     world, out = comm.world(), {}
-    for kind in ("ddp", "zero1", "zero2"):
+    for kind in ("ddp", "zero1", "zero2", "ps", "ps-sharded"):
         where = os.path.join(folder, f"{kind}-dropout")
         reference, final = dp_run(kind, world, 0.1, where, 2 * K, save_at=K)
         resumed, params = dp_run(kind, world, 0.1, where, K, load=True)
@@ -134,9 +146,11 @@ def two_ranks_body(folder):
 
 
 def four_ranks_body(folder):
+    """ZeRO-1 of 2 ranks on 4; the one-server parameter server of 2 ranks sharded over 4."""
     from minipar import comm
-    losses, _ = dp_run("zero1", comm.world(), 0.0, os.path.join(folder, "zero1"), K, load=True)
-    return losses
+    return {f"{saved} as {kind}": dp_run(kind, comm.world(), 0.0, os.path.join(folder, saved),
+                                          K, load=True)[0]
+            for saved, kind in (("zero1", "zero1"), ("ps", "ps-sharded"))}
 
 
 # ---------------------------------------------------------------- 3D (4 ranks)
@@ -217,7 +231,7 @@ def test_data_parallel_resume_is_bit_identical(data_parallel):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("kind", ["ddp", "zero1", "zero2"])
+@pytest.mark.parametrize("kind", ["ddp", "zero1", "zero2", "ps", "ps-sharded"])
 def test_two_ranks_to_a_plain_process(data_parallel, kind):
     folder, results = data_parallel
     losses = serial_after_load(os.path.join(folder, kind))
@@ -226,11 +240,12 @@ def test_two_ranks_to_a_plain_process(data_parallel, kind):
 
 
 @pytest.mark.mpi
-def test_zero1_two_ranks_to_four(data_parallel):
+def test_zero1_and_parameter_server_two_ranks_to_four(data_parallel):
     folder, results = data_parallel
-    for losses in run_on_ranks(four_ranks_body, 4, args=(folder,), timeout=240):
-        np.testing.assert_allclose(losses, results[0]["zero1"]["after save"], rtol=0,
-                                   atol=RESHARD_TOLERANCE)
+    for ranks in run_on_ranks(four_ranks_body, 4, args=(folder,), timeout=240):
+        for kind, losses in ranks.items():
+            np.testing.assert_allclose(losses, results[0][kind.split(" ")[0]]["after save"],
+                                       rtol=0, atol=RESHARD_TOLERANCE, err_msg=kind)
 
 
 @pytest.mark.mpi

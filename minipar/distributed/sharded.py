@@ -16,6 +16,8 @@ into but not written, so every element goes to disk once.
     ShardedTensor((8, 4), "float64", [(slice(10, 20), flat_piece)])          elements 10..19
 
 ``assemble`` builds the global array back from pieces, checking that they cover all of it.
+``flat_pieces`` and ``flat_chunk`` go from the optimizer state of a flat shard (ZeRO's, a
+parameter server's) to per-parameter pieces and back.
 """
 import numpy
 
@@ -86,3 +88,43 @@ def assemble(shape, dtype, pieces, name):
         raise ValueError(f"{name}: the checkpoint holds only {int(covered.sum())} of its "
                          f"{covered.size} elements")
     return out
+
+
+def flat_pieces(members, lo, hi, state):
+    """{name: {key: ShardedTensor or value}}: the optimizer ``state`` of the flat shard [lo, hi)
+    of parameters laid end to end, ``members`` = [(name, parameter, offset)], cut at the
+    parameters' edges into ranges of their flattened arrays (padding dropped)."""
+    out = {}
+    for name, p, o in members:
+        a, b = max(o, lo), min(o + p.size, hi)  # this shard's part of p
+        out[name] = {key: ShardedTensor(p.shape, value.dtype, [(slice(a - o, b - o),
+                                                                value[a - lo:b - lo])]
+                                        if a < b else []) if hasattr(value, "shape") else value
+                     for key, value in state.items()}
+    return out
+
+
+def flat_chunk(members, lo, hi, saved, dtype):
+    """The inverse of ``flat_pieces``: the shard's state from ``saved`` = {name: {key: whole
+    array or value}} (zeros in the padding), or None when no member has state; a KeyError or
+    ValueError names what does not fit."""
+    found = [(saved[name], p, o) for name, p, o in members if name in saved]
+    if not found:
+        return None
+    if len(found) != len(members):
+        raise KeyError(f"optimizer state for only some parameters of a flat shard: "
+                       f"{[name for name, _, _ in members if name not in saved]} lack it")
+    chunk = {}
+    for key, value in found[0][0].items():
+        if not hasattr(value, "shape"):
+            chunk[key] = value
+            continue
+        out = chunk[key] = numpy.zeros(hi - lo, dtype)
+        for entry, p, o in found:
+            if tuple(entry[key].shape) != p.shape:
+                raise ValueError(f"optimizer state {key!r} has shape {tuple(entry[key].shape)}, "
+                                 f"the parameter {p.shape}")
+            a, b = max(o, lo), min(o + p.size, hi)
+            if a < b:
+                out[a - lo:b - lo] = backend.to_numpy(entry[key]).reshape(-1)[a - o:b - o]
+    return chunk

@@ -47,14 +47,21 @@ def unflatten(pairs):
     for path, leaf in pairs:
         node = root
         for step, (kind, _) in zip(path[:-1], path[1:]):  # a child's kind: its first step's
-            node = node.setdefault(step, {"__kind__": kind})
-        node[path[-1]] = leaf
+            if not isinstance(node.get(step), dict):  # (an empty marker gives way)
+                node[step] = {"__kind__": kind}
+            node = node[step]
+        if not (_empty(leaf) and isinstance(node.get(path[-1]), dict)):
+            node[path[-1]] = leaf  # a container empty on one rank and not on another: the union
     return _build(root)
+
+
+def _empty(leaf):
+    return isinstance(leaf, tuple) and leaf[:1] == ("empty",)
 
 
 def _build(node):
     """Containers back from {"__kind__": kind, (kind, key): child, ...} nodes."""
-    if isinstance(node, tuple) and node[:1] == ("empty",):
+    if _empty(node):
         return {"d": {}, "l": [], "t": ()}[node[1]]
     if not isinstance(node, dict):
         return node

@@ -23,11 +23,19 @@ carries both ways (sent + received):
                    ZeRO-1 without the ring: a reduce-scatter, a sharded update, an all-gather.)
 
 ``busiest_link`` measures it from the counters: the rank that sent plus received the most.
+
+Checkpoints: ``state_dict()``/``load_state_dict()`` in ``distributed.AppState``'s format, as ZeRO
+(the servers' optimizer state as pieces of each parameter), so a checkpoint loads on another
+number of ranks, sharded or not, or into a serial model and its optimizer.
 """
+import copy
+
 from ... import backend
 from ...comm import Request, chunk_bounds, world
+from ...distributed.sharded import flat_chunk, flat_pieces
 from ...nn.module import Parameter
-from .buckets import broadcast_parameters, flatten_grads, flatten_parameters, gradient_bytes
+from .buckets import (broadcast_parameters, flatten_grads, flatten_parameters, gradient_bytes,
+                      offsets)
 
 PUSH, PULL = 11, 12  # message tags
 
@@ -37,7 +45,7 @@ class ParameterServer:
     replaces ``optimizer.step()``. ``make_optimizer(params)`` builds the servers' optimizer."""
 
     def __init__(self, module, make_optimizer, comm=None, sharded=False, on_mismatch="warn"):
-        self.comm = comm or world()
+        self.comm, self.module = comm or world(), module
         self.mismatched = broadcast_parameters(module, self.comm, on_mismatch)
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.flat = flatten_parameters(self.params)
@@ -88,6 +96,38 @@ class ParameterServer:
                 "gradients": gradient_bytes(self.params + shard, [self.grad]),
                 "optimizer_state": self.optimizer.state_bytes() if self.optimizer else 0}
 
+
+    # --- checkpoints ---------------------------------------------------------------------------
+    def _members(self):
+        """This rank's flat range [lo, hi) and [(name, parameter, offset)] of the vector."""
+        names = {id(p): name for name, p in self.module.named_parameters()}
+        r, starts = self.comm.rank, offsets(self.params)[0]
+        return (self.bounds[r], self.bounds[r + 1],
+                [(names[id(p)], p, o) for p, o in zip(self.params, starts)])
+
+    def state_dict(self):
+        """{"model": whole parameters, "optimizer": {"state": {name: {...}},
+        "hyperparameters"}}: serial names, the servers' pieces of the optimizer state."""
+        lo, hi, members = self._members()
+        own = self.optimizer.state.get(0, {}) if self.optimizer else {}
+        state = {name: s for name, s in flat_pieces(members, lo, hi, own).items() if s}
+        return {"model": self.module.state_dict(),
+                "optimizer": {"state": state, "hyperparameters":
+                              self.optimizer.hyperparameters() if self.optimizer else {}}}
+
+    def load_state_dict(self, state_dict):
+        """Load whole arrays in the format of ``state_dict()``; every problem is named before
+        anything changes."""
+        named = None
+        if self.optimizer is not None:
+            lo, hi, members = self._members()
+            chunk = flat_chunk(members, lo, hi, state_dict["optimizer"]["state"], self.flat.dtype)
+            named = {"state": {} if chunk is None else {0: chunk},
+                     "hyperparameters": state_dict["optimizer"]["hyperparameters"]}
+            copy.copy(self.optimizer).load_state_dict(named)  # a dry run: raises, changes nothing
+        self.module.load_state_dict(state_dict["model"])
+        if named is not None:
+            self.optimizer.load_state_dict(named)
 
 def busiest_link(comm, before):
     """(bytes, rank): the most bytes one rank sent plus received since the counters read

@@ -38,7 +38,7 @@ import copy
 
 from ... import backend
 from ...comm import chunk_bounds, world
-from ...distributed.sharded import ShardedTensor
+from ...distributed.sharded import flat_chunk, flat_pieces
 from ...nn.module import Parameter
 from .buckets import (ReadyQueue, broadcast_parameters, flatten_grads, flatten_parameters,
                       gradient_bytes, make_buckets, offsets)
@@ -119,13 +119,7 @@ class ZeRO:
         "hyperparameters"}}: serial names, this rank's pieces of the optimizer state."""
         state = {}
         for i, lo, hi, members in self._owned():
-            for name, p, o in members:
-                a, b = max(o, lo), min(o + p.size, hi)  # this rank's part of p, in the bucket
-                entry = state[name] = {}
-                for key, value in self.optimizer.state.get(i, {}).items():
-                    entry[key] = value if not hasattr(value, "shape") else ShardedTensor(
-                        p.shape, value.dtype, [(slice(a - o, b - o), value[a - lo:b - lo])]
-                        if a < b else [])
+            state.update(flat_pieces(members, lo, hi, self.optimizer.state.get(i, {})))
         order = [name for name, _ in self.module.named_parameters() if state.get(name)]
         return {"model": self.module.state_dict(),
                 "optimizer": {"state": {name: state[name] for name in order},
@@ -136,26 +130,9 @@ class ZeRO:
         anything changes."""
         saved, shards = state_dict["optimizer"]["state"], {}
         for i, lo, hi, members in self._owned():
-            found = [(saved[name], p, o) for name, p, o in members if name in saved]
-            if not found:
-                continue
-            if len(found) != len(members):
-                raise KeyError(f"optimizer state for only some of bucket {i}'s parameters: "
-                               f"{[name for name, _, _ in members if name not in saved]} lack it")
-            shard = shards[i] = {}
-            for key, value in found[0][0].items():
-                if not hasattr(value, "shape"):
-                    shard[key] = value
-                    continue
-                chunk = shard[key] = backend.get_array_module().zeros(hi - lo, self.flats[i].dtype)
-                for entry, p, o in found:
-                    if tuple(entry[key].shape) != p.shape:
-                        raise ValueError(f"optimizer state {key!r} has shape "
-                                         f"{tuple(entry[key].shape)}, the parameter {p.shape}")
-                    a, b = max(o, lo), min(o + p.size, hi)
-                    if a < b:
-                        flat = backend.to_numpy(entry[key]).reshape(-1)
-                        chunk[a - lo:b - lo] = flat[a - o:b - o]
+            chunk = flat_chunk(members, lo, hi, saved, self.flats[i].dtype)
+            if chunk is not None:
+                shards[i] = chunk
         named = {"state": shards, "hyperparameters": state_dict["optimizer"]["hyperparameters"]}
         copy.copy(self.optimizer).load_state_dict(named)  # a dry run: raises, changes nothing
         self.module.load_state_dict(state_dict["model"])
