@@ -133,14 +133,15 @@ def test_a_numpy_integer_peer_works_like_an_int():
 
 
 def test_a_large_transfer_that_progresses_does_not_trip_the_watchdog():
-    """64 MiB moved in 1 MiB chunks under a 1-second watchdog: each chunk is progress."""
+    """64 MiB moved in 1 MiB chunks under a short watchdog, in the chunked path's own order
+    (the clock restarting with each chunk is shown deterministically by the next test)."""
     status, output, _ = run_job(PRELUDE + textwrap.dedent("""
         world = comm.world()
         x = np.ones(8 << 20)
         y = world.all_reduce(x, algorithm="ring")
         assert float(y[0]) == world.size and float(y[-1]) == world.size
         print("done", world.rank)
-        """), 2, timeout=120, env={"MINIPAR_TIMEOUT": "1", "MINIPAR_CHUNK_BYTES": str(1 << 20)})
+        """), 2, timeout=120, env={"MINIPAR_TIMEOUT": "5", "MINIPAR_CHUNK_BYTES": str(1 << 20)})
     assert status == 0 and "done 0" in output and "done 1" in output, output
 
 

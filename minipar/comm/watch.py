@@ -102,8 +102,10 @@ def ask(ranks, patience=1.0):
     answers, deadline, status = {r: None for r in ranks}, time.monotonic() + patience, MPI.Status()
     waiting = set(ranks)
     while waiting and time.monotonic() < deadline:
-        if side.Iprobe(source=MPI.ANY_SOURCE, tag=REPLY, status=status):
-            answer = side.recv(source=status.Get_source(), tag=REPLY)
+        _serve(side, status)  # peers asking at the same moment get their answer meanwhile
+        message = side.improbe(source=MPI.ANY_SOURCE, tag=REPLY, status=status)
+        if message is not None:
+            answer = message.recv()
             answers[answer["rank"]] = answer
             waiting.discard(answer["rank"])
         else:
@@ -114,8 +116,10 @@ def ask(ranks, patience=1.0):
 
 
 def _serve(side, status):
-    while side.Iprobe(source=MPI.ANY_SOURCE, tag=REQUEST, status=status):
-        side.recv(source=status.Get_source(), tag=REQUEST)
+    """Answer every request waiting (a matched probe: two threads serving never take the same
+    request, nor wait for one that the other took)."""
+    while (message := side.improbe(source=MPI.ANY_SOURCE, tag=REQUEST, status=status)) is not None:
+        message.recv()
         side.send(report(), dest=status.Get_source(), tag=REPLY)
 
 
