@@ -9,7 +9,30 @@ the parameters and so of the state; ``state_bytes()`` counts what that slicing s
 graph and keeps each parameter's array (a view into a flat buffer stays one). Gradients are never
 changed in place: the engine may hand two leaves the very same gradient array.
 """
+import numbers
+
 from . import backend
+
+
+def check_hyperparameters(owner, lr=None, momentum=None, betas=None, eps=None,
+                          weight_decay=None):
+    """Refuse what torch.optim refuses (lr < 0, momentum < 0, a beta outside [0, 1),
+    weight_decay < 0) and eps <= 0 (a zero eps divides by zero where v is zero), NaN and
+    non-numbers too: a ValueError naming the argument and its value. ``None`` is not checked."""
+    rules = [("lr", lr, "the learning rate must be >= 0", lambda v: v >= 0),
+             ("momentum", momentum, "must be >= 0", lambda v: v >= 0),
+             ("eps", eps, "must be > 0", lambda v: v > 0),
+             ("weight_decay", weight_decay, "must be >= 0", lambda v: v >= 0)]
+    if betas is not None:
+        if len(tuple(betas)) != 2:
+            raise ValueError(f"{owner}: invalid betas={betas!r}: give two numbers (beta1, beta2)")
+        rules += [(f"betas[{i}]", b, "must be in [0, 1)", lambda v: 0 <= v < 1)
+                  for i, b in enumerate(betas)]
+    for name, value, rule, ok in rules:
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not ok(value):
+            raise ValueError(f"{owner}: invalid {name}={value!r}: {rule}")
 
 
 class Optimizer:
@@ -94,6 +117,7 @@ class SGD(Optimizer):
     g ← g + μ·b (Nesterov) or b;  p ← p − lr·g."""
 
     def __init__(self, params, lr, momentum=0.0, weight_decay=0.0, nesterov=False):
+        check_hyperparameters("SGD", lr=lr, momentum=momentum, weight_decay=weight_decay)
         if nesterov and momentum <= 0:
             raise ValueError("SGD: Nesterov momentum needs momentum > 0")
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
@@ -122,6 +146,8 @@ class Adam(Optimizer):
     decoupled = False
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        check_hyperparameters(type(self).__name__, lr=lr, betas=betas, eps=eps,
+                              weight_decay=weight_decay)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
                                       weight_decay=weight_decay))
 
@@ -161,7 +187,9 @@ class AdamW(Adam):
 def clip_grad_norm_(params, max_norm, eps=1e-6):
     """Scale all gradients by min(1, max_norm / (‖g‖ + 1e-6)), ‖g‖ the 2-norm of all of them
     together; returns ‖g‖ (before clipping) as a float. Gradients are replaced, not changed in
-    place."""
+    place. A negative or NaN ``max_norm`` is a ValueError."""
+    if isinstance(max_norm, bool) or not isinstance(max_norm, numbers.Real) or not max_norm >= 0:
+        raise ValueError(f"clip_grad_norm_: invalid max_norm={max_norm!r}: must be >= 0")
     params = [p for p in params if p.grad is not None]
     if not params:
         return 0.0

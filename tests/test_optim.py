@@ -133,3 +133,48 @@ def test_bad_arguments():
         optim.SGD([], lr=0.1)
     with pytest.raises(ValueError, match="Nesterov"):
         optim.SGD(_params([np.zeros(2)]), lr=0.1, nesterov=True)
+
+
+BAD_HYPERPARAMETERS = [
+    ("SGD", dict(lr=-1.0), r"SGD: invalid lr=-1\.0: the learning rate must be >= 0"),
+    ("SGD", dict(lr=float("nan")), r"invalid lr=nan"),
+    ("SGD", dict(lr="0.1"), r"invalid lr='0\.1'"),
+    ("SGD", dict(lr=0.1, momentum=-0.5), r"SGD: invalid momentum=-0\.5: must be >= 0"),
+    ("SGD", dict(lr=0.1, weight_decay=-1e-4), r"invalid weight_decay=-0\.0001: must be >= 0"),
+    ("Adam", dict(lr=-0.01), r"Adam: invalid lr=-0\.01"),
+    ("Adam", dict(betas=(1.0, 0.999)), r"Adam: invalid betas\[0\]=1\.0: must be in \[0, 1\)"),
+    ("Adam", dict(betas=(0.9, -0.1)), r"invalid betas\[1\]=-0\.1: must be in \[0, 1\)"),
+    ("Adam", dict(betas=(0.9, 1.5)), r"invalid betas\[1\]=1\.5"),
+    ("Adam", dict(betas=(0.9,)), r"invalid betas=\(0\.9,\): give two numbers"),
+    ("Adam", dict(eps=0.0), r"Adam: invalid eps=0\.0: must be > 0"),
+    ("Adam", dict(eps=-1e-8), r"invalid eps=-1e-08: must be > 0"),
+    ("Adam", dict(weight_decay=-0.1), r"Adam: invalid weight_decay=-0\.1"),
+    ("AdamW", dict(lr=-1.0), r"AdamW: invalid lr=-1\.0"),
+    ("AdamW", dict(betas=(0.9, 1.0)), r"AdamW: invalid betas\[1\]=1\.0"),
+    ("AdamW", dict(eps=0), r"AdamW: invalid eps=0: must be > 0"),
+    ("AdamW", dict(weight_decay=-0.01), r"AdamW: invalid weight_decay=-0\.01"),
+]
+
+
+@pytest.mark.parametrize("name,kwargs,message", BAD_HYPERPARAMETERS)
+def test_bad_hyperparameters_name_the_argument_and_its_value(name, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        getattr(optim, name)(_params([np.zeros(2)]), **kwargs)
+
+
+@pytest.mark.parametrize("name,kwargs", [("SGD", dict(lr=0.0, momentum=0.0, weight_decay=0.0)),
+                                         ("Adam", dict(lr=0.0, betas=(0.0, 0.0))),
+                                         ("AdamW", dict(betas=(0.999, 0.9999), eps=1e-12)),
+                                         ("SGD", dict(lr=np.float32(0.1)))])
+def test_edge_hyperparameters_are_accepted(name, kwargs):
+    getattr(optim, name)(_params([np.zeros(2)]), **kwargs)
+
+
+def test_negative_max_norm_is_refused():
+    params = _params([np.ones(3)])
+    params[0].grad = np.ones(3)
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match=r"clip_grad_norm_: invalid max_norm=.*must be >= 0"):
+            optim.clip_grad_norm_(params, bad)
+    assert (params[0].grad == 1).all()  # nothing was changed
+    assert optim.clip_grad_norm_(params, 0.0) == pytest.approx(3 ** 0.5)
