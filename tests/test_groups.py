@@ -70,3 +70,58 @@ def test_bad_input_is_a_clear_error(capsys):
         RankGrid(8).groups("xx")
     with pytest.raises(SystemExit, match="not divisible"):
         main(["groups", "--world", "10", "--tp", "4"])
+
+
+def test_a_16384_rank_grid_is_fast():
+    """groups, group_of, check and as_dict are O(world), not quadratic (issue 10: > 60 s)."""
+    import time
+    start = time.perf_counter()
+    grid = RankGrid(16384, tp=2, pp=4)
+    assert grid.check()
+    assert len(grid.groups("tp")) == 8192 and len(grid.groups("dp")) == 8
+    assert grid.group_of(16383, "pp") == [4095, 8191, 12287, 16383]
+    assert grid.group_of(5, "dp") == list(range(1, 4096, 2))
+    for r in range(0, 16384, 97):
+        assert r in grid.group_of(r, "tp") and r in grid.group_of(r, "pp")
+    as_dict = grid.as_dict()
+    assert len(as_dict["coords"]) == 16384 and as_dict["pipeline"][0] == [0, 4096, 8192, 12288]
+    assert len(grid.describe().splitlines()) < 40
+    assert time.perf_counter() - start < 10  # about 0.2 s alone
+
+
+def test_group_of_agrees_with_groups_for_every_rank():
+    for order in ("tp-dp-pp", "pp-tp-dp", "dp-pp-tp"):
+        grid = RankGrid(24, tp=2, pp=3, order=order)
+        for kind in ("tp", "dp", "pp"):
+            groups = grid.groups(kind)
+            assert groups == sorted(groups)
+            for r in range(24):
+                assert grid.group_of(r, kind) == next(g for g in groups if r in g)
+
+
+def test_check_names_overlapping_groups():
+    class Broken(RankGrid):
+        def groups(self, kind):
+            return [[0, 1, 2, 3]] if kind == "dp" else [[0, 1], [2, 3]]
+
+    with pytest.raises(AssertionError, match=r"data group \[0, 1, 2, 3\] has 4 ranks, not 2"):
+        Broken(4, tp=2).check()
+
+    class Overlapping(RankGrid):
+        def groups(self, kind):
+            return [[0], [1], [2], [3]] if kind == "pp" else [[0, 1], [2, 3]]
+
+    with pytest.raises(AssertionError, match=r"tensor group \[0, 1\] and data group \[0, 1\] "
+                                             r"share ranks 0 and 1"):
+        Overlapping(4, tp=2).check()
+
+
+def test_describe_summarises_a_large_grid():
+    text = RankGrid(16384, tp=2, pp=4).describe()
+    assert "world 16384 = tp 2 × dp 2048 × pp 4" in text
+    assert "  ... (16368 more ranks) ...\n16376    0 2044    3" in text
+    assert ("tensor groups (8192 of 2): [0,1] [2,3] [4,5] [6,7] ... (8184 more groups) ... "
+            "[16376,16377] [16378,16379] [16380,16381] [16382,16383]") in text
+    assert "data groups (8 of 2048): [0,2,4,...,4094] [1,3,5,...,4095] " in text
+    assert len(RankGrid(128, tp=2).describe(full=True).splitlines()) == 128 + 9
+    assert "more" not in RankGrid(64, tp=4, pp=2).describe()

@@ -58,36 +58,53 @@ class RankGrid:
             stride *= self.sizes[axis]
         return rank
 
-    def groups(self, kind):
-        """Every group of one kind ('tp', 'dp' or 'pp'), each a sorted list of ranks, in order of
-        their lowest rank."""
+    def stride(self, kind):
+        """How far apart two ranks are whose ``kind`` coordinates differ by one: the product of
+        the sizes of the axes that vary faster (before ``kind`` in ``order``)."""
         if kind not in KINDS:
             raise ValueError(f"unknown group kind {kind!r}: choose one of {', '.join(KINDS)}")
-        others = [axis for axis in KINDS if axis != kind]
-        found = []
-        for fixed in itertools.product(*(range(self.sizes[a]) for a in others)):
-            where = dict(zip(others, fixed))
-            found.append(sorted(self.rank(**{**where, kind: i}) for i in range(self.sizes[kind])))
-        return sorted(found)
+        stride = 1
+        for axis in self.order[:self.order.index(kind)]:
+            stride *= self.sizes[axis]
+        return stride
+
+    def groups(self, kind):
+        """Every group of one kind ('tp', 'dp' or 'pp'), each a sorted list of ranks, in order of
+        their lowest rank. A group is its lowest rank b (``kind`` coordinate 0) plus multiples of
+        the stride: [b, b + s, ..., b + (size - 1)·s]; one pass over the ranks, O(world)."""
+        stride, size = self.stride(kind), self.sizes[kind]
+        return [list(range(b, b + size * stride, stride))
+                for b in range(self.world) if (b // stride) % size == 0]
 
     def group_of(self, rank, kind):
-        """The group of one kind that contains ``rank``."""
-        return next(g for g in self.groups(kind) if rank in g)
+        """The group of one kind that contains ``rank``: computed from its coordinate, O(size)."""
+        stride, size = self.stride(kind), self.sizes[kind]
+        base = rank - self.coords(rank)[kind] * stride
+        return list(range(base, base + size * stride, stride))
 
     def check(self):
         """The groups are complete (each kind partitions the ranks) and orthogonal (groups of two
-        different kinds share at most one rank); raises AssertionError naming what is wrong."""
-        everyone = list(range(self.world))
+        different kinds share at most one rank); raises AssertionError naming what is wrong.
+        O(world): each rank gets the index of its group of each kind, and two ranks with the same
+        pair of indices for two kinds would be two ranks those groups share."""
+        label = {}
         for kind in KINDS:
-            members = sorted(r for g in self.groups(kind) for r in g)
-            assert members == everyone, f"{NAMES[kind]} groups do not cover every rank once"
-            assert all(len(g) == self.sizes[kind] for g in self.groups(kind))
+            groups, label[kind] = self.groups(kind), [None] * self.world
+            for i, g in enumerate(groups):
+                assert len(g) == self.sizes[kind], \
+                    f"{NAMES[kind]} group {g} has {len(g)} ranks, not {self.sizes[kind]}"
+                for r in g:
+                    assert 0 <= r < self.world and label[kind][r] is None, \
+                        f"{NAMES[kind]} groups do not cover every rank once (rank {r})"
+                    label[kind][r] = i
+            assert None not in label[kind], f"{NAMES[kind]} groups do not cover every rank once"
         for a, b in itertools.combinations(KINDS, 2):
-            for ga in self.groups(a):
-                for gb in self.groups(b):
-                    shared = set(ga) & set(gb)
-                    assert len(shared) <= 1, f"{NAMES[a]} group {ga} and {NAMES[b]} group {gb} " \
-                                             f"share ranks {sorted(shared)}"
+            seen = {}
+            for r in range(self.world):
+                first = seen.setdefault((label[a][r], label[b][r]), r)
+                assert first == r, (f"{NAMES[a]} group {self.groups(a)[label[a][r]]} and "
+                                    f"{NAMES[b]} group {self.groups(b)[label[b][r]]} share ranks "
+                                    f"{first} and {r}")
         return True
 
     def as_dict(self):
@@ -98,19 +115,43 @@ class RankGrid:
                 "data": self.groups("dp"),
                 "coords": [self.coords(r) for r in range(self.world)]}
 
-    def describe(self):
-        """The grid as text: each rank's coordinates, then every group."""
+    def describe(self, full=False):
+        """The grid as text: each rank's coordinates, then every group. Above ``SHOW_ALL`` ranks
+        (unless ``full``) it shows the first and last few ranks and groups, the number left out
+        in between, and the rank list of a long group as its first ranks and its last."""
         lines = [f"world {self.world} = tp {self.tp} × dp {self.dp} × pp {self.pp}  "
                  f"(order {'-'.join(self.order)}, fastest first)", "",
                  " rank   tp   dp   pp"]
-        for r in range(self.world):
+        short = not full and self.world > SHOW_ALL
+        for r in _ends(range(self.world), 8 if short else self.world, "ranks"):
+            if isinstance(r, str):
+                lines.append(f"  {r}")
+                continue
             c = self.coords(r)
             lines.append(f"{r:5d} {c['tp']:4d} {c['dp']:4d} {c['pp']:4d}")
         for kind in ("tp", "pp", "dp"):
-            groups = " ".join(str(g).replace(" ", "") for g in self.groups(kind))
-            lines.append(f"\n{NAMES[kind]} groups ({len(self.groups(kind))} of {self.sizes[kind]}): "
-                         f"{groups}")
+            groups = self.groups(kind)
+            shown = _ends(groups, 4 if short else len(groups), "groups")
+            text = " ".join(g if isinstance(g, str) else _ranks(g, short) for g in shown)
+            lines.append(f"\n{NAMES[kind]} groups ({len(groups)} of {self.sizes[kind]}): {text}")
         return "\n".join(lines)
+
+
+SHOW_ALL = 64  # describe() prints every rank and group up to this many ranks
+
+
+def _ends(items, keep, what):
+    """The first ``keep`` and last ``keep`` items, with "... (N more what) ..." between them."""
+    if len(items) <= 2 * keep + 1:
+        return list(items)
+    return [*items[:keep], f"... ({len(items) - 2 * keep} more {what}) ...", *items[-keep:]]
+
+
+def _ranks(group, short):
+    """[0,1,2] -- or, when ``short`` and the group is long, [0,2,4,...,16382]."""
+    if short and len(group) > 8:
+        return f"[{group[0]},{group[1]},{group[2]},...,{group[-1]}]"
+    return str(group).replace(" ", "")
 
 
 class ParallelGroups:
