@@ -5,10 +5,13 @@
 
 A subcommand module provides ``add_arguments(parser)`` and ``run(args) -> int``; add it to
 ``SUBCOMMANDS`` below (name -> (module, one-line help)). Modules are imported only when the parser
-is built, so ``import minipar.cli`` stays cheap.
+is built, so ``import minipar.cli`` stays cheap; none of them starts MPI at import. A bad argument
+is an argparse error (cli/args.py): a check in ``run`` raises ``UsageError("argument --x: ...")``
+and ``main`` turns it into the subcommand's ``error:`` line and exit status 2.
 """
-import argparse
 import importlib
+
+from minipar.cli.args import ArgumentParser, UsageError
 
 SUBCOMMANDS = {
     "lessons": ("minipar.cli.lessons", "list the lesson scripts and how to run them"),
@@ -19,13 +22,13 @@ SUBCOMMANDS = {
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="minipar", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="minipar", description=__doc__.splitlines()[0])
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sub = subs.add_parser(name, help=help_text, description=help_text)
         module = importlib.import_module(module_name)
         module.add_arguments(sub)
-        sub.set_defaults(_run=module.run)
+        sub.set_defaults(_run=module.run, _parser=sub)
     return parser
 
 
@@ -35,4 +38,7 @@ def main(argv=None):
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0
-    return int(args._run(args) or 0)
+    try:
+        return int(args._run(args) or 0)
+    except UsageError as err:
+        args._parser.error(str(err))

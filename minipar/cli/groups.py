@@ -2,26 +2,68 @@
 
     minipar groups --world 16 --tp 2 --pp 4            each rank's coordinates and every group
     minipar groups --world 16 --tp 2 --pp 4 --json     {"tensor": [[...]], "pipeline": ..., "data": ...}
+    minipar groups --world 16384 --tp 8 --pp 16 --rank 5000     one rank's coordinates and groups
+
+Above 64 ranks the text shows the first and last ranks and groups (``--full`` prints them all);
+``--json`` always gives every group. Worlds up to MAX_WORLD ranks (about a second).
 """
+import itertools
 import json
 
-from minipar.parallel.groups import RankGrid
+from minipar.cli.args import UsageError, nonnegative_int, positive_int
+from minipar.parallel.groups import KINDS, NAMES, RankGrid
+
+MAX_WORLD = 1 << 17  # 131,072 ranks: more than today's largest training jobs; ~1 s, 8 MB of JSON
+ORDERS = ["-".join(axes) for axes in itertools.permutations(KINDS)]
 
 
 def add_arguments(parser):
-    parser.add_argument("--world", type=int, required=True, help="number of ranks W")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
-    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
-    parser.add_argument("--order", default="tp-dp-pp",
-                        help="fastest-varying coordinate first (default Megatron's tp-dp-pp)")
+    parser.add_argument("--world", type=positive_int, required=True,
+                        help=f"number of ranks W (at most {MAX_WORLD})")
+    parser.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size")
+    parser.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel size")
+    parser.add_argument("--order", default="tp-dp-pp", choices=ORDERS, metavar="ORDER",
+                        help="fastest-varying coordinate first: one of "
+                             f"{', '.join(ORDERS)} (default Megatron's tp-dp-pp)")
+    parser.add_argument("--rank", type=nonnegative_int, default=None,
+                        help="show only this rank's coordinates and groups")
+    parser.add_argument("--full", action="store_true",
+                        help="print every rank and group, however many (text output)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def run(args):
+    if args.world > MAX_WORLD:
+        raise UsageError(f"argument --world: {args.world} ranks is above this command's limit of "
+                         f"{MAX_WORLD}")
+    if args.rank is not None and args.rank >= args.world:
+        raise UsageError(f"argument --rank: rank {args.rank} is outside the world of "
+                         f"{args.world} ranks (0..{args.world - 1})")
     try:
         grid = RankGrid(args.world, tp=args.tp, pp=args.pp, order=args.order)
-    except ValueError as e:
-        raise SystemExit(f"minipar groups: {e}")
+    except ValueError as err:  # sizes and order are checked by the parser: W % (tp·pp) is left
+        raise UsageError(f"argument --world: {err}") from None
     grid.check()
-    print(json.dumps(grid.as_dict()) if args.json else grid.describe())
+    if args.rank is not None:
+        print(json.dumps(one_rank(grid, args.rank)) if args.json
+              else describe_rank(grid, args.rank))
+    else:
+        print(json.dumps(grid.as_dict()) if args.json else grid.describe(full=args.full))
     return 0
+
+
+def one_rank(grid, rank):
+    """{'rank': r, 'coords': {...}, 'tensor': [...], 'pipeline': [...], 'data': [...]}."""
+    return {"rank": rank, "coords": grid.coords(rank),
+            **{NAMES[kind]: grid.group_of(rank, kind) for kind in ("tp", "pp", "dp")}}
+
+
+def describe_rank(grid, rank):
+    c = grid.coords(rank)
+    lines = [f"world {grid.world} = tp {grid.tp} × dp {grid.dp} × pp {grid.pp}  "
+             f"(order {'-'.join(grid.order)}, fastest first)",
+             f"rank {rank}: tp {c['tp']} dp {c['dp']} pp {c['pp']}"]
+    for kind in ("tp", "pp", "dp"):
+        group = grid.group_of(rank, kind)
+        lines.append(f"{NAMES[kind]} group ({len(group)} ranks): " + str(group).replace(" ", ""))
+    return "\n".join(lines)
