@@ -31,8 +31,10 @@ def test_text_output_and_clear_errors(capsys):
     assert main(["schedule", "--schedule", "zb-h1", "--stages", "4", "--microbatches", "8"]) == 0
     out = capsys.readouterr().out
     assert "3/27" in out and "peak in-flight micro-batches per rank: 4 3 2 1" in out
-    assert main(["schedule", "--schedule", "interleaved", "--stages", "4", "--microbatches", "6"]) == 2
-    assert "multiple of p=4" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:  # an argparse error: status 2, the line on stderr
+        main(["schedule", "--schedule", "interleaved", "--stages", "4", "--microbatches", "6"])
+    assert exit_.value.code == 2
+    assert "multiple of p=4" in capsys.readouterr().err
     assert main(["schedule", "--schedule", "gpipe", "--stages", "2", "--microbatches", "4", "--remat",
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["peak_inflight"] == [1, 1]

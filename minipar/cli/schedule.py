@@ -7,20 +7,34 @@
 Costs per stage: F = 1, B = 2 (an input-gradient B of 1 plus a weight-gradient W of 1, split for
 zb-h1), a chunk of an interleaved rank 1/v of that, messages free. Peak in-flight counts the
 micro-batches whose activations a rank holds at once (per chunk for interleaved).
+
+The command draws up to MAX_STAGES = 64 stages and MAX_WORK = stages × micro-batches × chunks =
+4096 forward steps (8 × 512, 64 × 64: a second or two to build, validate, simulate and draw,
+PNG included; the drawing grows as stages × (micro-batches × chunks + stages)). Larger sizes are
+an argparse error, as is any other bad size or combination.
 """
 import json
 
+from minipar.cli.args import UsageError, positive_int
 from minipar.cli.drawing import write_png
 from minipar.parallel.pipeline import (BUILDERS, ScheduleError, bubble_fraction, bubble_theory, build,
                                        makespan, peak_inflight, simulate, text_gantt, validate,
                                        write_chrome_trace)
 
 
+MAX_STAGES, MAX_WORK = 64, 4096  # stages; stages × micro-batches × chunks (a second or two)
+
+
 def add_arguments(parser):
+    parser.description = (f"{parser.description}. At most {MAX_STAGES} stages and stages × "
+                          f"micro-batches × chunks = {MAX_WORK}.")
     parser.add_argument("--schedule", required=True, choices=list(BUILDERS))
-    parser.add_argument("--stages", type=int, required=True, help="pipeline ranks p")
-    parser.add_argument("--microbatches", type=int, required=True, help="micro-batches m per step")
-    parser.add_argument("--chunks", type=int, default=None, help="chunks v per rank (interleaved, default 2)")
+    parser.add_argument("--stages", type=positive_int, required=True,
+                        help=f"pipeline ranks p (at most {MAX_STAGES})")
+    parser.add_argument("--microbatches", type=positive_int, required=True,
+                        help="micro-batches m per step")
+    parser.add_argument("--chunks", type=positive_int, default=None,
+                        help="chunks v per rank (interleaved, default 2)")
     parser.add_argument("--remat", action="store_true", help="gpipe: re-compute forwards before backwards")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON (open in Perfetto)")
@@ -39,12 +53,34 @@ def summary(schedule, events):
             "peak_inflight": peak_inflight(events, p)}
 
 
+def check(args):
+    """The combinations the parser cannot see, each named by the argument that breaks it."""
+    p, m, v = args.stages, args.microbatches, args.chunks
+    interleaved = args.schedule == "interleaved"
+    if v not in (None, 1) and not interleaved:
+        raise UsageError(f"argument --chunks: only the interleaved schedule takes chunks "
+                         f"(got --chunks {v} with --schedule {args.schedule})")
+    if args.remat and args.schedule != "gpipe":
+        raise UsageError(f"argument --remat: re-materialisation is an option of the gpipe "
+                         f"schedule (got --schedule {args.schedule})")
+    if interleaved and m % p:
+        raise UsageError(f"argument --microbatches: interleaved 1F1B sends micro-batches in groups "
+                         f"of p: m={m} must be a multiple of p={p} (try m={-(-m // p) * p})")
+    if p > MAX_STAGES:
+        raise UsageError(f"argument --stages: {p} stages is above this command's limit of "
+                         f"{MAX_STAGES}")
+    v = (v or 2) if interleaved else 1
+    if p * m * v > MAX_WORK:
+        raise UsageError(f"argument --microbatches: stages × micro-batches × chunks = {p} × {m} × "
+                         f"{v} = {p * m * v} is above this command's limit of {MAX_WORK}")
+
+
 def run(args):
+    check(args)
     try:
         schedule = validate(build(args.schedule, args.stages, args.microbatches, args.chunks, args.remat))
-    except (ValueError, ScheduleError) as err:
-        print(f"minipar schedule: {err}")
-        return 2
+    except (ValueError, ScheduleError) as err:  # a rule of the builders that check() missed
+        raise UsageError(str(err)) from None
     events = simulate(schedule)
     figures = summary(schedule, events)
     if args.trace:
