@@ -16,23 +16,24 @@ MPICH allocates a full-size temporary buffer on every large MPI_Allreduce; glibc
 blocks with mmap, so each call maps and unmaps (and page-faults) it afresh. Run with
 ``MALLOC_MMAP_MAX_=0`` (heap only) for a fair comparison; the header prints the setting and
 ``minipar bench allreduce`` sets it when it launches mpiexec itself.
+
+Every argument is checked before MPI starts and before mpiexec is launched (MPI and minipar.comm
+are imported inside the functions that measure): a bad one is an argparse error, exit status 2,
+printed once (by rank 0 under mpiexec). With ``--json`` standard output is one JSON document,
+printed by rank 0; notes go to standard error.
 """
-import argparse
 import json
 import os
 import socket
 import sys
 import time
 
-import mpi4py
-from mpi4py import MPI
-
 from minipar import backend
-from minipar.comm import ALGORITHMS, cost, cuda_aware, fit, world
-from minipar.comm.allreduce import AUTO_CANDIDATES
-from minipar.testing import RANK_ENV, mpiexec
+from minipar.cli.args import (ArgumentParser, UsageError, launched_rank, nonnegative_int,
+                              positive_int, size_list)
 
 DEFAULT_SIZES = [8] + [16 << (2 * k) for k in range(12)]  # 8 B, 16 B, 64 B, ... 64 MiB
+MAX_BYTES = 1 << 30  # the largest vector the benchmark allocates (1 GiB per rank, three buffers)
 SLOW = ("sequential", "parallel", "parameter_server")  # O(p n) per link: only up to --slow-max
 
 
@@ -50,6 +51,10 @@ def memcpy_bandwidth(nbytes=64 << 20):
 
 
 def header(comm, model):
+    import mpi4py
+    from mpi4py import MPI
+
+    from minipar.comm import cuda_aware
     hosts = comm.all_gather_object(socket.gethostname())
     per_node, cores = hosts.count(hosts[comm.rank]), os.cpu_count()
     aware, why = cuda_aware()
@@ -85,6 +90,7 @@ def _size(nbytes):
 
 def time_all_reduce(comm, x, algorithm, iters, warmup=2):
     """(median of the slowest rank's seconds, number of ranks with a wrong result)."""
+    from minipar.comm import fit
     out = backend.xp().empty_like(x)
     times = []
     for i in range(warmup + iters):
@@ -105,6 +111,8 @@ def iterations(nbytes, budget=0.2):
 
 
 def run_bench(comm, sizes, algorithms, slow_max, as_json):
+    from minipar.comm import cost, fit
+    from minipar.comm.allreduce import AUTO_CANDIDATES
     fit_sizes = [m for m in fit.FIT_SIZES if m <= max(sizes)] or fit.FIT_SIZES[:1]
     fitted = [a for a in algorithms if a not in ("mpi", "auto")] + list(
         AUTO_CANDIDATES)  # each its own alpha
@@ -146,49 +154,96 @@ def run_bench(comm, sizes, algorithms, slow_max, as_json):
 
 
 def add_arguments(parser):
-    parser.add_argument("-n", "--nprocs", type=int, default=4,
+    parser.add_argument("-n", "--nprocs", type=positive_int, default=None,
                         help="ranks to launch when not already under mpiexec (default 4)")
-    parser.add_argument("--algorithms", default=",".join(a for a in ALGORITHMS[
-        "all_reduce"] if a != "mpi"), help="comma-separated all-reduce algorithms")
-    parser.add_argument("--sizes", default=None,
-                        help="comma-separated sizes in bytes (default 8 B to 64 MiB)")
-    parser.add_argument("--max-bytes", type=int, default=64 << 20, help="largest size")
-    parser.add_argument("--slow-max", type=int, default=4 << 20,
-                        help=f"largest size for {', '.join(SLOW)} (O(p n) traffic)")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--algorithms", default=None,
+                        help="comma-separated all-reduce algorithms (default: every one but mpi, "
+                             "which is always measured as the reference)")
+    parser.add_argument("--sizes", type=size_list, default=None,
+                        help=f"comma-separated sizes in bytes, each 1 to {MAX_BYTES} "
+                             f"(default 8 B to 64 MiB)")
+    parser.add_argument("--max-bytes", type=positive_int, default=64 << 20,
+                        help="largest size (drops the larger --sizes)")
+    parser.add_argument("--slow-max", type=nonnegative_int, default=4 << 20,
+                        help=f"largest size for {', '.join(SLOW)} (O(p n) traffic; 0 skips them)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON document instead of a table")
+
+
+def check(args):
+    """What the parser cannot see: sizes within limits, known algorithm names. Returns the
+    sizes to measure and the algorithms (names are looked up in minipar.comm only when given,
+    which starts MPI)."""
+    big = [s for s in args.sizes or () if s > MAX_BYTES]
+    if big:
+        raise UsageError(f"argument --sizes: {big[0]} bytes is above the largest size the "
+                         f"benchmark allocates, {MAX_BYTES}")
+    sizes = [s for s in args.sizes or DEFAULT_SIZES if s <= args.max_bytes]
+    if not sizes:
+        raise UsageError(f"argument --max-bytes: no size is <= --max-bytes {args.max_bytes} "
+                         f"(the smallest is {min(args.sizes or DEFAULT_SIZES)})")
+    if args.algorithms is None:
+        return sizes, None
+    from minipar.comm import ALGORITHMS
+    valid = sorted(ALGORITHMS["all_reduce"]) + ["auto"]
+    algorithms = [a.strip() for a in args.algorithms.split(",")]
+    unknown = [a for a in algorithms if a not in valid]
+    if unknown:
+        raise UsageError(f"argument --algorithms: unknown all-reduce algorithm {unknown[0]!r}: "
+                         f"choose from {', '.join(valid)}")
+    return sizes, algorithms
 
 
 def _under_mpi():
-    return any(v in os.environ for v in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE",
-                                         "PMIX_RANK", "MPI_LOCALNRANKS"))
+    return launched_rank() is not None or any(
+        v in os.environ for v in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS"))
 
 
 def run(args):
     """Benchmark under the running MPI job, or launch one of ``--nprocs`` ranks first."""
+    sizes, algorithms = check(args)
     if not _under_mpi():
-        env = {**os.environ, **RANK_ENV, "MALLOC_MMAP_MAX_": os.environ.get(
-            "MALLOC_MMAP_MAX_", "0")}
-        command = [mpiexec(), "-n", str(args.nprocs), sys.executable, "-m", "minipar.bench"]
-        return os.spawnve(os.P_WAIT, command[0], command + _forward(args), env)
-    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
-    sizes = [s for s in sizes if s <= args.max_bytes]
-    run_bench(world(), sizes, args.algorithms.split(","), args.slow_max, args.json)
+        return launch(args)
+    from minipar.comm import ALGORITHMS, world
+    comm = world()
+    if args.nprocs not in (None, comm.size) and comm.rank == 0:
+        print(f"minipar bench: -n {args.nprocs} ignored: measuring the {comm.size} ranks "
+              f"mpiexec started", file=sys.stderr, flush=True)
+    if algorithms is None:
+        algorithms = [a for a in ALGORITHMS["all_reduce"] if a != "mpi"]
+    run_bench(comm, sizes, algorithms, args.slow_max, args.json)
     return 0
+
+
+def launch(args):
+    """Run ``python -m minipar.bench`` on ``--nprocs`` ranks (default 4); its exit status."""
+    from minipar.testing import RANK_ENV, mpiexec
+    try:
+        command = [mpiexec(), "-n", str(args.nprocs or 4), sys.executable, "-m", "minipar.bench"]
+    except RuntimeError as err:
+        raise SystemExit(f"minipar bench: {err}") from None
+    env = {**os.environ, **RANK_ENV, "MALLOC_MMAP_MAX_": os.environ.get("MALLOC_MMAP_MAX_", "0")}
+    return os.spawnve(os.P_WAIT, command[0], command + _forward(args), env)
 
 
 def _forward(args):
     """The options to pass on to the ranks (everything but --nprocs)."""
-    forwarded = ["--algorithms", args.algorithms, "--max-bytes", str(args.max_bytes),
-                 "--slow-max", str(args.slow_max)]
+    forwarded = ["--max-bytes", str(args.max_bytes), "--slow-max", str(args.slow_max)]
+    if args.algorithms is not None:
+        forwarded += ["--algorithms", args.algorithms]
     if args.sizes:
-        forwarded += ["--sizes", args.sizes]
+        forwarded += ["--sizes", ",".join(map(str, args.sizes))]
     return forwarded + (["--json"] if args.json else [])
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m minipar.bench", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except UsageError as err:
+        parser.error(str(err))
 
 
 if __name__ == "__main__":
