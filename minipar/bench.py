@@ -236,8 +236,8 @@ def _forward(args):
     return forwarded + (["--json"] if args.json else [])
 
 
-def main(argv=None):
-    parser = ArgumentParser(prog="python -m minipar.bench", description=__doc__.splitlines()[0])
+def main(argv=None, prog="python -m minipar.bench"):
+    parser = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

@@ -6,4 +6,4 @@ import sys
 from minipar.bench import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="scripts/bench_allreduce.py"))

@@ -1,5 +1,8 @@
 """The ``minipar`` command: its subcommands are registered and ``lessons`` lists every lesson."""
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -27,3 +30,32 @@ def test_lessons_lists_each_lesson_with_its_run_line(capsys):
 def test_no_subcommand_prints_help(capsys):
     assert main([]) == 0
     assert "lessons" in capsys.readouterr().out
+
+
+def test_a_bad_argument_exits_2_with_the_error_line(capsys):
+    with pytest.raises(SystemExit, match=r"^minipar groups: error: argument --tp: must be a "
+                                         r"positive integer, got 0$") as exit_:
+        main(["groups", "--world", "8", "--tp", "0"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: minipar groups") and err.endswith(
+        "minipar groups: error: argument --tp: must be a positive integer, got 0\n")
+
+
+def test_building_the_parser_starts_no_mpi():
+    """No subcommand imports mpi4py until it measures: a bad argument never meets MPI."""
+    code = ("import sys; from minipar.cli import build_parser; build_parser(); "
+            "import minipar.bench; print('mpi4py' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=pathlib.Path(__file__).parent.parent)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_the_script_names_itself_in_its_errors():
+    root = pathlib.Path(__file__).parent.parent
+    done = subprocess.run([sys.executable, "scripts/bench_allreduce.py", "--sizes", "abc"],
+                          capture_output=True, text=True, timeout=60, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1].startswith(
+        "scripts/bench_allreduce.py: error: argument --sizes:")
