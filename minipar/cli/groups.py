@@ -5,7 +5,8 @@
     minipar groups --world 16384 --tp 8 --pp 16 --rank 5000     one rank's coordinates and groups
 
 Above 64 ranks the text shows the first and last ranks and groups (``--full`` prints them all);
-``--json`` always gives every group. Worlds up to MAX_WORLD ranks (about a second).
+``--json`` always gives every group. Up to 131,072 ranks (2^17, about a second; RankGrid itself
+has no limit); a larger --world is an argparse error, as is every other bad size.
 """
 import itertools
 import json
