@@ -74,6 +74,12 @@ BAD = {  # id: (arguments after `python -m minipar.cli`, the start of the error 
     "schedule 32 x 64 x 4": ("schedule --schedule interleaved --stages 32 --microbatches 64 "
                              "--chunks 4", "minipar schedule: error: argument --microbatches: "
                                            "stages × micro-batches × chunks = 32 × 64 × 4"),
+    "schedule --png in no folder": ("schedule --schedule 1f1b --stages 2 --microbatches 2 --png "
+                                    "/nonexistent/x.png", "minipar schedule: error: argument "
+                                    "--png: cannot write /nonexistent/x.png: No such file"),
+    "schedule --trace a folder": ("schedule --schedule 1f1b --stages 2 --microbatches 2 --trace "
+                                  "tests", "minipar schedule: error: argument --trace: cannot "
+                                           "write tests: Is a directory"),
     "groups --world 0": ("groups --world 0", "minipar groups: error: argument --world: must be a "
                                              "positive integer, got 0"),
     "groups --world abc": ("groups --world abc", "minipar groups: error: argument --world:"),

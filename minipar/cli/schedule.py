@@ -83,10 +83,13 @@ def run(args):
         raise UsageError(str(err)) from None
     events = simulate(schedule)
     figures = summary(schedule, events)
-    if args.trace:
-        write_chrome_trace(events, args.trace, schedule.ranks)
-    if args.png:
-        write_png(events, args.png, schedule.ranks)
+    for option, path, write in (("--trace", args.trace, write_chrome_trace),
+                                ("--png", args.png, write_png)):
+        try:
+            if path:
+                write(events, path, schedule.ranks)
+        except OSError as err:
+            raise UsageError(f"argument {option}: cannot write {path}: {err.strerror}") from None
     if args.json:
         print(json.dumps(figures))
         return 0
