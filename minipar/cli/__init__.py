@@ -5,9 +5,9 @@
 
 A subcommand module provides ``add_arguments(parser)`` and ``run(args) -> int``; add it to
 ``SUBCOMMANDS`` below (name -> (module, one-line help)). Modules are imported only when the parser
-is built, so ``import minipar.cli`` stays cheap; none of them starts MPI at import. A bad argument
-is an argparse error (cli/args.py): a check in ``run`` raises ``UsageError("argument --x: ...")``
-and ``main`` turns it into the subcommand's ``error:`` line and exit status 2.
+is built, so ``import minipar.cli`` stays cheap. A bad argument is an argparse error
+(cli/args.py): a check in ``run`` raises ``UsageError("argument --x: ...")`` and ``main`` turns it
+into the subcommand's ``error:`` line and exit status 2.
 """
 import importlib
 
