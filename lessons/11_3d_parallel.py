@@ -32,7 +32,7 @@ from minipar.distributed import AppState, checkpoint as dcp
 from minipar.parallel.groups import ParallelGroups, RankGrid
 from minipar.parallel.hybrid import Trainer3D
 from minipar.parallel.pipeline import timeline
-from minipar.testing import serial_losses
+from minipar.testing import serial_losses, train_serial
 
 from _kit import arguments, finish, mpi_world, say
 
@@ -165,14 +165,7 @@ def resumed_serial_losses(config, batches, make_optimizer, folder):
     model = nn.GPT(config)
     optimizer = make_optimizer(model.parameters())
     dcp.load({"trainer": AppState(model, optimizer)}, checkpoint_id=folder)
-    losses = []
-    for ids, targets in batches:
-        model.zero_grad()
-        _, loss = model(ids, targets)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
+    return train_serial(model, optimizer, batches)
 
 
 if __name__ == "__main__":

@@ -257,7 +257,11 @@ def serial_losses(config, batches, make_optimizer=None, seed=0, dtype="float32")
 
     random.manual_seed(seed)
     model = nn.GPT(config).astype(dtype)
-    optimizer = (make_optimizer or default_optimizer)(model.parameters())
+    return train_serial(model, (make_optimizer or default_optimizer)(model.parameters()), batches)
+
+
+def train_serial(model, optimizer, batches):
+    """Train a serial GPT one optimizer step per (ids, targets) batch; the losses, as floats."""
     losses = []
     for ids, targets in batches:
         model.zero_grad()

@@ -10,6 +10,7 @@ import pytest
 import minipar
 from minipar import nn, optim
 from minipar.io import MAGIC, CheckpointError
+from minipar.testing import train_serial
 
 
 def test_round_trip_keeps_types_keys_and_bits(tmp_path):
@@ -139,17 +140,6 @@ def test_a_pickle_is_never_run(tmp_path, monkeypatch):
     assert not (tmp_path / "pwned").exists()
 
 
-def train(model, opt, batches):
-    losses = []
-    for ids, targets in batches:
-        model.zero_grad()
-        _, loss = model(ids, targets)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
-
-
 def test_serial_resume_is_bit_identical(tmp_path):
     """k steps, save, k more = the reference; a fresh process state, load, k more = equal bits
     (dropout's masks included: the RNG state is in the checkpoint)."""
@@ -162,10 +152,10 @@ def test_serial_resume_is_bit_identical(tmp_path):
     minipar.manual_seed(0)
     model = nn.GPT(config).double()
     opt = optim.AdamW(model.parameters(), lr=1e-2)
-    train(model, opt, batches[:k])
+    train_serial(model, opt, batches[:k])
     minipar.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                   "rng": minipar.get_rng_state(), "step": k}, tmp_path / "step3")
-    reference = train(model, opt, batches[k:])
+    reference = train_serial(model, opt, batches[k:])
     final = {n: a.copy() for n, a in model.state_dict().items()}
 
     minipar.manual_seed(123)  # a different start: everything must come from the file
@@ -176,7 +166,7 @@ def test_serial_resume_is_bit_identical(tmp_path):
     opt.load_state_dict(ckpt["optimizer"])
     minipar.set_rng_state(ckpt["rng"])
     assert ckpt["step"] == k
-    resumed = train(model, opt, batches[ckpt["step"]:])
+    resumed = train_serial(model, opt, batches[ckpt["step"]:])
     assert resumed == reference
     for name, array in model.state_dict().items():
         assert np.array_equal(array, final[name]), name
