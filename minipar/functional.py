@@ -45,6 +45,17 @@ def log_softmax(x, axis=-1):
     return make_result(y, (x,), backward, "log_softmax")
 
 
+def kept_targets(t, classes, ignore_index, name):
+    """Flat class-index targets and the mask of those not equal to ``ignore_index``; an
+    IndexError (torch's) unless every kept one is a class in [0, classes)."""
+    t = t.reshape(-1)
+    keep = t != ignore_index
+    if bool(((t[keep] < 0) | (t[keep] >= classes)).any()):
+        raise IndexError(f"{name}: target values must lie in [0, {classes}) "
+                         f"(or equal ignore_index={ignore_index})")
+    return t, keep
+
+
 def cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
     """Mean over targets of −log softmax(logits)[target], logits (..., C), integer target (...).
 
@@ -64,11 +75,7 @@ def cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
                          f"{reduction!r}")
     classes = logits.shape[-1]
     z = logits.data.reshape(-1, classes)
-    t = t.reshape(-1)
-    keep = t != ignore_index
-    if bool(((t[keep] < 0) | (t[keep] >= classes)).any()):
-        raise IndexError(f"cross_entropy: target values must lie in [0, {classes}) "
-                         f"(or equal ignore_index={ignore_index})")
+    t, keep = kept_targets(t, classes, ignore_index, "cross_entropy")
     safe_t = xp.where(keep, t, 0)
     rows = xp.arange(z.shape[0])
     lse = _logsumexp(z, -1)[:, 0]

@@ -12,6 +12,7 @@ Both split by those rows, rank i holding tokens [i·V/p, (i+1)·V/p):
                                    needs none
 """
 from ... import backend, nn
+from ... import functional as F
 from ...autograd import Tensor, as_tensor, embedding, make_result
 from ...nn import Module, Parameter
 from .mappings import _all_reduce, reduce_from_tensor_region, reduce_scatter_to_sequence_region
@@ -74,11 +75,7 @@ def vocab_parallel_cross_entropy(local_logits, targets, group, where="loss", ign
     v_local = logits.shape[-1]
     vocab = v_local * group.size
     z = logits.data.reshape(-1, v_local)
-    t = t.reshape(-1)
-    keep = t != ignore_index
-    if bool(((t[keep] < 0) | (t[keep] >= vocab)).any()):
-        raise IndexError(f"vocab_parallel_cross_entropy: target values must lie in [0, {vocab}) "
-                         f"(or equal ignore_index={ignore_index})")
+    t, keep = F.kept_targets(t, vocab, ignore_index, "vocab_parallel_cross_entropy")
     local_t = t - group.rank * v_local
     mine = keep & (local_t >= 0) & (local_t < v_local)
     local_t = xp.where(mine, local_t, 0)
