@@ -3,8 +3,15 @@
 Each could be written from the ops in ``ops.py``; written whole, its backward is one formula
 instead of a chain of small ones, which is faster and saves fewer arrays. Each docstring gives the
 formula its backward implements.
+
+torch's argument forms work too (``_torch_*`` below): ``layer_norm(x, normalized_shape, weight,
+bias, eps)``, ``softmax(x, dim=)``, ``cross_entropy(input, target, weight, ..., reduction=)``
+with torch's (N, C, d...) layout, ``dropout(x, p, training, inplace=False)`` and
+``scaled_dot_product_attention(q, k, v, is_causal=True)``.
 """
+import functools
 import math
+import numbers
 
 from . import backend, random
 from .autograd import Tensor, as_tensor, make_result
@@ -14,6 +21,77 @@ def _xp(a):
     return backend.get_array_module(a)
 
 
+def _is_shape(value):
+    return isinstance(value, numbers.Integral) or (
+        isinstance(value, (tuple, list)) and all(isinstance(n, numbers.Integral) for n in value))
+
+
+def _torch_dim(fn):
+    """Also take torch's ``dim=`` (and ``dtype=``, the input cast first) for ``axis``."""
+    @functools.wraps(fn)
+    def call(x, axis=-1, *, dim=None, dtype=None):
+        if dtype is not None:
+            x = as_tensor(x).astype(dtype)
+        return fn(x, axis if dim is None else dim)
+    del call.__wrapped__  # the signature shown is this one
+    return call
+
+
+def _torch_layer_norm(fn):
+    """Also take torch's form ``layer_norm(x, normalized_shape, weight, bias, eps)``; a
+    normalized_shape of several trailing axes normalises over them together."""
+    @functools.wraps(fn)
+    def layer_norm(x, normalized_shape=None, weight=None, bias=None, eps=1e-5):
+        if not _is_shape(normalized_shape):  # minipar's layer_norm(x, weight, bias, eps)
+            if isinstance(bias, numbers.Real):  # eps given third: a bias is never a number
+                eps, bias = bias, None
+            if normalized_shape is not None:  # the weight given second
+                weight, bias = normalized_shape, (bias if weight is None else weight)
+            return fn(x, weight, bias, eps)
+        x = as_tensor(x)
+        shape = ((normalized_shape,) if isinstance(normalized_shape, numbers.Integral)
+                 else tuple(normalized_shape))
+        if tuple(x.shape[x.ndim - len(shape):]) != shape or not shape:
+            raise ValueError(f"layer_norm: normalized_shape {shape} is not the trailing shape "
+                             f"of the input {x.shape}")
+        if len(shape) == 1:
+            return fn(x, weight, bias, eps)
+        flat = (lambda t: None if t is None else as_tensor(t).reshape(-1))
+        y = fn(x.reshape(x.shape[:x.ndim - len(shape)] + (-1,)), flat(weight), flat(bias), eps)
+        return y.reshape(x.shape)
+    del layer_norm.__wrapped__
+    return layer_norm
+
+
+def _torch_cross_entropy(fn):
+    """Also take torch's ``cross_entropy(input, target, weight, size_average, ignore_index,
+    reduce, reduction, label_smoothing)`` and its (N, C, d1, ...) logits (classes on axis 1)
+    where minipar's (..., C) does not fit the target."""
+    @functools.wraps(fn)
+    def cross_entropy(logits, target, weight=None, size_average=None, ignore_index=-100,
+                      reduce=None, reduction="mean", label_smoothing=0.0):
+        if isinstance(weight, numbers.Integral):  # minipar's cross_entropy(z, t, ignore_index, ..)
+            weight, ignore_index = None, weight
+            if isinstance(size_average, str):
+                size_average, reduction = None, size_average
+        if weight is not None or label_smoothing:
+            raise NotImplementedError("cross_entropy: class weights and label_smoothing are "
+                                      "not implemented")
+        if size_average is not None or reduce is not None:  # torch's deprecated pair
+            reduction = ("none" if reduce is False else
+                         "sum" if size_average is False else "mean")
+        logits = as_tensor(logits)
+        t_shape = tuple(target.shape if hasattr(target, "shape")
+                        else _xp(logits.data).asarray(target).shape)
+        if (logits.ndim > 2 and logits.shape[:-1] != t_shape
+                and logits.shape[:1] + logits.shape[2:] == t_shape):
+            logits = logits.permute(0, *range(2, logits.ndim), 1)
+        return fn(logits, target, ignore_index, reduction)
+    del cross_entropy.__wrapped__
+    return cross_entropy
+
+
+@_torch_dim
 def softmax(x, axis=-1):
     """y = exp(x − max) / Σ exp(x − max);  dx = y ⊙ (g − Σ g⊙y)."""
     x = as_tensor(x)
@@ -33,6 +111,7 @@ def _logsumexp(a, axis):
     return m + xp.log(xp.exp(a - m).sum(axis=axis, keepdims=True))
 
 
+@_torch_dim
 def log_softmax(x, axis=-1):
     """y = x − logsumexp(x);  dx = g − softmax(x) ⊙ Σ g."""
     x = as_tensor(x)
@@ -56,6 +135,7 @@ def kept_targets(t, classes, ignore_index, name):
     return t, keep
 
 
+@_torch_cross_entropy
 def cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
     """Mean over targets of −log softmax(logits)[target], logits (..., C), integer target (...).
 
@@ -128,11 +208,15 @@ def gelu(x, approximate="tanh"):
     return make_result(y, (x,), backward, "gelu")
 
 
-def dropout(x, p=0.5, training=True):
+def dropout(x, p=0.5, training=True, inplace=False):
     """Zero each element with probability p, scale the rest by 1/(1−p) (inverted dropout).
 
     The mask comes from ``minipar.random``, so a checkpointed re-run draws the same mask.
+    ``inplace=True`` (torch's) is refused: autograd keeps x, so the result is a new tensor.
     """
+    if inplace:
+        raise ValueError("dropout: inplace=True is not supported; write y = dropout(x, p, "
+                         "training)")
     if not 0 <= p < 1:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     x = as_tensor(x)
@@ -144,6 +228,7 @@ def dropout(x, p=0.5, training=True):
     return make_result(x.data * mask, (x,), lambda g: (g * mask,), "dropout")
 
 
+@_torch_layer_norm
 def layer_norm(x, weight=None, bias=None, eps=1e-5):
     """Normalise over the last axis: x̂ = (x − μ)/√(σ² + ε), y = x̂·w + b.
 
@@ -245,3 +330,16 @@ def causal_self_attention(q, k, v, dropout_p=0.0, training=True):
         return gs @ kd, gs.swapaxes(-1, -2) @ qd, gv
 
     return make_result(out, (q, k, v), backward, "attention")
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False):
+    """torch's name and signature for ``causal_self_attention``: is_causal=True, no attn_mask,
+    the default scale 1/√d, q, k, v of one (batch, heads, T, d) shape; dropout applies whenever
+    dropout_p > 0, as in torch."""
+    d = query.shape[-1]
+    if not is_causal or attn_mask is not None or enable_gqa or (
+            scale is not None and not math.isclose(scale, 1 / math.sqrt(d))):
+        raise NotImplementedError("scaled_dot_product_attention: only is_causal=True without "
+                                  "attn_mask, enable_gqa or a scale other than 1/sqrt(d)")
+    return causal_self_attention(query, key, value, dropout_p=dropout_p, training=True)
