@@ -68,8 +68,8 @@ def test_cross_entropy_classes_on_axis_1():
     z, t = leaf(3, 5, 4), rng.integers(0, 5, (3, 4))  # torch's (N, C, d) layout
     zt = Tensor(z.data.transpose(0, 2, 1).copy(), requires_grad=True)  # minipar's (N, d, C)
     for reduction in ("mean", "none"):
-        got, want = F.cross_entropy(z, t, reduction=reduction), F.cross_entropy(zt, t,
-                                                                                 reduction=reduction)
+        got = F.cross_entropy(z, t, reduction=reduction)
+        want = F.cross_entropy(zt, t, reduction=reduction)
         same(got, want)
         assert got.shape == t.shape or reduction == "mean"
     F.cross_entropy(z, t).backward()
