@@ -77,6 +77,9 @@ def facade_body():
     strided[:, 0] = xs[rank]  # a non-contiguous view is filled in place too
     dist.all_reduce(strided[:, 0])
     check("all_reduce view", strided[:, 0], np.sum(xs, axis=0))
+    loss = Tensor(np.array(float(rank)))  # a 0-d loss, averaged for logging
+    dist.all_reduce(loss, op=dist.ReduceOp.AVG)
+    check("all_reduce 0-d", loss.data, (p - 1) / 2)
     a = xs[rank].copy()
     work = dist.all_reduce(a, async_op=True)
     work.wait()
@@ -118,7 +121,7 @@ def facade_body():
     for w in works:
         w.wait()
     check("isend/irecv", got.data, xs[left])
-    dist.barrier()
+    dist.barrier(group=dist.group.WORLD)
     # a group of the even ranks: world ranks in the calls, group numbering in get_rank
     evens = dist.new_group(list(range(0, p, 2)))
     a = xs[rank].copy()

@@ -27,5 +27,5 @@ from .collectives import (Work, all_gather, all_gather_into_tensor, all_reduce, 
 from .process_group import (ProcessGroup, ReduceOp, destroy_process_group,  # noqa: F401
                             get_all_reduce_algorithm, get_backend, get_global_rank,
                             get_group_rank, get_process_group_ranks, get_rank, get_world_size,
-                            init_process_group, is_available, is_initialized, is_mpi_available,
-                            new_group)
+                            group, init_process_group, is_available, is_initialized,
+                            is_mpi_available, new_group)

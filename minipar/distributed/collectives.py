@@ -31,7 +31,8 @@ class _Buffer:
 
     def __init__(self, tensor, what):
         self.target = _data(tensor, what)
-        self.array = backend.get_array_module(self.target).ascontiguousarray(self.target)
+        self.array = (self.target if self.target.flags.c_contiguous
+                      else backend.get_array_module(self.target).ascontiguousarray(self.target))
 
     def store(self, values=None):
         if values is not None and values is not self.array:

@@ -64,6 +64,11 @@ class ProcessGroup:
         return f"ProcessGroup(ranks={self.ranks}, all_reduce={self.algorithm!r})"
 
 
+class group:  # noqa: N801  (torch's name: dist.group.WORLD)
+    """``group.WORLD``: the default group; None names it in every call, as here."""
+    WORLD = None
+
+
 _state = {"world": None, "groups": []}
 
 
