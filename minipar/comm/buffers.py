@@ -90,6 +90,7 @@ def array(x, what):
     """x itself when it is a NumPy or CuPy array; a CommError naming what it is otherwise."""
     if hasattr(x, "__array_interface__") or hasattr(x, "__cuda_array_interface__"):
         return x
-    hint = (": pass its array, tensor.data (a communicator moves arrays; the parallel layers "
-            "wrap collectives in differentiable functions)") if hasattr(x, "requires_grad") else ""
+    hint = (": a communicator moves arrays and returns new ones; pass tensor.data, or use "
+            "minipar.distributed (torch.distributed's calls, in place on Tensors: "
+            "dist.all_reduce(tensor))") if hasattr(x, "requires_grad") else ""
     raise CommError(f"{what} takes a NumPy or CuPy array, got {type(x).__name__}{hint}")
