@@ -217,9 +217,9 @@ def run(args):
 
 def launch(args):
     """Run ``python -m minipar.bench`` on ``--nprocs`` ranks (default 4); its exit status."""
-    from minipar.testing import RANK_ENV, mpiexec
+    from minipar.testing import RANK_ENV, launch_command
     try:
-        command = [mpiexec(), "-n", str(args.nprocs or 4), sys.executable, "-m", "minipar.bench"]
+        command = launch_command(args.nprocs or 4, sys.executable, "-m", "minipar.bench")
     except RuntimeError as err:
         raise SystemExit(f"minipar bench: {err}") from None
     env = {**os.environ, **RANK_ENV, "MALLOC_MMAP_MAX_": os.environ.get("MALLOC_MMAP_MAX_", "0")}

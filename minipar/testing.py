@@ -41,6 +41,7 @@ import importlib.util
 import json
 import os
 import runpy
+import shlex
 import shutil
 import signal
 import subprocess
@@ -65,6 +66,43 @@ def mpiexec():
     return found
 
 
+_FLAVOURS = {}
+
+
+def launcher_flavour(launcher=None):
+    """("openmpi" | "mpich" | "unknown", first line of ``launcher --version``), cached per path."""
+    launcher = launcher or mpiexec()
+    if launcher not in _FLAVOURS:
+        try:
+            text = subprocess.run([launcher, "--version"], capture_output=True, text=True,
+                                  timeout=20).stdout
+        except (OSError, subprocess.SubprocessError):
+            text = ""
+        lower = text.lower()
+        flavour = ("openmpi" if "open mpi" in lower or "open-mpi" in lower or "openrte" in lower
+                   or "prrte" in lower else "mpich" if "hydra" in lower or "mpich" in lower
+                   else "unknown")
+        _FLAVOURS[launcher] = (flavour, text.strip().splitlines()[0] if text.strip() else "")
+    return _FLAVOURS[launcher]
+
+
+def launch_command(nprocs, *program):
+    """``[mpiexec, *flags, "-n", N, *program]``: the launcher profile shared by run_on_ranks,
+    run_job, the benchmark and ``minipar lesson``. Flags: ``$MINIPAR_MPIEXEC_ARGS`` (shlex-split,
+    e.g. ``--hostfile hosts``), and for Open MPI ``--oversubscribe`` when N exceeds the cores
+    (and no hostfile names the slots) and ``--allow-run-as-root`` when running as root."""
+    launcher = mpiexec()
+    flags = shlex.split(os.environ.get("MINIPAR_MPIEXEC_ARGS", ""))
+    if launcher_flavour(launcher)[0] == "openmpi":
+        hosts = any(f.startswith(("--hostfile", "-hostfile", "--machinefile", "--host", "-H"))
+                    for f in flags)
+        if int(nprocs) > (os.cpu_count() or 1) and not hosts and "--oversubscribe" not in flags:
+            flags.append("--oversubscribe")
+        if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-run-as-root" not in flags:
+            flags.append("--allow-run-as-root")
+    return [launcher, *flags, "-n", str(nprocs), *map(str, program)]
+
+
 def _target_name(target):
     """'file.py:function' for a function object, else the target string unchanged."""
     if callable(target):
@@ -83,8 +121,8 @@ def run_on_ranks(target, nprocs, timeout=120, args=(), env=None, grace=2.0, heav
     rank_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (package_root, rank_env.get("PYTHONPATH")) if p)
     with tempfile.TemporaryDirectory(prefix="minipar-ranks-") as folder:
-        command = [mpiexec(), "-n", str(nprocs), sys.executable, "-m", "minipar.testing",
-                   folder, name, json.dumps(list(args)), str(grace)]
+        command = launch_command(nprocs, sys.executable, "-m", "minipar.testing",
+                                 folder, name, json.dumps(list(args)), str(grace))
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 env=rank_env, start_new_session=True, text=True)
         try:
@@ -128,7 +166,7 @@ def run_job(source, nprocs, timeout=60, env=None):
         with open(script, "w") as f:
             f.write(source)
         start = time.monotonic()
-        proc = subprocess.Popen([mpiexec(), "-n", str(nprocs), sys.executable, script],
+        proc = subprocess.Popen(launch_command(nprocs, sys.executable, script),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=rank_env,
                                 start_new_session=True, text=True)
         try:

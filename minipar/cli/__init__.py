@@ -1,6 +1,7 @@
 """The ``minipar`` command. Each subcommand is a module of this package, registered here.
 
     minipar lessons              list the lesson scripts and how to run them
+    minipar lesson 04 -n 4       run one lesson with the right launcher flags
     minipar <sub> --help         help for any subcommand
 
 A subcommand module provides ``add_arguments(parser)`` and ``run(args) -> int``; add it to
@@ -15,6 +16,7 @@ from minipar.cli.args import ArgumentParser, UsageError
 
 SUBCOMMANDS = {
     "lessons": ("minipar.cli.lessons", "list the lesson scripts and how to run them"),
+    "lesson": ("minipar.cli.lesson", "run one lesson by number or name: lesson 04 -n 4"),
     "bench": ("minipar.cli.bench", "benchmark collectives against MPI's own: bench allreduce"),
     "groups": ("minipar.cli.groups", "print the data x tensor x pipeline rank grid and its groups"),
     "schedule": ("minipar.cli.schedule", "draw a pipeline schedule, its bubble and in-flight micro-batches"),

@@ -2,8 +2,22 @@
 import ast
 import pathlib
 import re
+import sys
 
-LESSON_DIR = pathlib.Path(__file__).resolve().parents[2] / "lessons"
+SOURCE_LESSONS = pathlib.Path(__file__).resolve().parents[2] / "lessons"
+INSTALLED_LESSONS = pathlib.Path(sys.prefix) / "share" / "minipar" / "lessons"
+
+
+def lesson_dir():
+    """The lessons folder: the source tree's (a checkout or an editable install), else the one a
+    wheel installs as data files under ``sys.prefix/share/minipar/lessons``."""
+    for folder in (SOURCE_LESSONS, INSTALLED_LESSONS):
+        if any(folder.glob("[0-9][0-9]_*.py")):
+            return folder
+    return SOURCE_LESSONS
+
+
+LESSON_DIR = lesson_dir()
 
 
 def lessons():
@@ -30,7 +44,8 @@ def add_arguments(parser):
 def run(args):
     items = lessons()
     if not items:
-        print(f"no lessons found under {LESSON_DIR} (they ship with the source tree, not the wheel)")
+        print(f"no lessons found under {SOURCE_LESSONS} or {INSTALLED_LESSONS}: reinstall "
+              f"minipar (pip install .) or run from a checkout of its source tree")
         return 1
     for path, summary, line in items:
         print(f"{path.name:28s} {summary}\n{'':28s} $ {line}")

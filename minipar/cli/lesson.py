@@ -1,0 +1,80 @@
+"""``minipar lesson NAME [-n N] [-- ARGS]``: run one lesson with the right launcher flags.
+
+    minipar lesson 4                   mpiexec -n 4 python lessons/04_allreduce.py
+    minipar lesson allreduce -n 2      the same lesson on 2 ranks
+    minipar lesson 08 -- --quick       arguments after -- go to the lesson
+
+NAME is a lesson number (``4``, ``04``) or part of its name. N defaults to the count on the
+lesson's own run line (its docstring); a lesson whose run line is ``python ...`` runs as one plain
+process unless ``-n`` is given. The launch goes through minipar.testing.launch_command (the
+launcher profile: ``$MINIPAR_MPIEXEC``, ``$MINIPAR_MPIEXEC_ARGS``, Open MPI's oversubscription and
+root flags), with one BLAS thread per rank; the exit status is the lesson's own.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+
+from minipar.cli.args import UsageError, positive_int
+from minipar.cli.lessons import command, lessons
+
+
+def add_arguments(parser):
+    parser.add_argument("name", metavar="NAME", help="lesson number (4, 04) or part of its name")
+    parser.add_argument("-n", "--nprocs", type=positive_int, default=None,
+                        help="ranks to launch (default: the lesson's own run line)")
+    parser.add_argument("lesson_args", nargs="*", metavar="ARGS",
+                        help="arguments for the lesson, after --  (e.g. -- --quick)")
+
+
+def find(name, found=None):
+    """The (path, summary, run line) of the one lesson NAME names, or UsageError listing them."""
+    found = lessons() if found is None else found
+    key = name.strip().lower()
+    if key.isdigit():
+        matches = [item for item in found if int(item[0].name[:2]) == int(key)]
+    else:
+        matches = [item for item in found if key in item[0].stem.lower()]
+    if len(matches) == 1:
+        return matches[0]
+    names = ", ".join(item[0].stem for item in found) or "none found"
+    what = "matches several lessons" if matches else "is not a lesson"
+    raise UsageError(f"argument NAME: {name!r} {what}; choose from: {names}")
+
+
+def default_ranks(run_line):
+    """The N of ``mpiexec -n N ...`` on a lesson's run line; None for ``python ...``."""
+    match = re.search(r"^mpiexec\b.*?\s-n\s+(\d+)", run_line)
+    return int(match.group(1)) if match else None
+
+
+def build_command(path, run_line, nprocs, lesson_args):
+    """The argv that runs the lesson: plain ``python`` or the launcher profile."""
+    from minipar.testing import launch_command
+
+    program = [sys.executable, str(path), *lesson_args]
+    nprocs = nprocs or default_ranks(run_line)
+    return program if nprocs is None else launch_command(nprocs, *program)
+
+
+def run(args):
+    path, _, run_line = find(args.name)
+    try:
+        argv = build_command(path, run_line, args.nprocs, args.lesson_args)
+    except RuntimeError as err:  # no mpiexec
+        print(f"minipar lesson: {err}", file=sys.stderr)
+        return 1
+    from minipar.testing import RANK_ENV
+
+    env = {**os.environ, **{k: os.environ.get(k, v) for k, v in RANK_ENV.items()}}
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    print("$ " + " ".join(argv), file=sys.stderr, flush=True)
+    proc = subprocess.Popen(argv, env=env)
+    try:
+        status = proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        status = proc.wait()
+    return 128 - status if status < 0 else status
