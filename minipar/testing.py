@@ -40,6 +40,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import runpy
 import shlex
 import shutil
@@ -82,7 +83,9 @@ def launcher_flavour(launcher=None):
         flavour = ("openmpi" if "open mpi" in lower or "open-mpi" in lower or "openrte" in lower
                    or "prrte" in lower else "mpich" if "hydra" in lower or "mpich" in lower
                    else "unknown")
-        _FLAVOURS[launcher] = (flavour, text.strip().splitlines()[0] if text.strip() else "")
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        versioned = [line for line in lines if re.search(r"version.*\d", line, re.I)]
+        _FLAVOURS[launcher] = (flavour, (versioned or lines or [""])[0])
     return _FLAVOURS[launcher]
 
 

@@ -2,6 +2,7 @@
 
     minipar lessons              list the lesson scripts and how to run them
     minipar lesson 04 -n 4       run one lesson with the right launcher flags
+    minipar doctor               check the MPI setup and print each problem's fix
     minipar <sub> --help         help for any subcommand
 
 A subcommand module provides ``add_arguments(parser)`` and ``run(args) -> int``; add it to
@@ -17,6 +18,7 @@ from minipar.cli.args import ArgumentParser, UsageError
 SUBCOMMANDS = {
     "lessons": ("minipar.cli.lessons", "list the lesson scripts and how to run them"),
     "lesson": ("minipar.cli.lesson", "run one lesson by number or name: lesson 04 -n 4"),
+    "doctor": ("minipar.cli.doctor", "check MPI, the launcher, BLAS threads and GPUs; print fixes"),
     "bench": ("minipar.cli.bench", "benchmark collectives against MPI's own: bench allreduce"),
     "groups": ("minipar.cli.groups", "print the data x tensor x pipeline rank grid and its groups"),
     "schedule": ("minipar.cli.schedule", "draw a pipeline schedule, its bubble and in-flight micro-batches"),

@@ -71,7 +71,12 @@ def run(args):
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     print("$ " + " ".join(argv), file=sys.stderr, flush=True)
-    proc = subprocess.Popen(argv, env=env)
+    try:
+        proc = subprocess.Popen(argv, env=env)
+    except OSError as err:
+        print(f"minipar lesson: cannot start {argv[0]}: {err} (minipar doctor checks the setup)",
+              file=sys.stderr)
+        return 1
     try:
         status = proc.wait()
     except KeyboardInterrupt:
