@@ -12,7 +12,10 @@
 
 ``target`` is a function defined at the top level of a file (as above), a string
 ``"package.module:function"`` or ``"path/to/file.py:function"``, or ``"path/to/script.py"``
-(run as ``__main__``). Each rank writes its result or its traceback to a temporary folder; the
+(run as ``__main__``). A function defined in a notebook cell or in ``__main__`` (a lambda, a
+closure) travels to the ranks pickled by value with cloudpickle (``pip install
+'minipar[notebook]'``). Whatever each rank prints is kept: ``values.outputs[r]``, and
+``show_output=True`` prints it here with every line prefixed ``[rank r]``. Each rank writes its result or its traceback to a temporary folder; the
 parent then
 
 - returns the list of per-rank return values when every rank succeeded;
@@ -106,17 +109,48 @@ def launch_command(nprocs, *program):
     return [launcher, *flags, "-n", str(nprocs), *map(str, program)]
 
 
-def _target_name(target):
-    """'file.py:function' for a function object, else the target string unchanged."""
-    if callable(target):
-        return f"{os.path.abspath(target.__code__.co_filename)}:{target.__name__}"
-    return str(target)
+class RankValues(list):
+    """The per-rank return values (a plain list to compare), plus ``outputs[r]``: what rank r
+    printed (stdout and stderr), and ``printed()``: all of it, each line prefixed ``[rank r]``."""
+
+    outputs = ()
+
+    def printed(self):
+        return "".join(f"[rank {r}] {line}\n" for r, text in enumerate(self.outputs)
+                       for line in text.splitlines())
 
 
-def run_on_ranks(target, nprocs, timeout=120, args=(), env=None, grace=2.0, heavy_yield=False):
-    """Run ``target(*args)`` on ``nprocs`` ranks; return the per-rank values or raise
-    ``AssertionError`` with every failing rank's traceback (see the module docstring)."""
-    name = _target_name(target)
+def _target_name(target, folder):
+    """'file.py:function' for a function defined in a file, 'pickle:PATH' for one defined in
+    ``__main__`` or a notebook cell (serialised with cloudpickle), else the target string."""
+    if not callable(target):
+        return str(target)
+    code = target.__code__
+    in_file = os.path.isfile(code.co_filename) and "<" not in target.__qualname__
+    if target.__module__ != "__main__" and in_file:
+        return f"{os.path.abspath(code.co_filename)}:{target.__name__}"
+    try:
+        import cloudpickle
+    except ImportError:
+        if in_file:  # a script's own function: its file is loaded again on every rank
+            return f"{os.path.abspath(code.co_filename)}:{target.__name__}"
+        raise RuntimeError(
+            f"run_on_ranks({target.__qualname__}): a function defined in a notebook cell or "
+            f"__main__ is sent to the ranks with cloudpickle: pip install 'minipar[notebook]' "
+            f"(or cloudpickle), or define the function in a .py file and import it") from None
+    path = os.path.join(folder, "target.pkl")
+    with open(path, "wb") as f:
+        cloudpickle.dump(target, f)
+    return "pickle:" + path
+
+
+def run_on_ranks(target, nprocs, timeout=120, args=(), env=None, grace=2.0, heavy_yield=False,
+                 show_output=False):
+    """Run ``target(*args)`` on ``nprocs`` ranks; return the per-rank values (a ``RankValues``
+    list, with what each rank printed) or raise ``AssertionError`` with every failing rank's
+    traceback (see the module docstring). ``show_output=True`` prints the ranks' output here,
+    each line prefixed ``[rank r]`` (what a notebook wants)."""
+    shown = getattr(target, "__qualname__", None) or str(target)
     rank_env = {**os.environ, **RANK_ENV, **({"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
                                              if heavy_yield else {}), **(env or {})}
     # the ranks import the same minipar as this process, wherever they start
@@ -124,6 +158,9 @@ def run_on_ranks(target, nprocs, timeout=120, args=(), env=None, grace=2.0, heav
     rank_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (package_root, rank_env.get("PYTHONPATH")) if p)
     with tempfile.TemporaryDirectory(prefix="minipar-ranks-") as folder:
+        name = _target_name(target, folder)
+        if not name.startswith("pickle:"):
+            shown = name
         command = launch_command(nprocs, sys.executable, "-m", "minipar.testing",
                                  folder, name, json.dumps(list(args)), str(grace))
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -138,21 +175,26 @@ def run_on_ranks(target, nprocs, timeout=120, args=(), env=None, grace=2.0, heav
             os.killpg(proc.pid, signal.SIGKILL)
             output, _ = proc.communicate()
         results = _read_results(folder, nprocs)
+        values = RankValues(results[r].get("value") if r in results else None
+                            for r in range(nprocs))
+        values.outputs = [_read(folder, f"out{r}.txt") or "" for r in range(nprocs)]
+        if show_output:
+            print(values.printed(), end="", flush=True)
         missing = [r for r in range(nprocs) if r not in results]
         failed = {r: v for r, v in results.items() if not v["ok"]}
         if timed_out:
             dumps = "\n".join(_read(folder, f"stack{r}.txt") or f"rank {r}: no stack dump"
                               for r in missing)
             raise AssertionError(
-                f"{name} on {nprocs} ranks timed out after {timeout} s: ranks {missing} did not "
+                f"{shown} on {nprocs} ranks timed out after {timeout} s: ranks {missing} did not "
                 f"finish" + _describe(failed) + f"\n--- where they are ---\n{dumps}"
                 + _tail(output))
         if failed or missing or proc.returncode:
             lost = (f"\nranks {missing} left no result (killed when the job aborted, or crashed)"
                     if missing else "")
-            raise AssertionError(f"{name} failed on {nprocs} ranks (exit code {proc.returncode})"
+            raise AssertionError(f"{shown} failed on {nprocs} ranks (exit code {proc.returncode})"
                                  + _describe(failed) + lost + _tail(output))
-        return [results[r]["value"] for r in range(nprocs)]
+        return values
 
 
 def run_job(source, nprocs, timeout=60, env=None):
@@ -213,6 +255,10 @@ def _read_results(folder, nprocs):
 
 def _load(name):
     """The callable (or, for a script, a function running it as __main__) named by target."""
+    if name.startswith("pickle:"):
+        import cloudpickle
+        with open(name[len("pickle:"):], "rb") as f:
+            return cloudpickle.load(f)
     if ":" not in name:
         return lambda *args: _run_script(name, args)
     where, function = name.rsplit(":", 1)
@@ -255,6 +301,24 @@ def _watchdog(folder, rank):
         faulthandler.dump_traceback(file=f, all_threads=True)
 
 
+class _Tee:
+    """A text stream writing to ``stream`` and to the rank's output file."""
+
+    def __init__(self, stream, copy):
+        self.stream, self.copy = stream, copy
+
+    def write(self, text):
+        self.copy.write(text)
+        return self.stream.write(text)
+
+    def flush(self):
+        self.copy.flush()
+        self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
 def _write_json(folder, rank, record):
     path = os.path.join(folder, f"rank{rank}.json")
     with open(path + ".tmp", "w") as f:
@@ -267,6 +331,8 @@ def _rank_main(folder, name, args_json, grace):
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
+    printed = open(os.path.join(folder, f"out{rank}.txt"), "w", buffering=1)
+    sys.stdout, sys.stderr = _Tee(sys.stdout, printed), _Tee(sys.stderr, printed)
     threading.Thread(target=_watchdog, args=(folder, rank), daemon=True).start()
     try:
         record = {"ok": True, "value": _load(name)(*json.loads(args_json))}
