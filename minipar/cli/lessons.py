@@ -1,4 +1,5 @@
-"""``minipar lessons``: the lesson scripts, their rank counts and first docstring line."""
+"""``minipar lessons``: the lesson scripts, their rank counts and first docstring line, with the
+``minipar lesson NN`` command and the plain mpiexec line each one runs."""
 import ast
 import pathlib
 import re
@@ -48,5 +49,6 @@ def run(args):
               f"minipar (pip install .) or run from a checkout of its source tree")
         return 1
     for path, summary, line in items:
-        print(f"{path.name:28s} {summary}\n{'':28s} $ {line}")
+        print(f"{path.name:28s} {summary}\n{'':28s} $ minipar lesson {path.name[:2]}\n"
+              f"{'':28s} $ {line}")
     return 0
