@@ -27,7 +27,7 @@ try:
 except OSError:
     libmpi = None
 print(json.dumps({"mpi4py": mpi4py.__version__, "abi": abi and abi.group(1), "libmpi": libmpi,
-                  "library": MPI.Get_library_version().strip().splitlines()[0],
+                  "library": " ".join(MPI.Get_library_version().strip().splitlines()[0].split(",")[0].split()),
                   "standard": "%d.%d" % MPI.Get_version()}))
 """
 
