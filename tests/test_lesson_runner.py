@@ -92,3 +92,17 @@ def test_lesson_04_runs_and_passes():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS" in done.stdout
+
+
+@pytest.mark.parametrize("argv, nprocs, rest", [
+    (["04", "-n", "3", "--", "--quick"], 3, ["--quick"]),
+    (["-n", "3", "04", "--", "--quick"], 3, ["--quick"]),
+    (["04", "--nprocs=3"], 3, []),
+    (["08", "--quick"], 4, ["--quick"]),
+])
+def test_n_and_the_lesson_arguments_go_where_they_belong(profile, tmp_path, argv, nprocs, rest):
+    profile("mpiexec (Open MPI) 5.0.11")
+    assert main(["lesson", *argv]) == 0
+    recorded = (tmp_path / "argv").read_text().split()
+    assert recorded[recorded.index("-n") + 1] == str(nprocs)
+    assert recorded[recorded.index("-n") + 4:] == rest

@@ -10,6 +10,7 @@ process unless ``-n`` is given. The launch goes through minipar.testing.launch_c
 launcher profile: ``$MINIPAR_MPIEXEC``, ``$MINIPAR_MPIEXEC_ARGS``, Open MPI's oversubscription and
 root flags), with one BLAS thread per rank; the exit status is the lesson's own.
 """
+import argparse
 import os
 import re
 import signal
@@ -24,8 +25,25 @@ def add_arguments(parser):
     parser.add_argument("name", metavar="NAME", help="lesson number (4, 04) or part of its name")
     parser.add_argument("-n", "--nprocs", type=positive_int, default=None,
                         help="ranks to launch (default: the lesson's own run line)")
-    parser.add_argument("lesson_args", nargs="*", metavar="ARGS",
-                        help="arguments for the lesson, after --  (e.g. -- --quick)")
+    parser.add_argument("lesson_args", nargs=argparse.REMAINDER, metavar="-- ARGS",
+                        help="arguments for the lesson (e.g. -- --quick); NAME --help shows "
+                             "the lesson's own help")
+
+
+def split_rest(rest, nprocs):
+    """(nprocs, lesson arguments) from what follows NAME: argparse hands ``-n N`` there to the
+    remainder (``NAME -n 4 -- --quick``), so a leading ``-n N`` and one ``--`` are taken here."""
+    rest = list(rest)
+    while rest and (rest[0] in ("-n", "--nprocs") or rest[0].startswith("--nprocs=")):
+        flag = rest.pop(0)
+        value = flag.split("=", 1)[1] if "=" in flag else (rest.pop(0) if rest else "")
+        try:
+            nprocs = positive_int(value)
+        except Exception as err:
+            raise UsageError(f"argument -n/--nprocs: {err}") from None
+    if rest[:1] == ["--"]:
+        rest.pop(0)
+    return nprocs, rest
 
 
 def find(name, found=None):
@@ -60,8 +78,9 @@ def build_command(path, run_line, nprocs, lesson_args):
 
 def run(args):
     path, _, run_line = find(args.name)
+    nprocs, lesson_args = split_rest(args.lesson_args, args.nprocs)
     try:
-        argv = build_command(path, run_line, args.nprocs, args.lesson_args)
+        argv = build_command(path, run_line, nprocs, lesson_args)
     except RuntimeError as err:  # no mpiexec
         print(f"minipar lesson: {err}", file=sys.stderr)
         return 1
