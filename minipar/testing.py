@@ -15,8 +15,9 @@
 (run as ``__main__``). A function defined in a notebook cell or in ``__main__`` (a lambda, a
 closure) travels to the ranks pickled by value with cloudpickle (``pip install
 'minipar[notebook]'``). Whatever each rank prints is kept: ``values.outputs[r]``, and
-``show_output=True`` prints it here with every line prefixed ``[rank r]``. Each rank writes its result or its traceback to a temporary folder; the
-parent then
+``show_output=True`` prints it here with every line prefixed ``[rank r]``.
+
+Each rank writes its result or its traceback to a temporary folder; the parent then
 
 - returns the list of per-rank return values when every rank succeeded;
 - raises ``AssertionError`` listing every failing rank with its traceback, and the ranks that

@@ -26,8 +26,10 @@ try:
     libmpi = next((w for w in maps if "/libmpi" in w), None)
 except OSError:
     libmpi = None
-print(json.dumps({"mpi4py": mpi4py.__version__, "abi": abi and abi.group(1), "libmpi": libmpi,
-                  "library": " ".join(MPI.Get_library_version().strip().splitlines()[0].split(",")[0].split()),
+library = MPI.Get_library_version().strip().splitlines()[0]
+built = abi.group(1) if abi else mpi4py.get_config().get("mpicc")
+print(json.dumps({"mpi4py": mpi4py.__version__, "abi": built, "libmpi": libmpi,
+                  "library": " ".join(library.split(",")[0].split()),
                   "standard": "%d.%d" % MPI.Get_version()}))
 """
 
@@ -105,7 +107,8 @@ def check_mpi4py(report, flavour):
                        "python -v -c 'from mpi4py import MPI' shows where it looks")
         return None
     info = json.loads(output.strip().splitlines()[-1])
-    report.info("mpi4py", f"{info['mpi4py']} (built for {info['abi'] or 'the MPI it was compiled with'})")
+    built = info["abi"] or "an MPI its build did not record"
+    report.info("mpi4py", f"{info['mpi4py']} (built for {built})")
     report.info("MPI library loaded", f"{info['library']} (MPI {info['standard']})")
     if info["libmpi"]:
         report.info("libmpi", info["libmpi"])
