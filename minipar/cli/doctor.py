@@ -16,7 +16,7 @@ import sys
 TIMEOUT = 60
 BLAS_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
-_MPI_INFO = """
+_MPI_INFO = r"""
 import json, os, re, mpi4py
 mpi4py.rc.initialize = False
 from mpi4py import MPI
