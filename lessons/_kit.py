@@ -1,11 +1,12 @@
 """What every lesson shares: its command line, the rank-count check, narration, the PASS line.
 
-    from _kit import arguments, finish, mpi_world, say
+    from _kit import arguments, check, finish, mpi_world, say
 
     args = arguments(__doc__, ("--steps", 400, "training steps"), quick="a few steps")
     world = mpi_world(__doc__, ranks=(2, 4))   # a wrong mpiexec -n: one line, exit status 2
     say("Part 1. ...", "a second line")        # printed by rank 0 only
-    return finish(f"loss {loss:.3f} < 1.6", ok=loss < 1.6)   # PASS: ... (FAIL: ..., status 1)
+    check("loss below 1.6", loss < 1.6, expected="< 1.6", measured=f"{loss:.3f}")
+    return finish("the tiny GPT learns")      # PASS: ... (FAIL: ..., status 1)
 
 A lesson imports this file as ``from _kit import ...``: Python puts a script's own folder first
 on sys.path wherever it is started from, and minipar.testing.run_on_ranks does the same.
@@ -18,7 +19,8 @@ import sys
 
 from minipar.cli.lessons import command  # the run-line parser of 'minipar lessons'
 
-_rank = 0  # this process's rank once mpi_world() has run; a lesson without MPI is rank 0
+_world = None  # the communicator once mpi_world() has run; a lesson without MPI has none
+_checks = []  # (claim, ok, expected, measured) recorded by check(), judged by finish()
 
 
 def arguments(doc, *options, quick="a smoke run of a few seconds", argv=None):
@@ -37,53 +39,68 @@ def arguments(doc, *options, quick="a smoke run of a few seconds", argv=None):
 def mpi_world(doc, ranks=None, at_least=1):
     """The world communicator, when its size is one of ``ranks`` (or at least ``at_least``).
 
-    Otherwise rank 0 prints one line naming the rank counts the lesson runs on and the command
-    to run (the docstring's, at an accepted count, with this run's arguments), and every rank
+    Otherwise rank 0 prints one line, "lesson 11 needs 8 ranks (or 4): minipar lesson 11 -n 8",
+    naming the count to use (the docstring's when the lesson runs on it), the others it runs on,
+    and the command with this run's arguments; the other ranks print nothing, and every rank
     exits with status 2, argparse's status for a wrong command line.
     """
-    global _rank
+    global _world
     from minipar import comm  # here, so that the lessons without MPI never load it
 
     def runs_on(n):
         return n in ranks if ranks else n >= at_least
 
     world = comm.world()
-    _rank = world.rank
+    _world = world
     if runs_on(world.size):
         return world
     if world.rank == 0:
-        print(f"{os.path.basename(sys.argv[0])} runs on {_counts(ranks, at_least)}, not "
-              f"{world.size}: {_command(doc, runs_on, (ranks or [at_least])[0])}",
-              file=sys.stderr, flush=True)
+        print(_advice(doc, runs_on, ranks, at_least), file=sys.stderr, flush=True)
     raise SystemExit(2)
 
 
-def _counts(ranks, at_least):
-    """'exactly 2 ranks', '2 or 4 ranks', '1, 2, 3, 4, 6 or 8 ranks', '2 or more ranks'."""
-    if not ranks:
-        return f"{at_least} or more ranks"
-    if len(ranks) == 1:
-        return f"exactly {ranks[0]} ranks"
-    return f"{', '.join(map(str, ranks[:-1]))} or {ranks[-1]} ranks"
-
-
-def _command(doc, runs_on, fallback):
-    """The docstring's run line with this run's arguments; its ``-n`` set to ``fallback`` when
-    the lesson does not run on the docstring's count (lesson 11 with other --tp/--pp)."""
-    line = command(doc, os.path.basename(sys.argv[0]))
-    n = re.search(r"-n (\d+)", line)
-    if n and not runs_on(int(n.group(1))):
-        line = line.replace(n.group(0), f"-n {fallback}", 1)
-    return shlex.join([*shlex.split(line), *sys.argv[1:]])
+def _advice(doc, runs_on, ranks, at_least):
+    """'lesson 11 needs 8 ranks (or 4): minipar lesson 11 -n 8 -- --quick'."""
+    name = os.path.basename(sys.argv[0])
+    number = name[:2] if name[:2].isdigit() else name
+    n = re.search(r"-n (\d+)", command(doc, name))
+    best = int(n.group(1)) if n and runs_on(int(n.group(1))) else (ranks or [at_least])[0]
+    if ranks:
+        others = [str(r) for r in ranks if r != best]
+        counts = f"{best} ranks" + (f" (or {', '.join(others)})" if others else "")
+    else:
+        counts = f"{at_least} or more ranks"
+    line = ["minipar", "lesson", number, "-n", str(best)]
+    if sys.argv[1:]:
+        line += ["--", *sys.argv[1:]]
+    return f"lesson {number} needs {counts}: {shlex.join(line)}"
 
 
 def say(*lines):
     """Print each argument on a line of its own, from rank 0 only (every rank runs the lesson)."""
-    if _rank == 0:
+    if _world is None or _world.rank == 0:
         print(*lines, sep="\n", flush=True)
 
 
+def check(claim, ok, expected=None, measured=None):
+    """Record one claim of the lesson; finish() passes only if every recorded claim holds.
+    A failed claim is printed with what was expected and what was measured."""
+    _checks.append((claim, bool(ok), expected, measured))
+    return bool(ok)
+
+
 def finish(claim, ok=True):
-    """The closing line, ``PASS: claim`` (or ``FAIL: claim``) from rank 0; the exit status."""
-    say(f"{'PASS' if ok else 'FAIL'}: {claim}")
+    """The closing line from rank 0, ``PASS: claim`` when ``ok`` and every check() held on
+    every rank (each failed check first, with expected and measured), else ``FAIL: claim``;
+    returns the exit status, 0 or 1, the same on every rank."""
+    failed = [c for c in _checks if not c[1]]
+    for name, _, expected, measured in failed:
+        print(f"FAIL: {name}: expected {expected}, measured {measured}"
+              + (f" (rank {_world.rank})" if _world is not None and _world.size > 1 else ""),
+              flush=True)
+    ok = bool(ok) and not failed
+    if _world is not None:
+        ok = all(_world.all_gather_object(ok))
+    held = [c[0] for c in _checks if c[1]]
+    say(*(f"  ok: {name}" for name in held), f"{'PASS' if ok else 'FAIL'}: {claim}")
     return 0 if ok else 1

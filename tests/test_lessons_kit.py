@@ -25,7 +25,7 @@ def test_wrong_rank_count_prints_one_line_and_exits_2():
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stdout == "" and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == [
-        "03_send_recv.py runs on exactly 2 ranks, not 3: mpiexec -n 2 python lessons/03_send_recv.py"]
+        "lesson 03 needs 2 ranks: minipar lesson 03 -n 2"]
 
 
 @pytest.mark.mpi
@@ -33,5 +33,4 @@ def test_the_suggested_command_keeps_the_arguments_and_fits_them():
     done = run(2, "11_3d_parallel.py", "--quick", "--tp", "3")
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.strip().splitlines() == [
-        "11_3d_parallel.py runs on 6 or 12 ranks, not 2: "
-        "mpiexec -n 6 python lessons/11_3d_parallel.py --quick --tp 3"]
+        "lesson 11 needs 6 ranks (or 12): minipar lesson 11 -n 6 -- --quick --tp 3"]
