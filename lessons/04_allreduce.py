@@ -15,9 +15,9 @@ import numpy as np
 
 from minipar.comm import ALGORITHMS, cost, fit
 
-from _kit import arguments, finish, mpi_world, say
+from _kit import arguments, check, finish, mpi_world, say
 
-arguments(__doc__, quick=None)
+args = arguments(__doc__, quick="a 256 KiB vector instead of 4 MiB")
 world = mpi_world(__doc__, at_least=2)
 p, rank = world.size, world.rank
 ALGOS = [a for a in ALGORITHMS["all_reduce"] if a not in ("mpi",)]
@@ -40,7 +40,7 @@ for algo in ALGOS:
     say(f"\n  {algo}", *(f"    rank {r}: " + " ".join(steps) for r, steps in enumerate(lines)))
 
 # ---- Part 2: the comparison table, measured ------------------------------------------------
-n_bytes = 4 << 20
+n_bytes = (256 << 10) if args.quick else (4 << 20)
 x = np.ones(n_bytes // 4, np.float32)
 model = fit.fit(world, sizes=(n_bytes // 8, n_bytes // 4, n_bytes // 2, n_bytes),
                  algorithms=ALGOS)  # each algorithm its own alpha (its Python per step)
@@ -50,7 +50,9 @@ say(f"\nPart 2. All-reduce of {n_bytes >> 20} MiB on {p} ranks "
     f"1/gamma {1 / model.gamma(n_bytes / p) / 1e9:.2f} GB/s)",
     f"  {'algorithm':18s} {'time ms':>8s} {'model ms':>9s} {'peak node MB':>13s} "
     f"{'total MB':>9s}  (n = {n_bytes / 1e6:.1f} MB)")
-exact = True  # every algorithm's sum of p vectors of ones is p, exactly
+exact = {}  # every algorithm's sum of p vectors of ones is p, exactly
+optimal = 2 * (p - 1) / p * n_bytes  # bytes a rank must send, at least (Patarasuk & Yuan 2009)
+most_sent = {}  # algorithm -> the bytes the busiest sender sent in one all-reduce
 for algo in ALGOS + ["mpi"]:
     world.all_reduce(x, algorithm=algo)  # warm up
     times = []
@@ -60,7 +62,7 @@ for algo in ALGOS + ["mpi"]:
         t0 = time.perf_counter()
         total_of_ones = world.all_reduce(x, algorithm=algo)
         times.append(world.mpi.allreduce(time.perf_counter() - t0, op=max))
-        exact &= bool((total_of_ones == p).all())
+        exact[algo] = exact.get(algo, True) and bool((total_of_ones == p).all())
     seconds = sorted(times)[1]  # the median of 3 (of the slowest rank)
     c = world.counters.snapshot()
     peak = world.mpi.allreduce(c["bytes_sent"] + c["bytes_received"], op=max)
@@ -70,8 +72,16 @@ for algo in ALGOS + ["mpi"]:
     moved = f"{peak / 1e6:13.1f} {total / 1e6:9.1f}" if algo != "mpi" else \
         f"{'(inside MPI)':>13s} {'':9s}"
     say(f"  {algo:18s} {seconds * 1e3:8.1f} {model_text} {moved}")
+    most_sent[algo] = world.mpi.allreduce(c["bytes_sent"], op=max)
 say("\nRing and recursive halving move 2(p-1)/p n per rank, the least possible; the single",
     "parameter server's link moves 2(p-1) n. Recursive doubling moves n log p but needs only",
     "log p steps: it wins for small vectors, where alpha dominates.")
-raise SystemExit(finish(f"all {len(ALGOS)} hand-written all-reduces returned MPI's exact sum",
-                        ok=all(world.all_gather_object(exact))))
+for algo in ALGOS + ["mpi"]:
+    check(f"{algo}: every element is the exact sum {p}", exact[algo], p, "another value")
+for algo in ("ring", "recursive_halving"):
+    if algo in most_sent and (algo == "ring" or p & (p - 1) == 0):  # halving: a power of 2
+        check(f"{algo}: each rank sent 2(p-1)/p·n = {optimal:,.0f} B (counters, within 1 %)",
+              abs(most_sent[algo] - optimal) <= 0.01 * optimal, f"{optimal:,.0f} B",
+              f"{most_sent[algo]:,} B")
+raise SystemExit(finish(f"all {len(ALGOS)} hand-written all-reduces returned MPI's exact sum, "
+                        f"ring{' and halving' if p & (p - 1) == 0 else ''} at the optimal bytes"))
