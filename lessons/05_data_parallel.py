@@ -26,7 +26,7 @@ from minipar.parallel.data import (DistributedDataParallel, DistributedSampler, 
                                    busiest_link, local_batch_size)
 
 
-from _kit import arguments, finish, mpi_world, say
+from _kit import arguments, check, finish, mpi_world, say
 
 GLOBAL_BATCH, TRAIN = 96, 1500  # 96 divides among 1, 2, 3, 4, 6 or 8 ranks
 
@@ -99,6 +99,7 @@ def part2_algorithms(world, x, y, steps):
     say(f"  {'method':24s} {'ms/step':>8s} {'rank 0 sent':>10s} {'busiest':>10s}  "
         f"(ring theory: sent {2 * (N - 1) / N * n / 1e3:.0f} kB)")
     methods = [(f"DDP {a}", dict(algorithm=a)) for a in ALGORITHMS["all_reduce"]]
+    sent_by = {}
     methods += [("parameter server, one", dict(sharded=False)),
                 ("parameter server, sharded", dict(sharded=True))]
     for name, options in methods:
@@ -119,6 +120,8 @@ def part2_algorithms(world, x, y, steps):
         counted = (f"{sent / 1e3:8.0f}kB {busiest / 1e3:8.0f}kB" if not name.endswith("mpi")
                    else f"{'MPI_Allreduce: not in the counters':>21s}")
         say(f"  {name:24s} {seconds * 1e3:8.2f} {counted}")
+        sent_by[name] = sent
+    return n, sent_by
 
 
 def main():
@@ -132,9 +135,19 @@ def main():
         logits = model(minipar.tensor(x[TRAIN:].astype("float64")))
     accuracy = float((logits.numpy().argmax(1) == y[TRAIN:]).mean())
     say(f"  held-out accuracy on the last {len(x) - TRAIN} digits: {accuracy:.1%}")
-    part2_algorithms(world, x.astype("float32"), y, steps=3 if args.quick else 20)
-    return finish(f"data-parallel training equals serial training to {diff:.1e} (< 1e-10)",
-                  ok=diff < 1e-10)
+    n, sent = part2_algorithms(world, x.astype("float32"), y, steps=3 if args.quick else 20)
+    N = world.size
+    check("data parallel equals serial training (float64, max |parameter diff| < 1e-10)",
+          diff < 1e-10, "< 1e-10", f"{diff:.1e}")
+    ring = 2 * (N - 1) / N * n  # every bucket's ring: 2(N-1)/N of its bytes
+    check(f"DDP ring: rank 0 sent 2(N-1)/N·n = {ring:,.0f} B a step (counters, within 1 %)",
+          abs(sent["DDP ring"] - ring) <= 0.01 * ring, f"{ring:,.0f} B",
+          f"{sent['DDP ring']:,.0f} B")
+    one = sent["parameter server, one"]
+    if world.rank == 0 and N > 1:  # the server: N-1 gradients in, N-1 parameter copies out
+        check(f"one parameter server sent (N-1)·n = {(N - 1) * n:,} B a step (within 1 %)",
+              abs(one - (N - 1) * n) <= 0.01 * (N - 1) * n, f"{(N - 1) * n:,} B", f"{one:,.0f} B")
+    return finish("data parallel equals serial and moves the bytes the formulas say")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from minipar import optim
 from minipar.data import CharTokenizer, load_text
 from minipar.parallel.data import DistributedDataParallel, ZeRO, local_batch_size
 
-from _kit import arguments, finish, mpi_world, say
+from _kit import arguments, check, finish, mpi_world, say
 
 CONFIG = dict(block_size=32, n_layer=2, n_head=4, n_embd=64)
 GLOBAL_BATCH = 24  # divides among 1, 2, 3, 4, 6 or 8 ranks
@@ -71,18 +71,20 @@ def part1_memory(world, data, vocab):
     say("Part 1: kB one rank holds after backward (parameters / gradients / optimizer "
         "state), float32 AdamW, tiny GPT")
     say(f"  {'N':>2s}  {'plain DP':>20s}  {'ZeRO-1':>20s}  {'ZeRO-2':>20s}")
+    held = {}  # kind -> this rank's bytes; the last k is the whole world
     for k in range(1, world.size + 1):
         group = world.split(0 if world.rank < k else 1)
         if world.rank < k:
             cells = []
             for kind in ("DP", "ZeRO-1", "ZeRO-2"):
-                _, held = train_steps(kind, group, data, vocab, steps=2)  # state exists after 1
-                cells.append("/".join(f"{held[key] / 1e3:.0f}" for key in
+                _, held[kind] = train_steps(kind, group, data, vocab, steps=2)  # state after 1
+                cells.append("/".join(f"{held[kind][key] / 1e3:.0f}" for key in
                                       ("parameters", "gradients", "optimizer_state")))
             say(f"  {k:2d}  " + "  ".join(f"{c:>20s}" for c in cells))
         world.barrier()
     say("  ZeRO-1 divides the optimizer state by N, ZeRO-2 the gradients too; parameters "
         "stay whole (that is stage 3). DP's gradients live in its bucket buffers.")
+    return held
 
 
 def part2_same_curve(world, data, vocab, steps):
@@ -104,10 +106,18 @@ def main():
     text = load_text("pydoc")
     tok = CharTokenizer(text)
     data = tok.encode(text)
-    part1_memory(world, data, tok.vocab_size)
+    held = part1_memory(world, data, tok.vocab_size)
     gap = part2_same_curve(world, data, tok.vocab_size, steps=4 if args.quick else 40)
-    return finish(f"ZeRO-1 and ZeRO-2 follow plain DP's loss curve to {gap:.1e} (< 1e-5)",
-                  ok=gap < 1e-5)
+    N = world.size
+    for kind, key in (("ZeRO-1", "optimizer_state"), ("ZeRO-2", "optimizer_state"),
+                      ("ZeRO-2", "gradients")):
+        ratio, want = held[kind][key] / held["DP"][key], 1 / N
+        check(f"{kind}: a rank holds 1/N = {want:.3f} of DP's {key.replace('_', ' ')} (± 0.01)",
+              abs(ratio - want) <= 0.01, f"{want:.3f} ± 0.01", f"{ratio:.4f}")
+    check("ZeRO-1 and ZeRO-2 follow plain DP's loss curve (float32, |diff| < 1e-5)", gap < 1e-5,
+          "< 1e-5", f"{gap:.1e}")
+    return finish(f"ZeRO keeps 1/{N} of the optimizer state (stage 2: and of the gradients) "
+                  f"per rank, with DP's loss curve")
 
 
 if __name__ == "__main__":
