@@ -20,14 +20,21 @@ import minipar
 from minipar import Tensor, nn, optim
 from minipar import functional as F
 from minipar.parallel import tensor as tp
-from minipar.parallel.tensor import accounting, shard_from_serial
+from minipar.parallel.tensor import accounting, shard_from_serial, tally
 
-from _kit import arguments, finish, mpi_world, say
+from _kit import arguments, check, finish, mpi_world, say
 
 args = arguments(__doc__, quick="a smaller model, fewer steps")
 B, T, C, H = (2, 8, 16, 4) if args.quick else (4, 32, 64, 8)
 world = mpi_world(__doc__, ranks=[n for n in (2, 4, 8) if H % n == 0])  # p divides the heads
 rank, p = world.rank, world.size
+TOL = 1e-10  # float64: tensor parallel sums in another order than serial
+
+
+def equal(what, diff):
+    """Check that a tensor-parallel result equals the serial one within TOL."""
+    check(f"{what} equals serial (float64, |diff| < {TOL:g})", diff < TOL, f"< {TOL:g}",
+          f"{diff:.1e}")
 
 
 def worst(a, b):
@@ -64,6 +71,11 @@ def part1_mlp(B, T, C):
     y_serial = serial(xs)
     y_serial.sum().backward()
     directions = [e["direction"] for e in log.events]
+    equal("ParallelMLP's output", worst(y.data, y_serial.data))
+    equal("ParallelMLP's dX", worst(xt.grad, xs.grad))
+    counts = (directions.count("forward"), directions.count("backward"))
+    check("ParallelMLP: one all-reduce forward (g), one backward (f)", counts == (1, 1), (1, 1),
+          counts)
     shapes = lambda m: (tuple(m.c_fc.weight.shape), tuple(m.c_proj.weight.shape))  # noqa: E731
     say(f"  ParallelMLP vs nn.MLP (same seed): output diff {worst(y.data, y_serial.data):.1e}, "
         f"dX diff {worst(xt.grad, xs.grad):.1e}; all-reduces: "
@@ -84,8 +96,9 @@ def part2_heads(B, T, C, H):
                               tuple(attn.c_proj.weight.shape)))
     for r, (hs, qkv, proj) in enumerate(owned or []):
         say(f"  rank {r}: heads {hs}: c_attn rows for their q, k, v {qkv}, c_proj columns {proj}")
-    say(f"  output vs nn.CausalSelfAttention: max |diff| = "
-        f"{worst(attn(Tensor(x)).data, serial(Tensor(x)).data):.1e}", "")
+    diff = worst(attn(Tensor(x)).data, serial(Tensor(x)).data)
+    equal("attention split by heads", diff)
+    say(f"  output vs nn.CausalSelfAttention: max |diff| = {diff:.1e}", "")
 
 
 def part3_loss(N, V):
@@ -101,6 +114,10 @@ def part3_loss(N, V):
     gathered = np.concatenate(world.all_gather(mine), axis=-1)
     sent_gather = world.counters.bytes_sent
     serial = F.cross_entropy(Tensor(logits), targets)
+    equal("the vocab-parallel loss", worst(loss.data, serial.data))
+    check("the vocab-parallel loss: 3 all-reduces of N numbers", len(log.events) == 3 and
+          all(e["bytes"] == N * 8 for e in log.events), f"3 of {N * 8} B",
+          [e["bytes"] for e in log.events])
     say(f"  vocab-parallel loss {loss.item():.12f}, serial loss {serial.item():.12f}, "
         f"|diff| {worst(loss.data, serial.data):.1e}",
         f"  vocab-parallel: {len(log.events)} all-reduces of {N} numbers (max, Σexp, target "
@@ -138,6 +155,13 @@ def part4_gpt(config, B, steps):
             say(f"    step {step}: loss {loss.item():.10f}   serial {ref.item():.10f}   "
                 f"|diff| {diff:.1e}")
         act = B * config.block_size * config.n_embd * 8
+        ops = ("all_gather", "reduce_scatter") if sp else ("all_reduce",)
+        for where, way in tally(log.events).items():
+            if where.startswith("blocks"):
+                counts = {op: (way["forward"][op][0], way["backward"][op][0]) for op in ops}
+                check(f"sequence_parallel={sp}, {where}: Megatron's 2 forward + 2 backward "
+                      f"of each of {', '.join(ops)}", set(counts.values()) == {(2, 2)},
+                      {op: (2, 2) for op in ops}, counts)
         say(f"  tensor-group collectives of the last step (one activation B·T·C·8 = {act:,} B):",
             *("    " + line for line in accounting(log.events, p)), "")
     say("Each layer costs two all-reduces forward and two backward, as Megatron counts. Sequence",
@@ -156,8 +180,9 @@ def main():
     part3_loss(B * T, 512 if args.quick else 8192)
     config = nn.GPTConfig(vocab_size=64, block_size=T, n_layer=2, n_head=H, n_embd=C)
     largest = part4_gpt(config, B, 2 if args.quick else 4)
-    return finish(f"TensorParallelGPT's losses equal serial training's to {largest:.1e} (< 1e-10)",
-                  ok=largest < 1e-10)
+    equal("TensorParallelGPT's losses over every step", largest)
+    return finish("every tensor-parallel piece equals its serial twin, with Megatron's "
+                  "collectives per layer")
 
 
 if __name__ == "__main__":
