@@ -17,8 +17,6 @@ import re
 import shlex
 import sys
 
-from minipar.cli.lessons import command  # the run-line parser of 'minipar lessons'
-
 _world = None  # the communicator once mpi_world() has run; a lesson without MPI has none
 _checks = []  # (claim, ok, expected, measured) recorded by check(), judged by finish()
 
@@ -63,7 +61,7 @@ def _advice(doc, runs_on, ranks, at_least):
     """'lesson 11 needs 8 ranks (or 4): minipar lesson 11 -n 8 -- --quick'."""
     name = os.path.basename(sys.argv[0])
     number = name[:2] if name[:2].isdigit() else name
-    n = re.search(r"-n (\d+)", command(doc, name))
+    n = re.search(r"^\s*(?:mpiexec|minipar lesson \S+) -n (\d+)", doc, re.M)  # the run line
     best = int(n.group(1)) if n and runs_on(int(n.group(1))) else (ranks or [at_least])[0]
     if ranks:
         others = [str(r) for r in ranks if r != best]
