@@ -5,6 +5,7 @@ import os
 import pytest
 
 from minipar.testing import run_on_ranks
+from test_lessons_pass import passed
 
 LESSON = os.path.join(os.path.dirname(__file__), "..", "lessons", "11_3d_parallel.py")
 
@@ -12,7 +13,7 @@ LESSON = os.path.join(os.path.dirname(__file__), "..", "lessons", "11_3d_paralle
 @pytest.mark.mpi
 def test_lesson11_quick_2x2x2():
     """The lesson asserts by itself that its losses equal serial training's and fall."""
-    run_on_ranks(LESSON, 8, args=("--quick",), timeout=240)
+    passed("11_3d_parallel.py", 8)  # the shared run: exit 0 and a PASS line
 
 
 @pytest.mark.mpi

@@ -1,14 +1,11 @@
 """Lesson 10 runs end to end on 2 ranks (--quick) and shows the numbers it promises."""
 import ast
-import os
 import pathlib
 import re
-import subprocess
-import sys
 
 import pytest
 
-from minipar.testing import RANK_ENV, mpiexec
+from test_lessons_pass import passed
 
 LESSON = pathlib.Path(__file__).resolve().parent.parent / "lessons" / "10_tensor_parallel.py"
 
@@ -21,11 +18,7 @@ def test_docstring_has_title_and_run_line():
 
 @pytest.mark.mpi
 def test_quick_run_on_two_ranks():
-    done = subprocess.run([mpiexec(), "-n", "2", sys.executable, str(LESSON), "--quick"],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **RANK_ENV})
-    assert done.returncode == 0, done.stdout + done.stderr
-    out = done.stdout
+    out = passed(LESSON.name, 2)  # the shared run: exit 0 and a PASS line
     assert "-> an all-reduce would be needed before GeLU" in out
     assert "1 forward (g), 1 backward (f)" in out
     assert "rank 1: heads [2, 3]" in out
