@@ -29,7 +29,8 @@ def has_lesson_command():
 
 def command(name, nprocs, args):
     if has_lesson_command():
-        return [sys.executable, "-m", "minipar.cli", "lesson", name[:2], "-n", str(nprocs),
+        # -n before NAME: argparse then takes every word after -- for the lesson
+        return [sys.executable, "-m", "minipar.cli", "lesson", "-n", str(nprocs), name[:2],
                 "--", *args]
     return [mpiexec(), "-n", str(nprocs), sys.executable, str(LESSONS / name), *args]
 
