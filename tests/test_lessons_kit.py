@@ -34,3 +34,16 @@ def test_the_suggested_command_keeps_the_arguments_and_fits_them():
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.strip().splitlines() == [
         "lesson 11 needs 6 ranks (or 12): minipar lesson 11 -n 6 -- --quick --tp 3"]
+
+
+def test_a_failed_check_prints_expected_and_measured_and_exits_1():
+    script = ("from _kit import check, finish\n"
+              "check('bubble within 0.15 of 3/7', False, '0.429 ± 0.15', '0.700')\n"
+              "check('gradients equal', True)\n"
+              "raise SystemExit(finish('the schedule runs as drawn'))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT / "lessons")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        "FAIL: bubble within 0.15 of 3/7: expected 0.429 ± 0.15, measured 0.700",
+        "  ok: gradients equal", "FAIL: the schedule runs as drawn"]
