@@ -35,7 +35,8 @@ args = arguments(__doc__, ("--unit", 0.01, "seconds per stage forward"),
                  quick="short units, fewer settings")
 world = mpi_world(__doc__, at_least=2)
 rank, p = world.rank, world.size
-POINTS = 0.15  # measured bubble vs theory, absolute: holds with 4 ranks on 2 loaded cores
+POINTS = 0.2  # measured bubble vs theory, absolute: every message adds a wake-up; with 4 ranks
+# on 2 cores and 12 more processes busy, m = 4 measured up to 0.13 above theory
 
 
 def part1_bubble(unit, ms, repeats):
@@ -102,7 +103,7 @@ def part2_memory(m, shape):
 
 def main():
     if args.quick:
-        part1_bubble(0.006, (1, 4), 1)  # units long beside the per-action overhead
+        part1_bubble(0.006, (1, 4), 2)  # long units, the least disturbed of 2 steps
         diff = part2_memory(4, (8, 8, 32))
     else:
         part1_bubble(args.unit, (1, 2, 4, 8, 16), 2)
