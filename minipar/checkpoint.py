@@ -80,11 +80,13 @@ def checkpoint_sequential(modules, segments, x):
     if not isinstance(segments, int) or not 1 <= segments <= len(modules):
         raise ValueError(f"checkpoint_sequential: segments must be an integer between 1 and the "
                          f"number of modules ({len(modules)}), got {segments}")
+    ### BEGIN SOLUTION checkpoint-sequential
     bounds = [round(i * len(modules) / segments) for i in range(segments + 1)]
     for i, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
         run = _run_segment(modules[lo:hi])
         x = run(x) if i == segments - 1 else checkpoint(run, x)
     return x
+    ### END SOLUTION
 
 
 def _run_segment(modules):

@@ -251,6 +251,7 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
     has_bias = bias is not None
 
     def backward(g):
+        ### BEGIN SOLUTION layer-norm
         gxhat = g * w if w is not None else g
         gx = rstd * (gxhat - gxhat.mean(axis=-1, keepdims=True)
                      - xhat * (gxhat * xhat).mean(axis=-1, keepdims=True))
@@ -260,6 +261,7 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
         if has_bias:
             grads.append(g.sum(axis=batch_axes))
         return grads
+        ### END SOLUTION
 
     return make_result(y, parents, backward, "layer_norm")
 

@@ -124,12 +124,16 @@ def matmul(a, b):
         return g.reshape(g.shape[:-1] + (1, g.shape[-1])) if a_vec else g
 
     def grad_a(g):
+        ### BEGIN SOLUTION op-backward
         ga = as_2d(g) @ b2.swapaxes(-1, -2)
         return ga.reshape(ga.shape[:-2] + ga.shape[-1:]) if a_vec else ga
+        ### END SOLUTION
 
     def grad_b(g):
+        ### BEGIN SOLUTION op-backward
         gb = a2.swapaxes(-1, -2) @ as_2d(g)
         return gb.reshape(gb.shape[:-1]) if b_vec else gb
+        ### END SOLUTION
 
     if a_vec:
         out = out.reshape(out.shape[:-2] + out.shape[-1:])

@@ -92,6 +92,7 @@ def halving_reduce_scatter(c, buf, nb, op, tag, src=None):
     reduce = reducer(op, buf)
     tmp = c.scratch("halving", max(nb[(pof2 >> 1)] - nb[0], nb[pof2] - nb[pof2 >> 1]), buf)
     src = buf if src is None else src
+    ### BEGIN SOLUTION recursive-halving
     while mask:
         mid = (lo + hi) // 2
         (k0, k1), (g0, g1) = ((mid, hi), (lo, mid)) if me & mask else ((lo, mid), (mid, hi))
@@ -99,6 +100,7 @@ def halving_reduce_scatter(c, buf, nb, op, tag, src=None):
         c.sendrecv(src[nb[g0]:nb[g1]], real(me ^ mask), got, real(me ^ mask), tag)
         reduce(src[nb[k0]:nb[k1]], got, out=buf[nb[k0]:nb[k1]])
         lo, hi, mask, src = k0, k1, mask >> 1, buf
+    ### END SOLUTION
 
 
 def doubling_all_gather(c, buf, nb, tag):
@@ -124,11 +126,13 @@ def ring_reduce_scatter(c, buf, bounds, op, tag, shift, src=None):
     tmp = c.scratch("ring", bounds[1] - bounds[0], buf)
     src = buf if src is None else src
     for s in range(p - 1):
+        ### BEGIN SOLUTION ring-all-reduce
         send, recv = (r + shift - s) % p, (r + shift - s - 1) % p
         lo, hi = bounds[recv], bounds[recv + 1]
         got = tmp[:hi - lo]
         c.sendrecv((src if s == 0 else buf)[bounds[send]:bounds[send + 1]], right, got, left, tag)
         reduce(src[lo:hi], got, out=buf[lo:hi])
+        ### END SOLUTION
 
 
 def ring_all_gather(c, buf, bounds, tag, shift):

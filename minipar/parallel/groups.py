@@ -42,13 +42,16 @@ class RankGrid:
         """{'tp': i, 'dp': j, 'pp': k} of a rank: its digits in the mixed radix of ``order``."""
         if not 0 <= rank < self.world:
             raise ValueError(f"rank {rank} is outside the world of {self.world} ranks")
+        ### BEGIN SOLUTION rank-grid
         coords = {}
         for axis in self.order:
             rank, coords[axis] = divmod(rank, self.sizes[axis])
         return coords
+        ### END SOLUTION
 
     def rank(self, tp=0, dp=0, pp=0):
         """The rank at the given coordinates (inverse of ``coords``)."""
+        ### BEGIN SOLUTION rank-grid
         coords = {"tp": tp, "dp": dp, "pp": pp}
         rank, stride = 0, 1
         for axis in self.order:
@@ -57,6 +60,7 @@ class RankGrid:
             rank += coords[axis] * stride
             stride *= self.sizes[axis]
         return rank
+        ### END SOLUTION
 
     def stride(self, kind):
         """How far apart two ranks are whose ``kind`` coordinates differ by one: the product of

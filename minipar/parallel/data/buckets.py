@@ -85,6 +85,7 @@ def make_buckets(params, cap_bytes):
     ``cap_bytes`` or more (PyTorch's rule: a parameter is never split, and a layer's bias shares
     its weight's bucket rather than costing a collective of its own); a change of dtype starts
     a new bucket."""
+    ### BEGIN SOLUTION ddp-buckets
     buckets, size = [], 0
     for p in reversed(params):
         if not buckets or size >= cap_bytes or p.dtype != buckets[-1][0].dtype:
@@ -93,6 +94,7 @@ def make_buckets(params, cap_bytes):
         buckets[-1].append(p)
         size += p.data.nbytes
     return buckets
+    ### END SOLUTION
 
 
 def offsets(params):

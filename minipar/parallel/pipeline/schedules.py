@@ -124,9 +124,11 @@ def gpipe(p, m, remat=False):
 def _one_f_one_b(p, m, r):
     """Rank r's 1F1B order of (F or B, mb): p-1-r warm-up forwards, then one forward and one
     backward in turn, then the remaining backwards. At most p-r micro-batches are ever live."""
+    ### BEGIN SOLUTION one-f-one-b
     warm = min(p - 1 - r, m)
     steady = [pair for k in range(m - warm) for pair in ((F, warm + k), (B, k))]
     return [(F, k) for k in range(warm)] + steady + [(B, k) for k in range(m - warm, m)]
+    ### END SOLUTION
 
 
 def one_f_one_b(p, m):

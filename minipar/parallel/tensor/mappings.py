@@ -111,12 +111,16 @@ def _mapping(op, x, group, where, forward, backward, axis):
 def copy_to_tensor_region(x, group, where="f"):
     """f: identity forward, all-reduce backward (conjugate: g). Before a column-parallel linear:
     every rank's slice of the layer contributes to dX."""
+    ### BEGIN SOLUTION megatron-f-g
     return _mapping("f", x, group, where, _identity, _all_reduce, -1)
+    ### END SOLUTION
 
 
 def reduce_from_tensor_region(x, group, where="g"):
     """g: all-reduce forward, identity backward (conjugate: f). After a row-parallel linear."""
+    ### BEGIN SOLUTION megatron-f-g
     return _mapping("g", x, group, where, _all_reduce, _identity, -1)
+    ### END SOLUTION
 
 
 def scatter_to_tensor_region(x, group, where="scatter"):
