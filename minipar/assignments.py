@@ -178,9 +178,10 @@ def grade(tree=".", ids=None, timeout=TASK_TIMEOUT, progress=None):
 def gradescope(results):
     """Gradescope's autograder results.json: total ``score`` and one ``tests`` entry per task."""
     return {"score": sum(r["score"] for r in results),
-            "execution_time": round(sum(r["seconds"] for r in results), 1),
+            "execution_time": round(sum(r["seconds"] for r in results)),
             "tests": [{"name": f"{r['task']}: {BY_ID[r['task']].title}", "score": r["score"],
-                       "max_score": r["max_score"], "output": r["output"]} for r in results]}
+                       "max_score": r["max_score"], "status": "passed" if r["passed"] else "failed",
+                       "output": r["output"]} for r in results]}
 
 
 def markdown(results):

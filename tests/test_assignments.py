@@ -1,0 +1,155 @@
+"""Assignments: the marked regions, the student tree, and the grader's round trip.
+
+The round trip (the acceptance of issue 11): the reference tree grades 100 %, a tree with every
+task stripped scores 0 on each stripped task, a tree with one task stripped loses exactly that
+task's points, and the stripped tree imports and runs a lesson that does not need the stripped
+code. The graded runs launch pytest and MPI ranks (marked ``mpi``); they grade a few tasks each
+so the file stays within a couple of minutes, and the reference once in full.
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from minipar import assignments
+from minipar.cli import main
+
+ROOT = assignments.ROOT
+MARKER_FILES = sorted({f for t in assignments.TASKS for f in t.files})
+
+
+def test_ids_are_words_not_numbers_and_points_sum_to_100():
+    ids = [t.id for t in assignments.TASKS]
+    assert len(set(ids)) == len(ids) >= 9
+    assert all(not i.isdigit() and " " not in i and "," not in i for i in ids)
+    assert sum(t.points for t in assignments.TASKS) == 100
+
+
+def test_every_task_has_a_region_in_its_files_and_its_tests_exist():
+    found = {}
+    for name in MARKER_FILES:
+        for task, first, last in assignments.regions((ROOT / name).read_text()):
+            assert last > first + 1, f"{name}:{first + 1}: an empty region"
+            found.setdefault(task, set()).add(name)
+    for t in assignments.TASKS:
+        assert found.get(t.id) == set(t.files), t.id
+        for node in t.tests:
+            file, name = node.split("::")
+            assert f"def {name}(" in (ROOT / file).read_text(), node
+            assert t.id.replace("-", "_") in name  # the test names its task
+
+
+def test_markers_are_whole_comment_lines_only_in_the_tasks_files():
+    begin, end = assignments.BEGIN, assignments.END
+    paths = [p for folder in ("minipar", "tests", "lessons", "scripts", "docs")
+             for p in sorted((ROOT / folder).glob("**/*")) if p.suffix in (".py", ".md")]
+    for path in paths + [ROOT / "README.md"]:
+        lines = [l for l in path.read_text(errors="replace").split("\n") if begin in l or end in l]
+        rel = path.relative_to(ROOT).as_posix()
+        assert not lines or rel in MARKER_FILES, f"{rel} uses the solution markers"
+        assert all(l.strip().startswith("###") for l in lines), rel
+
+
+def test_strip_keeps_the_signature_hints_and_indentation():
+    source = ('def f(x):\n    """Doc."""\n    # hint: add one\n'
+              f'    {assignments.BEGIN} rank-grid\n    y = x + 1\n    return y\n'
+              f'    {assignments.END}\n')
+    stub = assignments.strip(source, {"rank-grid"})
+    assert stub == ('def f(x):\n    """Doc."""\n    # hint: add one\n    raise NotImplementedError('
+                    '"Task rank-grid: rank <-> (tp, dp, pp) coordinates of the 3-D grid '
+                    '(see lesson 11)")\n')
+    kept = assignments.strip(source, set())
+    assert kept == 'def f(x):\n    """Doc."""\n    # hint: add one\n    y = x + 1\n    return y\n'
+    namespace = {}
+    exec(kept, namespace)
+    assert namespace["f"](1) == 2
+
+
+def test_list_prints_one_task_per_line(capsys):
+    assert main(["assignment", "list"]) == 0
+    lines = [l for l in capsys.readouterr().out.splitlines() if l and not l.endswith(":")]
+    assert [l.split()[0] for l in lines] == [t.id for t in assignments.TASKS]
+    assert [int(l.split()[1]) for l in lines] == [t.points for t in assignments.TASKS]
+
+
+def test_unknown_task_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["assignment", "make", "--out", str(tmp_path / "s"), "--tasks", "ring,rank-grid"])
+    assert exit.value.code == 2
+    assert "unknown task ring" in capsys.readouterr().err
+
+
+def test_make_writes_stubs_for_chosen_tasks_and_solutions_for_the_rest(tmp_path):
+    main(["assignment", "make", "--out", str(tmp_path), "--tasks", "rank-grid,ddp-buckets"])
+    groups = (tmp_path / "minipar/parallel/groups.py").read_text()
+    assert groups.count('NotImplementedError("Task rank-grid:') == 2
+    assert "def coords(self, rank):" in groups and "(inverse of ``coords``)" in groups
+    ops = (tmp_path / "minipar/ops.py").read_text()
+    assert "gb = a2.swapaxes(-1, -2) @ as_2d(g)" in ops  # op-backward kept its solution
+    for path in (tmp_path / "minipar").rglob("*.py"):
+        assert assignments.BEGIN not in path.read_text(), path
+    assert (tmp_path / assignments.GRADING).is_file() and (tmp_path / "tests/conftest.py").is_file()
+    assert (tmp_path / "lessons/02_checkpointing.py").is_file()
+
+
+def _grade(tree, ids, tmp_path):
+    """Grade ``tree`` through the command; the Gradescope JSON it wrote."""
+    out = tmp_path / "results.json"
+    args = ["assignment", "grade", str(tree), "--json", str(out),
+            "--markdown", str(tmp_path / "report.md")]
+    assert main(args + (["--tasks", ",".join(ids)] if ids else [])) == 0
+    return json.loads(out.read_text())
+
+
+def _scores(report):
+    return {t["name"].split(":")[0]: t["score"] for t in report["tests"]}
+
+
+@pytest.mark.mpi
+def test_the_reference_tree_grades_100_percent(tmp_path):
+    report = _grade(ROOT, None, tmp_path)
+    assert report["score"] == 100, json.dumps(report, indent=1)[:3000]
+    for test in report["tests"]:  # Gradescope's fields; every name carries its task's id
+        assert set(test) >= {"name", "score", "max_score", "output"}
+        assert test["score"] == test["max_score"]
+    assert [t["name"].split(":")[0] for t in report["tests"]] == [t.id for t in assignments.TASKS]
+
+
+@pytest.mark.mpi
+def test_every_stripped_task_grades_zero(tmp_path):
+    assignments.make(tmp_path / "student")
+    ids = ["op-backward", "ddp-buckets", "one-f-one-b", "megatron-f-g"]
+    report = _grade(tmp_path / "student", ids, tmp_path)
+    assert report["score"] == 0 and set(_scores(report).values()) == {0}
+    for test in report["tests"]:
+        assert f"Task {test['name'].split(':')[0]}:" in test["output"]  # the stub's message
+    text = (tmp_path / "report.md").read_text()
+    assert "first failing check:" in text and "0 / 10" in text
+
+
+@pytest.mark.mpi
+def test_one_stripped_task_loses_exactly_its_points_and_the_tree_still_works(tmp_path):
+    tree = tmp_path / "student"
+    assignments.make(tree, ["ring-all-reduce"])
+    ids = ["ring-all-reduce", "recursive-halving", "megatron-f-g", "layer-norm"]
+    report = _grade(tree, ids, tmp_path)
+    ring = assignments.BY_ID["ring-all-reduce"].points
+    assert _scores(report) == {i: 0 if i == "ring-all-reduce" else assignments.BY_ID[i].points
+                               for i in ids}
+    assert report["score"] == sum(assignments.BY_ID[i].points for i in ids) - ring
+    # the stripped tree imports, and a lesson that needs no ring runs to its PASS line
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    modules = sorted(".".join(p.relative_to(tree).with_suffix("").parts[:-1] if p.name == "__init__.py"
+                              else p.relative_to(tree).with_suffix("").parts)
+                     for p in (tree / "minipar").rglob("*.py") if p.name != "__main__.py")
+    code = "import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)\nimport minipar; print(minipar.__file__)"
+    proc = subprocess.run([sys.executable, "-c", code, *modules], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(tree / "minipar/__init__.py")
+    lesson = subprocess.run([sys.executable, "lessons/02_checkpointing.py", "--quick"], cwd=tree,
+                            env=env, capture_output=True, text=True, timeout=240)
+    assert lesson.returncode == 0 and "PASS" in lesson.stdout, lesson.stdout + lesson.stderr
