@@ -19,6 +19,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -27,7 +28,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 BEGIN, END = "### BEGIN " + "SOLUTION", "### END " + "SOLUTION"  # split: no false region here
 GRADING = "tests/test_assignment_tasks.py"
 SUPPORT = ["tests/conftest.py"]  # what the grading tests need besides the package
-TASK_TIMEOUT = 120  # seconds for one task's pytest run (its multi-rank jobs have their own bound)
+TASK_TIMEOUT = 90  # seconds for one task's pytest run (each multi-rank job is bounded at 40 s)
+BUDGET = 290  # seconds for a whole grading run: a task started later gets what is left
+STUCK_TIMEOUT = "15"  # MINIPAR_TIMEOUT for graded ranks: a stuck call prints who waits on whom
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,33 +146,49 @@ def _first_failure(output):
     return "\n".join(output.strip().split("\n")[-30:])
 
 
+def _run(command, cwd, env, timeout):
+    """(returncode or None on timeout, output); a timeout kills the whole process group (the
+    pytest run and any mpiexec it started)."""
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output = proc.communicate(timeout=timeout)[0]
+        return proc.returncode, output
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return None, proc.communicate()[0]
+
+
 def grade_task(task, tree, timeout=TASK_TIMEOUT):
     """{"task", "score", "max_score", "passed", "output", "seconds"} for one task in ``tree``."""
     tree = pathlib.Path(tree).resolve()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    env = {"MINIPAR_TIMEOUT": STUCK_TIMEOUT, **os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short",
                "-x", *task.tests]
     start = time.time()
-    try:
-        proc = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True,
-                              timeout=timeout, start_new_session=True)
-        passed, output = proc.returncode == 0, proc.stdout + proc.stderr
-        output = "all checks passed" if passed else _first_failure(output)
-    except subprocess.TimeoutExpired as err:
-        passed = False
-        output = (f"timed out after {timeout} s\n"
-                  + _first_failure((err.stdout or b"").decode(errors="replace")
-                                   if isinstance(err.stdout, bytes) else (err.stdout or "")))
+    if timeout <= 0:
+        return {"task": task.id, "score": 0, "max_score": task.points, "passed": False,
+                "output": "not run: the grading's time budget was spent", "seconds": 0.0}
+    code, output = _run(command, tree, env, timeout)
+    passed = code == 0
+    if passed:
+        output = "all checks passed"
+    elif code is None:
+        output = (f"timed out: its tests ran past {timeout:.0f} s and were stopped\n"
+                  + _first_failure(output)).strip()
+    else:
+        output = _first_failure(output)
     return {"task": task.id, "score": task.points if passed else 0, "max_score": task.points,
             "passed": passed, "output": output, "seconds": round(time.time() - start, 1)}
 
 
-def grade(tree=".", ids=None, timeout=TASK_TIMEOUT, progress=None):
-    """Grade every task (or ``ids``) in ``tree``; a list of grade_task results."""
-    results = []
+def grade(tree=".", ids=None, timeout=TASK_TIMEOUT, progress=None, budget=BUDGET):
+    """Grade every task (or ``ids``) in ``tree``, each within ``timeout`` seconds and all within
+    ``budget``; a list of grade_task results."""
+    results, end = [], time.time() + budget
     for task in choose(ids):
-        results.append(grade_task(task, tree, timeout))
+        results.append(grade_task(task, tree, min(timeout, end - time.time())))
         if progress:
             progress(results[-1])
     return results

@@ -9,7 +9,7 @@ import pytest
 
 from minipar.testing import run_on_ranks
 
-TIMEOUT = 60  # seconds per multi-rank job: a stub that hangs is reported, not waited on
+TIMEOUT = 40  # seconds per multi-rank job: a stub that hangs is reported, not waited on
 rng = np.random.default_rng(0)
 
 

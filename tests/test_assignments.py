@@ -95,6 +95,15 @@ def test_make_writes_stubs_for_chosen_tasks_and_solutions_for_the_rest(tmp_path)
     assert (tmp_path / "lessons/02_checkpointing.py").is_file()
 
 
+def test_a_task_past_its_time_or_the_budget_scores_zero_with_a_reason():
+    task = assignments.BY_ID["ddp-buckets"]
+    late = assignments.grade_task(task, ROOT, timeout=0.2)
+    assert (late["score"], late["passed"]) == (0, False)
+    assert late["output"].startswith("timed out: its tests ran past 0 s"), late["output"]
+    spent = assignments.grade(ROOT, ["rank-grid", "ddp-buckets"], budget=0)
+    assert [r["output"] for r in spent] == ["not run: the grading's time budget was spent"] * 2
+
+
 def _grade(tree, ids, tmp_path):
     """Grade ``tree`` through the command; the Gradescope JSON it wrote."""
     out = tmp_path / "results.json"
@@ -153,3 +162,20 @@ def test_one_stripped_task_loses_exactly_its_points_and_the_tree_still_works(tmp
     lesson = subprocess.run([sys.executable, "lessons/02_checkpointing.py", "--quick"], cwd=tree,
                             env=env, capture_output=True, text=True, timeout=240)
     assert lesson.returncode == 0 and "PASS" in lesson.stdout, lesson.stdout + lesson.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.fault
+def test_a_hanging_ring_is_stopped_and_reports_who_waits_on_whom(tmp_path, monkeypatch):
+    tree = tmp_path / "student"
+    assignments.make(tree, ["ring-all-reduce"])
+    patterns = tree / "minipar/comm/patterns.py"
+    stub = assignments.BY_ID["ring-all-reduce"].stub()
+    wrong = "c.recv(tmp[:1], left, tag)  # every rank receives first: a deadlock"
+    patterns.write_text(patterns.read_text().replace(stub, wrong))
+    monkeypatch.setenv("MINIPAR_TIMEOUT", "4")
+    report = _grade(tree, ["ring-all-reduce"], tmp_path)
+    output = report["tests"][0]["output"]
+    assert report["score"] == 0
+    assert "first failing check: test_ring_all_reduce_equals_the_sum" in output
+    assert "waits in recv from rank" in output, output
