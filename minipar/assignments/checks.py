@@ -1,8 +1,10 @@
-"""The checks that grade the assignment tasks (minipar/assignments.py), one or two per task.
+"""The checks that grade the assignment tasks (``TASKS`` in __init__.py), one or two per task.
 
 Each test exercises its own task's marked region and as little else as it can, so that stripping
 one task fails only that task's tests. A test's name contains its task's id (dashes as
-underscores); multi-rank checks go through ``run_on_ranks`` with a short timeout.
+underscores); multi-rank checks go through ``run_on_ranks`` with a short timeout. Students run
+them with ``python -m pytest minipar/assignments/checks.py -k ring_all_reduce``; ``minipar
+assignment grade`` runs the grader's copy.
 """
 import numpy as np
 import pytest

@@ -5,13 +5,14 @@ nbgrader's convention: three hashes, ``BEGIN SOLUTION`` and the task's id (``rin
 opening it, three hashes and ``END SOLUTION`` closing it, at the statements' indentation. The
 markers appear nowhere else (this module spells them in two pieces).
 
-``make`` copies the package, the grading tests and the lessons into a student tree where each
+``make`` copies the package (the checks that grade it are ``minipar/assignments/checks.py``) and
+the lessons into a student tree where each
 chosen task's regions become ``raise NotImplementedError("Task <id>: <title> (see lesson NN)")`` at
 the region's indentation (signatures, docstrings and the comments before the region stay), and
-the other tasks keep their solution with the markers removed. ``grade`` runs each task's tests in
-a pytest subprocess rooted at the student tree, all or nothing per task: a task scores its points
-when every one of its tests passes, else 0 (partial credit would reward a stub that happens to
-pass one case).
+the other tasks keep their solution with the markers removed. ``grade`` runs each task's checks,
+the grader's own copy of them, in a pytest subprocess whose working folder and ``PYTHONPATH`` are
+the student tree, all or nothing per task: a task scores its points when every one of its checks
+passes, else 0 (partial credit would reward a stub that happens to pass one case).
 """
 import dataclasses
 import json
@@ -22,12 +23,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]  # the tree this minipar was loaded from
+CHECKS = pathlib.Path(__file__).resolve().parent / "checks.py"  # the reference checks
 BEGIN, END = "### BEGIN " + "SOLUTION", "### END " + "SOLUTION"  # split: no false region here
-GRADING = "tests/test_assignment_tasks.py"
-SUPPORT = ["tests/conftest.py"]  # what the grading tests need besides the package
 TASK_TIMEOUT = 90  # seconds for one task's pytest run (each multi-rank job is bounded at 40 s)
 BUDGET = 290  # seconds for a whole grading run: a task started later gets what is left
 STUCK_TIMEOUT = "15"  # MINIPAR_TIMEOUT for graded ranks: a stuck call prints who waits on whom
@@ -39,7 +40,7 @@ class Task:
     points: int
     title: str
     lesson: str
-    tests: tuple  # pytest node ids (file::name, a name without brackets covers every parameter)
+    tests: tuple  # test names in checks.py (a name covers every parameter)
     files: tuple  # the library files holding its regions
 
     def stub(self):
@@ -47,7 +48,7 @@ class Task:
 
 
 def _t(id, points, title, lesson, tests, *files):
-    return Task(id, points, title, lesson, tuple(f"{GRADING}::{t}" for t in tests), files)
+    return Task(id, points, title, lesson, tuple(tests), files)
 
 
 TASKS = (
@@ -123,16 +124,24 @@ def make(out, ids=None, source=ROOT):
     stripped = {t.id for t in tasks}
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(source / "minipar", out / "minipar", ignore=ignore, dirs_exist_ok=True)
-    if (source / "lessons").is_dir():
-        shutil.copytree(source / "lessons", out / "lessons", ignore=ignore, dirs_exist_ok=True)
-    for name in [GRADING] + SUPPORT:
-        (out / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source / name, out / name)
+    lessons = _lessons_dir(source)
+    if lessons:
+        shutil.copytree(lessons, out / "lessons", ignore=ignore, dirs_exist_ok=True)
     for path in sorted((out / "minipar").rglob("*.py")):
         text = path.read_text()
         if BEGIN in text:
             path.write_text(strip(text, stripped))
     return tasks
+
+
+def _lessons_dir(source):
+    """The lessons beside the package in a source tree, else where the lesson command finds them
+    (an installed wheel ships them as data files)."""
+    if (source / "lessons").is_dir():
+        return source / "lessons"
+    from minipar.cli import lessons
+    found = pathlib.Path(getattr(lessons, "LESSON_DIR", source / "lessons"))
+    return found if found.is_dir() else None
 
 
 # --- grading ------------------------------------------------------------------------------------
@@ -159,18 +168,24 @@ def _run(command, cwd, env, timeout):
         return None, proc.communicate()[0]
 
 
-def grade_task(task, tree, timeout=TASK_TIMEOUT):
-    """{"task", "score", "max_score", "passed", "output", "seconds"} for one task in ``tree``."""
+def grade_task(task, tree, timeout=TASK_TIMEOUT, checks=CHECKS):
+    """{"task", "score", "max_score", "passed", "output", "seconds"} for one task in ``tree``.
+
+    ``checks`` is run from a folder of its own (pytest puts a test file's folder first on
+    sys.path, and the checks must import the tree's minipar, not the grader's)."""
     tree = pathlib.Path(tree).resolve()
-    env = {"MINIPAR_TIMEOUT": STUCK_TIMEOUT, **os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short",
-               "-x", *task.tests]
+    env = {"MINIPAR_TIMEOUT": STUCK_TIMEOUT, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1", **os.environ,
+           "PYTHONPATH": os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)}
     start = time.time()
     if timeout <= 0:
         return {"task": task.id, "score": 0, "max_score": task.points, "passed": False,
                 "output": "not run: the grading's time budget was spent", "seconds": 0.0}
-    code, output = _run(command, tree, env, timeout)
+    with tempfile.TemporaryDirectory(prefix="minipar-grade-") as folder:
+        test_file = shutil.copy(checks, pathlib.Path(folder) / "test_assignment_checks.py")
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short",
+                   "-x", f"--rootdir={folder}", *(f"{test_file}::{name}" for name in task.tests)]
+        code, output = _run(command, tree, env, timeout)
     passed = code == 0
     if passed:
         output = "all checks passed"
