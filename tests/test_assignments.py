@@ -150,10 +150,11 @@ def test_one_stripped_task_loses_exactly_its_points_and_the_tree_still_works(tmp
     assert report["score"] == sum(assignments.BY_ID[i].points for i in ids) - ring
     # the stripped tree imports, and a lesson that needs no ring runs to its PASS line
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    modules = sorted(".".join(p.relative_to(tree).with_suffix("").parts[:-1] if p.name == "__init__.py"
-                              else p.relative_to(tree).with_suffix("").parts)
-                     for p in (tree / "minipar").rglob("*.py") if p.name != "__main__.py")
-    code = "import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)\nimport minipar; print(minipar.__file__)"
+    parts = [p.relative_to(tree).with_suffix("").parts
+             for p in (tree / "minipar").rglob("*.py") if p.name != "__main__.py"]
+    modules = sorted(".".join(n[:-1] if n[-1] == "__init__" else n) for n in parts)
+    code = ("import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)\n"
+            "import minipar; print(minipar.__file__)")
     proc = subprocess.run([sys.executable, "-c", code, *modules], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -44,7 +44,8 @@ class Task:
     files: tuple  # the library files holding its regions
 
     def stub(self):
-        return f'raise NotImplementedError("Task {self.id}: {self.title} (see lesson {self.lesson})")'
+        message = f"Task {self.id}: {self.title} (see lesson {self.lesson})"
+        return f"raise NotImplementedError({json.dumps(message, ensure_ascii=False)})"
 
 
 def _t(id, points, title, lesson, tests, *files):

@@ -73,8 +73,9 @@ def test_recursive_halving_all_reduce_equals_the_sum(nprocs):
 def test_ddp_buckets_follow_pytorchs_rule():
     from minipar import Tensor
     from minipar.parallel.data.buckets import make_buckets
+    f32, f64 = np.float32, np.float64
     params = [Tensor(np.zeros(n, dtype)) for n, dtype in
-              [(10, np.float32), (2, np.float32), (30, np.float32), (4, np.float64), (4, np.float64)]]
+              [(10, f32), (2, f32), (30, f32), (4, f64), (4, f64)]]
     names = {id(p): i for i, p in enumerate(params)}
     got = [[names[id(p)] for p in b] for b in make_buckets(params, cap_bytes=40)]
     assert got == [[4, 3], [2], [1, 0]]  # reversed; a dtype change cuts; closed at >= 40 bytes
