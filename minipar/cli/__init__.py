@@ -12,6 +12,8 @@ is built, so ``import minipar.cli`` stays cheap. A bad argument is an argparse e
 into the subcommand's ``error:`` line and exit status 2.
 """
 import importlib
+import os
+import sys
 
 from minipar.cli.args import ArgumentParser, UsageError
 
@@ -47,3 +49,6 @@ def main(argv=None):
         return int(args._run(args) or 0)
     except UsageError as err:
         args._parser.error(str(err))
+    except BrokenPipeError:  # `minipar lessons | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
