@@ -6,6 +6,7 @@
 
 Grading exits 0 whenever it ran, whatever the score (Gradescope reads the score from the JSON).
 """
+import importlib.util
 import pathlib
 
 from minipar import assignments
@@ -55,6 +56,9 @@ def run(args):
         ids = _ids(args.tasks)
         if not (pathlib.Path(args.dir) / "minipar").is_dir():
             raise UsageError(f"argument dir: {args.dir} holds no minipar/ package to grade")
+        if importlib.util.find_spec("pytest") is None:  # else every task would score 0
+            raise UsageError("argument grade: grading runs the checks with pytest, which is not "
+                             "installed: pip install 'minipar[dev]' (or pip install pytest)")
         print(f"grading {args.dir}:")
         results = assignments.grade(args.dir, ids, args.timeout, progress=lambda r: print(
             f"{r['task']:24s} {r['score']:3d} / {r['max_score']:<3d} "
