@@ -176,9 +176,7 @@ class Communicator:
             return dtype_tag(x.dtype)
         number, self._calls = self._calls, self._calls + 1
         tag = agreement.encode(collective, algorithm, op, x.dtype, x.size, root, number)
-        _state["collective"] = (f"{collective} #{number} ({algorithm}"
-                                f"{f', {op}' if op else ''}{'' if root is None else f', root {root}'}"
-                                f", {x.dtype.name} x {x.size})")
+        _state["collective"] = (collective, number, algorithm, op, root, x.dtype, x.size)
         return tag
 
     def scratch(self, slot, n, like):

@@ -3,14 +3,15 @@ the job.
 
 Bookkeeping. Every blocking call notes itself in ``state["call"]`` while it waits: (op, peers as
 world ranks, bytes, tag, the time of its last progress), and a collective notes itself in
-``state["collective"]`` (name, call number, algorithm, ...), a pipeline action in
+``state["collective"]`` (name, call number, algorithm, ...: put into words only when someone
+asks, so the note costs a collective call no string formatting), a pipeline action in
 ``state["action"]``. ``waiting_on()`` turns that into a line; the test harness prints it when a
 run times out, and the watchdog below prints it on its own.
 
 Watchdog (``start``, called by ``comm.world()``). A thread checks ten times a second whether the
 call in progress has made no progress for ``MINIPAR_TIMEOUT`` seconds (default 120; ``0`` turns
 it off, for debuggers; ``world(timeout=...)`` sets it too). Large transfers move in chunks that
-each count as progress (communicator.py), so only a stuck call trips it. It then asks the peers
+each count as progress (chunks.py), so only a stuck call trips it. It then asks the peers
 it waits on what they are doing, over a private duplicate of the world communicator that the
 same thread serves for every other rank, prints what this rank waits for and what they answered,
 and ends the job with MPI_Abort, status 1.
@@ -57,6 +58,15 @@ def describe_call(call):
     return f"{op} {where} ({nbytes} bytes{'' if tag is None else f', tag {tag}'})"
 
 
+def doing():
+    """The collective and pipeline action in progress, in words (empty where there is none)."""
+    c = state["collective"]
+    collective = None if c is None else (
+        f"{c[0]} #{c[1]} ({c[2]}{f', {c[3]}' if c[3] else ''}"
+        f"{'' if c[4] is None else f', root {c[4]}'}, {c[5].name} x {c[6]})")
+    return [what for what in (collective, state["action"]) if what]
+
+
 def waiting_on():
     """A line naming the blocking call this process is inside, or '' when it is not blocked."""
     call = state["call"]
@@ -65,7 +75,7 @@ def waiting_on():
     op, peers, nbytes, _, _ = call
     peer = peers[0] if op != "sendrecv" and len(peers) == 1 else tuple(peers)
     text = f"rank {world_rank()} blocked in {op} with peer {peer} ({nbytes} bytes)"
-    return text + "".join(f"; {what}" for what in (state["collective"], state["action"]) if what)
+    return text + "".join(f"; {what}" for what in doing())
 
 
 def report():
@@ -75,7 +85,7 @@ def report():
             "call": describe_call(call) if call else None,
             "waits_for": list(call[1]) if call else [],
             "seconds": time.monotonic() - call[4] if call else 0.0,
-            "collective": state["collective"], "action": state["action"]}
+            "doing": doing()}
 
 
 def _peer_line(answer):
@@ -85,7 +95,7 @@ def _peer_line(answer):
         return "has finished its program and waits at exit"
     if answer["call"] is None:
         return "is not inside a minipar call: it is computing, or stuck outside communication"
-    extra = "".join(f"; {w}" for w in (answer["collective"], answer["action"]) if w)
+    extra = "".join(f"; {w}" for w in answer["doing"])
     return f"waits in {answer['call']} for {answer['seconds']:.1f} s{extra}"
 
 
@@ -139,7 +149,7 @@ def _trip(call, timeout):
     me = world_rank()
     lines = [f"minipar watchdog: no progress for {time.monotonic() - call[4]:.1f} s "
              f"(MINIPAR_TIMEOUT={timeout:g}) in {describe_call(call)}"]
-    lines += [f"  inside {what}" for what in (state["collective"], state["action"]) if what]
+    lines += [f"  inside {what}" for what in doing()]
     peers = [r for r in call[1] if r != me] or [r for r in range(MPI.COMM_WORLD.Get_size())
                                                 if r != me]
     for rank, answer in sorted(ask(peers).items()):
@@ -203,8 +213,7 @@ def _at_exit():
                  if a and a["call"] and me in a["waits_for"] and a["seconds"] > 0.5}
         if stuck:
             _abort([f"this rank reached the end of its program while rank {r} still waits for "
-                    f"it in {a['call']}" + "".join(f"; {w}" for w in (a["collective"], a["action"])
-                                                   if w)
+                    f"it in {a['call']}" + "".join(f"; {w}" for w in a["doing"])
                     + ": a rank skipped a call its peers made, or returned early"
                     for r, a in sorted(stuck.items())])
 
