@@ -51,8 +51,3 @@ def sendrecv(mpi, sbuf, dest, sendtag, rbuf, source, recvtag, status, check):
     for request in sends:
         request.Wait()
         _progress()
-
-
-def is_large(nbytes):
-    return nbytes > CHUNK_BYTES
-

@@ -212,7 +212,7 @@ class Communicator:
         buf = self._send_buffer(x)
         _state["call"] = ("send", (self.world_ranks[dest],), buf.nbytes, tag, time.monotonic())
         try:
-            if chunks.is_large(buf.nbytes):
+            if buf.nbytes > chunks.CHUNK_BYTES:
                 chunks.send(self.mpi, buf, dest, tag)
             else:
                 self.mpi.Send(buf, dest, tag)
@@ -229,7 +229,7 @@ class Communicator:
         status = self._status
         _state["call"] = ("recv", (self.world_ranks[source],), buf.nbytes, tag, time.monotonic())
         try:
-            if chunks.is_large(buf.nbytes):
+            if buf.nbytes > chunks.CHUNK_BYTES:
                 chunks.recv(self.mpi, buf, source, self._match(tag), status,
                             lambda st, n: self._check_received(st, n, source, tag))
             else:
@@ -256,7 +256,7 @@ class Communicator:
         _state["call"] = ("sendrecv", (self.world_ranks[dest], self.world_ranks[source]), rbuf.nbytes,
                           recvtag, time.monotonic())
         try:
-            if chunks.is_large(sbuf.nbytes) or chunks.is_large(rbuf.nbytes):
+            if max(sbuf.nbytes, rbuf.nbytes) > chunks.CHUNK_BYTES:
                 chunks.sendrecv(self.mpi, sbuf, dest, sendtag, rbuf, source, self._match(recvtag),
                                 status, lambda st, n: self._check_received(st, n, source, recvtag))
             else:
