@@ -19,7 +19,7 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "minipar"
-TEACHING = {"minipar.testing", "minipar.trace", "minipar.cli", "minipar.bench",
+TEACHING = {"minipar.testing", "minipar.trace", "minipar.cli", "minipar.bench", "minipar.console",
             "minipar.assignments", "minipar.doctor", "minipar.drawing",
             # old paths of the command's modules, kept as re-exports of minipar.cli
             "minipar.schedule_cli", "minipar.groups_cli", "minipar.lessons_index"}
