@@ -94,3 +94,29 @@ def test_empty_and_unknown_inputs():
     assert text_gantt([]) == ""
     with pytest.raises(ValueError):
         bubble_fraction([])
+
+
+def test_text_gantt_folds_to_a_width_with_a_legend():
+    events = simulate(build("1f1b", 4, 8))  # 33 time steps, 3 characters a cell
+    whole = text_gantt(events)
+    folded = text_gantt(events, width=60, legend=True)
+    assert max(map(len, whole.splitlines())) > 60
+    assert max(map(len, folded.splitlines())) <= 60
+    heads = [line.split("time steps ")[1] for line in folded.splitlines() if "time steps" in line]
+    assert heads == ["0-16 of 33", "17-32 of 33"]
+    cells = {}  # every rank's row, unfolded again, is the unfolded chart's row
+    for line in folded.splitlines():
+        if line.startswith("rank "):
+            name, _, rest = line.partition(" | ")
+            cells.setdefault(name, []).extend(rest.split())
+    assert [" ".join(c) for c in cells.values()] == [
+        " ".join(line.partition(" | ")[2].split()) for line in whole.splitlines()]
+    assert "B backward" in folded and "W weight gradient" in folded
+    assert text_gantt(events, width=1000) == whole  # wide enough: not folded
+
+
+def test_chrome_trace_names_chunks():
+    names = {e["name"] for e in chrome_trace(simulate(build("interleaved", 2, 2)))["traceEvents"]
+             if e["ph"] == "X"}
+    assert {"F0.c0", "F0.c1", "B1.c1"} <= names and "F0" not in names
+    assert "F0" in {e["name"] for e in chrome_trace(simulate(build("gpipe", 2, 2)))["traceEvents"]}

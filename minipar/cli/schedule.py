@@ -17,6 +17,7 @@ import json
 
 from minipar.cli.args import UsageError, positive_int
 from minipar.cli.drawing import write_png
+from minipar.console import terminal_width
 from minipar.parallel.pipeline import (BUILDERS, ScheduleError, bubble_fraction, bubble_theory, build,
                                        makespan, peak_inflight, simulate, text_gantt, validate,
                                        write_chrome_trace)
@@ -97,7 +98,7 @@ def run(args):
     print(f"{schedule.name}: p={schedule.ranks} ranks, m={schedule.microbatches} micro-batches"
           + (f", v={schedule.chunks} chunks" if schedule.chunks > 1 else "")
           + (", re-materialised" if schedule.remat else ""))
-    print(text_gantt(events, schedule.ranks))
+    print(text_gantt(events, schedule.ranks, width=terminal_width(), legend=True))
     print(f"bubble: theory {formula} = {num}/{den} = {num / den:.4f}, "
           f"simulated {figures['bubble_simulated']:.4f}")
     what = "micro-batches" if schedule.chunks == 1 else f"micro-batch chunks (each 1/{schedule.chunks})"

@@ -9,10 +9,10 @@ and one simulated from the schedule come from one function.
     makespan(events)          t_end - t_start: the first action's start to the last one's end
     bubble_fraction(events)   idle / (ranks x makespan): 1 - sum(work) / (P * (t_end - t_start))
     peak_inflight(events)     most micro-batches whose activations a rank holds at once
-    text_gantt(events)        rows ranks, columns time, cells F3 / B3 / W3, '.' idle
+    text_gantt(events)        rows ranks, columns time, cells F3 / B3 / W3, '.' idle (folds to a width)
     chrome_trace(events)      Chrome-trace JSON (complete "X" events, microseconds): open in Perfetto
 
-(The teaching layer draws the same chart as a PNG, written by hand: ``write_png``.)
+(The teaching layer draws the same chart as a labelled figure: ``minipar.figures``.)
 
 Kinds: F forward, B backward (input and weight gradient, or input only when W is separate),
 W weight gradient, R re-computed forward (re-materialisation), OPT_STEP, and the messages
@@ -21,6 +21,7 @@ SEND_F / RECV_F / SEND_B / RECV_B. Work is F, B, W, R and OPT_STEP; time spent i
 """
 import contextlib
 import json
+import textwrap
 import time
 from dataclasses import dataclass
 
@@ -147,11 +148,18 @@ def _cell_label(e, chunked):
     return e.label + (chr(ord("a") + e.chunk) if chunked and e.mb >= 0 else "")
 
 
-def text_gantt(events, n_ranks=None, unit=None):
+LEGEND = ("F forward, B backward, W weight gradient, R re-computed forward, S optimizer step, "
+          ". idle")
+
+
+def text_gantt(events, n_ranks=None, unit=None, width=None, legend=False):
     """A text Gantt chart: one row per rank, one column per ``unit`` of time (default: the
     shortest work event), each cell the action running then (``F3``, ``B3``, ``W3``; chunk letters
     ``F3a``/``F3b`` when ranks hold several chunks; ``S`` the optimizer step) or ``.`` when the
-    rank is idle."""
+    rank is idle.
+
+    ``width`` (e.g. the terminal's) folds a chart wider than that many characters into blocks of
+    columns, each headed by the time steps it shows; ``legend`` adds a line naming the cells."""
     work = work_events(events)
     if not work:
         return ""
@@ -159,26 +167,44 @@ def text_gantt(events, n_ranks=None, unit=None):
     t0, t1 = span(events)
     n_cols = max(1, round((t1 - t0) / unit))
     chunked = any(e.chunk > 0 for e in work)
-    width = max(len(_cell_label(e, chunked)) for e in work)
+    cell = max(len(_cell_label(e, chunked)) for e in work)
     rows = [["."] * n_cols for _ in range(rank_count(events, n_ranks))]
     for e in work:  # every action gets at least one cell, however short it was
         lo = min(round((e.start - t0) / unit), n_cols - 1)
         for col in range(lo, max(lo + 1, round((e.end - t0) / unit))):
             rows[e.rank][min(col, n_cols - 1)] = _cell_label(e, chunked)
     name = len(f"rank {len(rows) - 1}")
-    return "\n".join(f"{f'rank {r}':<{name}} | " + " ".join(c.ljust(width) for c in row).rstrip()
-                     for r, row in enumerate(rows))
+    per_line = n_cols if width is None else max(1, (width - name - 3 + 1) // (cell + 1))
+    blocks = []
+    for lo in range(0, n_cols, per_line):
+        hi = min(lo + per_line, n_cols)
+        head = [] if per_line >= n_cols else [f"{'':<{name}}   time steps {lo}-{hi - 1} of {n_cols}"]
+        blocks.append("\n".join(head + [
+            f"{f'rank {r}':<{name}} | " + " ".join(c.ljust(cell) for c in row[lo:hi]).rstrip()
+            for r, row in enumerate(rows)]))
+    lines = "\n\n".join(blocks)
+    if legend:
+        key = LEGEND + ("; a, b: a rank's first, second chunk" if chunked else "")
+        lines += "\n" + (textwrap.fill(key, width) if width else key)
+    return lines
+
+
+def _trace_name(e, chunked):
+    """``F3`` for micro-batch 3, ``F3.c1`` for its chunk 1 when ranks hold several chunks."""
+    return e.label + (f".c{e.chunk}" if chunked and e.mb >= 0 else "")
 
 
 def chrome_trace(events, n_ranks=None, to_us=1e6):
     """Chrome-trace JSON (a dict): complete events (ph "X", ts/dur in microseconds), one row per
-    rank (pid 0, tid = rank, named "rank r"). Zero-length events are left out. Save with
+    rank (pid 0, tid = rank, named "rank r"), each named ``F3`` (``F3.c1``: chunk 1 of an
+    interleaved rank). Zero-length events are left out. Save with
     ``json.dump`` and open in https://ui.perfetto.dev or chrome://tracing."""
     meta = [{"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "pipeline"}}]
     for r in range(rank_count(events, n_ranks)):
         meta.append({"ph": "M", "name": "thread_name", "pid": 0, "tid": r, "args": {"name": f"rank {r}"}})
         meta.append({"ph": "M", "name": "thread_sort_index", "pid": 0, "tid": r, "args": {"sort_index": r}})
-    body = [{"name": e.label, "cat": e.kind, "ph": "X", "ts": e.start * to_us, "dur": e.duration * to_us,
+    chunked = any(e.chunk > 0 for e in events)
+    body = [{"name": _trace_name(e, chunked), "cat": e.kind, "ph": "X", "ts": e.start * to_us, "dur": e.duration * to_us,
              "pid": 0, "tid": e.rank, "args": {"mb": e.mb, "chunk": e.chunk}}
             for e in sorted(events, key=lambda e: (e.rank, e.start)) if e.duration > 0]
     return {"traceEvents": meta + body, "displayTimeUnit": "ms"}
