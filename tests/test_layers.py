@@ -3,7 +3,8 @@ function-local ones included), not a sentence in the README:
 
     backend   ->   engine   ->   comm   ->   parallel, distributed   ->   teaching
 
-- backend imports no other minipar module (the array module is chosen in one place);
+- backend (minipar.backend and its strict device) imports no other minipar module (the array
+  module is chosen in one place);
 - the engine (autograd, ops, functional, nn/, optim, checkpoint, ... every top-level module that
   is neither backend nor teaching) imports only backend and the engine: it knows no MPI;
 - comm imports only backend and comm: collectives move arrays, not tensors;
@@ -51,7 +52,7 @@ def layer(name):
     top = ".".join(parts[:2])
     if top in TEACHING:
         return "teaching"
-    if name == "minipar.backend":
+    if top == "minipar.backend":
         return "backend"
     if top == "minipar.comm":
         return "comm"
@@ -183,6 +184,7 @@ def test_every_module_reads_in_one_sitting():
     ("minipar.ops", "from minipar.comm import world\n", "(engine) imports minipar.comm (comm)"),
     ("minipar.ops", "def f():\n    from mpi4py import MPI\n", "imports mpi4py"),
     ("minipar.backend", "from . import autograd\n", "(backend) imports minipar.autograd"),
+    ("minipar.backend.strict", "from minipar import ops\n", "(backend) imports minipar.ops"),
     ("minipar.comm.allreduce", "from minipar.autograd import Tensor\n",
      "(comm) imports minipar.autograd (engine)"),
     ("minipar.parallel.hybrid", "def f():\n    from ..testing import run_on_ranks\n",

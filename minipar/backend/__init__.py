@@ -5,6 +5,8 @@ CuPy by name, so the same code runs on a laptop and on a GPU node (the needle/Cu
 
     MINIPAR_DEVICE=cpu   always NumPy
     MINIPAR_DEVICE=gpu   CuPy, and an error if CuPy or a GPU is missing
+    MINIPAR_DEVICE=strict  NumPy behind CuPy's rules (``backend/strict.py``): the GPU code path,
+                           its refusals included, proven on a machine without a GPU
     (unset / auto)       CuPy when it imports and sees a device, NumPy otherwise
 
 Moving data to the host is always explicit: ``to_numpy(a)``.
@@ -13,8 +15,9 @@ import os
 
 import numpy
 
-_VALID_DEVICES = ("auto", "cpu", "gpu")
+_VALID_DEVICES = ("auto", "cpu", "gpu", "strict")
 _state = {"xp": None, "device": None}
+_STRICT = __name__ + ".strict"  # the module of the strict device's arrays
 
 
 def _keep_freed_memory():
@@ -51,13 +54,18 @@ def _cupy_or_none():
 
 
 def set_device(device):
-    """Choose the array module for new arrays: ``"cpu"``, ``"gpu"`` or ``"auto"``."""
+    """Choose the array module for new arrays: ``"cpu"``, ``"gpu"``, ``"strict"`` or ``"auto"``."""
     device = str(device).lower()
     if device not in _VALID_DEVICES:
         raise ValueError(f"unknown device {device!r}: choose one of {', '.join(_VALID_DEVICES)}")
     if device == "cpu":
         _state.update(xp=numpy, device="cpu")
         return "cpu"
+    if device == "strict":
+        from . import strict
+
+        _state.update(xp=strict, device="strict")
+        return "strict"
     cupy = _cupy_or_none()
     if cupy is None:
         if device == "gpu":
@@ -70,28 +78,33 @@ def set_device(device):
 
 
 def device():
-    """``"cpu"`` or ``"gpu"``: where new arrays are made."""
+    """``"cpu"``, ``"gpu"`` or ``"strict"``: where new arrays are made."""
     if _state["device"] is None:
         set_device(os.environ.get("MINIPAR_DEVICE", "auto"))
     return _state["device"]
 
 
 def xp():
-    """The array module for new arrays (numpy or cupy)."""
+    """The array module for new arrays (numpy, cupy, or the strict stand-in for cupy)."""
     if _state["xp"] is None:
         set_device(os.environ.get("MINIPAR_DEVICE", "auto"))
     return _state["xp"]
 
 
 def is_gpu_array(a):
-    """True for a CuPy array (tested without importing CuPy)."""
-    return type(a).__module__.startswith("cupy")
+    """True for a device array: CuPy's, or the strict device's (tested without importing CuPy)."""
+    module = type(a).__module__
+    return module.startswith("cupy") or module == _STRICT
 
 
 def get_array_module(*arrays):
-    """The module that owns these arrays: cupy if any of them is a CuPy array, else numpy."""
+    """The module that owns these arrays: cupy (or strict) if any is a device array, else numpy."""
     for a in arrays:
         if is_gpu_array(a):
+            if type(a).__module__ == _STRICT:
+                from . import strict
+
+                return strict
             import cupy
 
             return cupy

@@ -88,7 +88,7 @@ def wait_all(requests):
 
 def array(x, what):
     """x itself when it is a NumPy or CuPy array; a CommError naming what it is otherwise."""
-    if hasattr(x, "__array_interface__") or hasattr(x, "__cuda_array_interface__"):
+    if hasattr(x, "__array_interface__") or backend.is_gpu_array(x):
         return x
     hint = (": a communicator moves arrays and returns new ones; pass tensor.data, or use "
             "minipar.distributed (torch.distributed's calls, in place on Tensors: "

@@ -37,6 +37,8 @@ def _query_cuda_support_symbol():
 
 def cuda_aware():
     """(bool, reason): whether MPI accepts device buffers, and how that was decided."""
+    if backend.device() == "strict":  # its arrays have no buffer MPI could read: always staged
+        return False, "MINIPAR_DEVICE=strict (device arrays are always staged)"
     env = os.environ.get("MINIPAR_CUDA_AWARE")
     if env is not None:
         return env.strip().lower() in ("1", "true", "yes"), f"MINIPAR_CUDA_AWARE={env}"
