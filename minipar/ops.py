@@ -350,7 +350,8 @@ def gather(a, dim, index):
 
     def grad(g):
         out = xp.zeros(shape, dtype)
-        where = list(xp.indices(index.shape, sparse=True))
+        where = [xp.arange(n).reshape([-1 if k == axis else 1 for k in range(index.ndim)])
+                 for axis, n in enumerate(index.shape)]  # an open grid (CuPy has no sparse=)
         where[dim] = index
         xp.add.at(out, tuple(where), g)
         return out
