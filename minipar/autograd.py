@@ -207,8 +207,13 @@ def _varargs(args):
 
 
 def _array(x):
-    """A tensor used as an index, mask or condition: its array (it is not differentiated)."""
-    return x.data if isinstance(x, Tensor) else x
+    """A tensor or array used as an index, mask or condition: its array, on the current device
+    (it is not differentiated). A NumPy index goes to the device once here, where the ops and
+    their backward can use it with the device's functions (CuPy's ``add.at`` and ``where`` take
+    no host arrays)."""
+    if isinstance(x, Tensor):
+        return x.data
+    return backend.asarray(x) if isinstance(x, backend.numpy.ndarray) else x
 
 
 def apply(op, *inputs, **options):

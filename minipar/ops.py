@@ -180,7 +180,7 @@ def abs_(a):
 
 def where(a, b, condition):
     """Elementwise choice: a where condition holds, else b (both broadcast)."""
-    xp = backend.get_array_module(condition)
+    xp = backend.get_array_module(condition, a, b)
     return (_broadcast("where", lambda x, y: xp.where(condition, x, y), a, b),
             (lambda g: xp.where(condition, g, 0), lambda g: xp.where(condition, 0, g)))
 

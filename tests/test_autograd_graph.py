@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import minipar
-from minipar import backend
+from minipar import backend, to_numpy
 
 
 def leaf(*shape, seed=0):
@@ -16,7 +16,7 @@ def test_tensor_defaults_like_pytorch():
     assert minipar.tensor(np.zeros(2)).dtype == np.float64
     x = minipar.tensor([[1.0, 2.0]], requires_grad=True)
     (x * x).sum().backward()
-    np.testing.assert_array_equal(x.grad, [[2.0, 4.0]])
+    np.testing.assert_array_equal(to_numpy(x.grad), [[2.0, 4.0]])
     assert x.grad.dtype == np.float32
     assert (x * 2.0).dtype == np.float32  # Python scalars do not up-cast
 
@@ -25,7 +25,7 @@ def test_gradients_accumulate_across_backward_calls():
     x = leaf(3)
     (x * 2).sum().backward()
     (x * 3).sum().backward()
-    np.testing.assert_allclose(x.grad, np.full(3, 5.0))
+    np.testing.assert_allclose(to_numpy(x.grad), np.full(3, 5.0))
     x.zero_grad()
     assert x.grad is None
 
@@ -47,7 +47,7 @@ def test_backward_with_explicit_gradient():
     y = x * 3
     g = np.arange(6.0).reshape(2, 3)
     y.backward(g)
-    np.testing.assert_allclose(x.grad, 3 * g)
+    np.testing.assert_allclose(to_numpy(x.grad), 3 * g)
 
 
 def test_graph_released_after_backward():
@@ -72,7 +72,7 @@ def test_retain_graph_allows_second_backward():
     y.backward(retain_graph=True)
     first = x.grad.copy()
     y.backward()
-    np.testing.assert_allclose(x.grad, 2 * first)
+    np.testing.assert_allclose(to_numpy(x.grad), 2 * to_numpy(first))
 
 
 def test_retain_grad_and_hooks():
@@ -82,9 +82,9 @@ def test_retain_grad_and_hooks():
     seen = []
     x.register_post_accumulate_grad_hook(lambda t: seen.append(t.grad.copy()))
     (h * h).sum().backward()
-    np.testing.assert_allclose(h.grad, 10 * 2 * h.data)
-    np.testing.assert_allclose(x.grad, 2 * 10 * 2 * h.data)
-    assert len(seen) == 1 and np.allclose(seen[0], x.grad)
+    np.testing.assert_allclose(to_numpy(h.grad), 10 * 2 * h.numpy())
+    np.testing.assert_allclose(to_numpy(x.grad), 2 * 10 * 2 * h.numpy())
+    assert len(seen) == 1 and np.allclose(to_numpy(seen[0]), to_numpy(x.grad))
 
 
 def test_post_accumulate_hook_sees_the_full_gradient_of_a_reused_leaf():
@@ -93,7 +93,7 @@ def test_post_accumulate_hook_sees_the_full_gradient_of_a_reused_leaf():
     x.register_post_accumulate_grad_hook(lambda t: seen.append(t.grad.copy()))
     (x * 2 + x * 3 + x.exp()).sum().backward()
     assert len(seen) == 1
-    np.testing.assert_allclose(seen[0], 5 + np.exp(x.data))
+    np.testing.assert_allclose(to_numpy(seen[0]), 5 + np.exp(x.numpy()))
 
 
 def test_deep_graph_needs_no_recursion():
@@ -102,7 +102,7 @@ def test_deep_graph_needs_no_recursion():
     for _ in range(5000):
         y = y * 1.0001
     y.sum().backward()
-    np.testing.assert_allclose(x.grad, np.full(2, 1.0001 ** 5000))
+    np.testing.assert_allclose(to_numpy(x.grad), np.full(2, 1.0001 ** 5000))
 
 
 # --- bad input: each gets a clear error naming the problem -------------------------------------
