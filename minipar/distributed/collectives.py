@@ -19,7 +19,7 @@ def _data(tensor, what):
     """The array a call works on: the tensor's data or the array itself."""
     if isinstance(tensor, Tensor):
         return tensor.data
-    if hasattr(tensor, "__array_interface__") or hasattr(tensor, "__cuda_array_interface__"):
+    if hasattr(tensor, "__array_interface__") or backend.is_gpu_array(tensor):
         return tensor
     raise TypeError(f"{what} takes a minipar Tensor or a NumPy/CuPy array, "
                     f"got {type(tensor).__name__}")
@@ -36,6 +36,8 @@ class _Buffer:
 
     def store(self, values=None):
         if values is not None and values is not self.array:
+            if not backend.is_gpu_array(self.array):  # a host buffer takes device values by copy
+                values = backend.to_numpy(values)
             self.array[...] = values.reshape(self.array.shape)
         if self.array is not self.target:
             self.target[...] = self.array
@@ -163,8 +165,8 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
         return None
     _one_per_rank(comm, input_list, "reduce_scatter: input_list")
     out = _Buffer(output, "reduce_scatter")
-    xp = backend.get_array_module(out.array)
     parts = [_data(t, "reduce_scatter").reshape(-1) for t in input_list]
+    xp = backend.get_array_module(*parts)  # the inputs' device (store() copies to out's)
     _reduce_scatter(comm, out, xp.concatenate(parts), op)
     return _done(async_op)
 
