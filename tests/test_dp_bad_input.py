@@ -43,7 +43,7 @@ def bad_input_body():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             wrapped = wrap(model)
-        flat = np.concatenate([p.data.ravel() for p in model.parameters()])
+        flat = minipar.backend.xp().concatenate([p.data.ravel() for p in model.parameters()])
         out[name] = {"mismatched": wrapped.mismatched, "warnings": [str(w.message) for w in caught],
                      "same_as_rank0": bool((world.broadcast(flat, root=0) == flat).all())}
     out["raise"] = _error(lambda: DistributedDataParallel(

@@ -59,7 +59,7 @@ def _train(model, x, y, net=None):
     """STEPS steps of SGD with momentum; the parameters and last gradients (zeros for None)."""
     import numpy as np
 
-    from minipar import optim
+    from minipar import optim, to_numpy
 
     net = net or model
     opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -67,14 +67,14 @@ def _train(model, x, y, net=None):
         opt.zero_grad()
         ((net(x) - y) ** 2).mean().backward()
         opt.step()
-    return ([p.data.copy() for p in model.parameters()],
-            [np.zeros(p.shape) if p.grad is None else p.grad.copy() for p in model.parameters()])
+    return ([p.numpy() for p in model.parameters()],
+            [np.zeros(p.shape) if p.grad is None else to_numpy(p.grad) for p in model.parameters()])
 
 
 def unused_body():
     import numpy as np
 
-    from minipar import comm
+    from minipar import comm, to_numpy
     from minipar.parallel.data import DistributedDataParallel
 
     world = comm.world()
@@ -106,9 +106,9 @@ def unused_body():
     net = DistributedDataParallel(model, world, find_unused_parameters=True, bucket_cap_mb=1e-5)
     ((local(x[mine]) - y[mine]) ** 2).mean().backward()
     ((net(x[mine]) - y[mine]) ** 2).mean().backward()
-    shares = world.all_gather_object([np.zeros(p.shape) if p.grad is None else p.grad.copy()
+    shares = world.all_gather_object([np.zeros(p.shape) if p.grad is None else to_numpy(p.grad)
                                       for p in local.parameters()])
-    out["one rank leaves out"] = max(float(np.abs(p.grad - (s0 + s1) / 2).max())
+    out["one rank leaves out"] = max(float(np.abs(to_numpy(p.grad) - (s0 + s1) / 2).max())
                                      for p, s0, s1 in zip(model.parameters(), *shares))
     two = _model()[1](two_outputs=True).double()  # aux is reached through the tuple's second
     logits, aux = DistributedDataParallel(two, world)(x[mine])

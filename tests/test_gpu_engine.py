@@ -85,3 +85,32 @@ def test_checkpoint_with_dropout_on_gpu():
         grads.append([backend.to_numpy(w.grad) for w in ws])
     for a, b in zip(*grads):
         np.testing.assert_allclose(b, a, atol=1e-12)
+
+
+# --- what the strict device (MINIPAR_DEVICE=strict) cannot model: CuPy's own kernels and streams --
+def test_scatter_adds_with_repeated_indices_match_numpy():
+    """Backward of indexing, embedding and gather runs CuPy's add.at (atomic adds, CuPy >= 13);
+    the strict device computes it with NumPy's, so only a GPU proves CuPy's."""
+    rng = np.random.default_rng(3)
+    x, ids = rng.standard_normal((5, 4)), np.array([[0, 2, 2], [4, 0, 0]])
+    cases = [
+        (lambda a: a[np.array([1, 1, 3])].sum(axis=0), (x,)),
+        (lambda w: minipar.embedding(w, ids) * 2, (x,)),
+        (lambda a: a.gather(1, np.array([[0, 3, 3]] * 5)) ** 2, (x,)),
+        (lambda a: a.gather(0, np.array([[4, 4, 0, 1]])), (x,)),
+    ]
+    for fn, arrays in cases:
+        cpu, gpu = run_both(fn, *arrays)
+        for c, g in zip(cpu, gpu):
+            np.testing.assert_allclose(g, c, rtol=1e-12, atol=1e-12)
+
+
+def test_cupy_random_stream_replays():
+    """CuPy's generator draws other numbers than NumPy's for a seed (strict uses NumPy's): the
+    same seed must still give the same draws on the GPU, as checkpoint replay and ranks rely on."""
+    minipar.manual_seed(7)
+    a = minipar.randn(3, 4)
+    minipar.manual_seed(7)
+    b = minipar.randn(3, 4)
+    assert backend.is_gpu_array(a.data) and a.dtype == np.float32
+    np.testing.assert_array_equal(a.numpy(), b.numpy())

@@ -24,7 +24,9 @@ def _setup():
 
 
 def _err(a, b):
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    from minipar import to_numpy
+
+    a, b = (np.asarray(to_numpy(v), dtype=np.float64) for v in (a, b))
     assert a.shape == b.shape, (a.shape, b.shape)
     return float(np.max(np.abs(a - b))) if a.size else 0.0
 
