@@ -17,11 +17,13 @@ What it cannot model (streams, kernels' rounding, CuPy's own random numbers) is 
 tests. A reduction gives a 0-d array, not a NumPy scalar, as CuPy's does.
 """
 import operator as _op
+import weakref as _weakref
 
 import numpy as _np
 
 _SCALARS = (bool, int, float, complex, _np.generic)
 _HOST = _np.ndarray
+_OWNERS = _weakref.WeakValueDictionary()  # id(host memory) -> the device array that owns it
 
 
 def _wrap(x):
@@ -29,12 +31,24 @@ def _wrap(x):
     if isinstance(x, (_HOST, _np.generic)):
         out = ndarray.__new__(ndarray)
         out._a = _np.asarray(x) if isinstance(x, _np.generic) else x
+        if out._a.base is None:  # an owner: a view's .base names it, as CuPy's does
+            _OWNERS[id(out._a)] = out
         return out
     if isinstance(x, tuple):
         return tuple(_wrap(v) for v in x)
     if isinstance(x, list):
         return [_wrap(v) for v in x]
     return x
+
+
+def _owner(a):
+    """The device array that owns a's memory (None for an owner), like cupy.ndarray.base."""
+    if a.base is None:
+        return None
+    while isinstance(a.base, _HOST):
+        a = a.base
+    owner = _OWNERS.get(id(a))
+    return owner if owner is not None and owner._a is a else _wrap(a)
 
 
 def _unwrap(x, where, host_ok=False):
@@ -243,7 +257,7 @@ class ndarray:
     mT = property(lambda self: _wrap(self._a.mT))
     real = property(lambda self: _wrap(self._a.real))
     imag = property(lambda self: _wrap(self._a.imag))
-    base = property(lambda self: None if self._a.base is None else _wrap(self._a.base))
+    base = property(lambda self: _owner(self._a))
     device = property(lambda self: _Device())
 
     def __getattr__(self, name):
