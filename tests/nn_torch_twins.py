@@ -26,8 +26,8 @@ def torch_params(module):
 def assert_grads_match(module, params, rtol=1e-7, atol=1e-9):
     """Each minipar gradient equals the torch twin's, parameter by parameter."""
     for name, p in module.named_parameters():
-        np.testing.assert_allclose(p.grad, params[name].grad.numpy(), rtol=rtol, atol=atol,
-                                   err_msg=name)
+        np.testing.assert_allclose(backend.to_numpy(p.grad), params[name].grad.numpy(), rtol=rtol,
+                                   atol=atol, err_msg=name)
 
 
 def torch_block(P, x, n_head, prefix=""):

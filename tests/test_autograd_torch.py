@@ -28,7 +28,7 @@ def compare(mp_fn, torch_fn, *arrays, atol=1e-10):
     out_t.backward(torch.tensor(g))
     for k, (m, t) in enumerate(zip(ours, theirs)):
         expected = np.zeros(t.shape) if t.grad is None else t.grad.numpy()
-        got = np.zeros(m.shape) if m.grad is None else m.grad
+        got = np.zeros(m.shape) if m.grad is None else minipar.to_numpy(m.grad)
         np.testing.assert_allclose(got, expected, atol=atol, rtol=1e-9,
                                    err_msg=f"gradient of input {k}")
 

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import minipar
+from minipar import to_numpy
 import minipar.nn as nn
 
 
@@ -30,7 +31,7 @@ def test_same_seed_same_parameters():
     minipar.manual_seed(7)
     b = Net().state_dict()
     for k in a:
-        np.testing.assert_array_equal(a[k], b[k])
+        np.testing.assert_array_equal(to_numpy(a[k]), to_numpy(b[k]))
 
 
 def test_shared_parameter_listed_once():
@@ -66,7 +67,7 @@ def test_state_dict_round_trip_with_buffers():
     missing, unexpected = b.load_state_dict(state)
     assert missing == [] and unexpected == []
     for k, v in b.state_dict().items():
-        np.testing.assert_array_equal(v, state[k])
+        np.testing.assert_array_equal(to_numpy(v), to_numpy(state[k]))
 
 
 def test_load_state_dict_names_every_problem():

@@ -17,7 +17,7 @@ def _params(values):
 def _run(ours, params, grads_per_step):
     for grads in grads_per_step:
         for p, g in zip(params, grads):
-            p.grad = g.copy()
+            p.grad = minipar.backend.asarray(g.copy())  # on the parameters' device
         ours.step()
 
 

@@ -14,11 +14,9 @@ from minipar.backend import strict as xp
 
 @pytest.fixture
 def strict_device():
-    """The strict device for the test, the previous choice restored after it."""
-    saved = dict(backend._state)
+    """The strict device for the test (conftest.py restores the run's device after it)."""
     backend.set_device("strict")
-    yield xp
-    backend._state.update(saved)
+    return xp
 
 
 def device_array():
@@ -70,7 +68,7 @@ def test_the_module_refuses_numpy_arguments():
 
 @pytest.mark.parametrize("kind", [float, int, complex])
 def test_python_scalars_only_from_one_element(kind):
-    with pytest.raises(TypeError, match=rf"{kind.__name__}\(\) of a device array of shape \(2, 3\)"):
+    with pytest.raises(TypeError, match=rf"{kind.__name__}\(\) of a device array of shape"):
         kind(device_array())
     assert kind(xp.asarray([3.0])) == kind(3.0)
     assert kind(device_array().sum()) == kind(15.0)
@@ -119,6 +117,11 @@ def test_scalars_indexing_and_assignment_as_in_cupy():
     assert a[0].tolist() == [7.0, 8.0, 9.0]
     assert [row.shape for row in a] == [(3,), (3,)] and len(a) == 2
     assert f"{a[0, 0]:.1f}" == "7.0"
+
+
+def test_a_view_names_its_owner_as_cupy_does():
+    a = device_array()
+    assert a.base is None and a.reshape(6).base is a and a[0].T.base is a
 
 
 def test_asarray_copies_host_data():
