@@ -126,12 +126,17 @@ def log_softmax(x, axis=-1):
 
 def kept_targets(t, classes, ignore_index, name):
     """Flat class-index targets and the mask of those not equal to ``ignore_index``; an
-    IndexError (torch's) unless every kept one is a class in [0, classes)."""
+    IndexError (torch's) naming the first bad one unless every kept one is a class in
+    [0, classes). Reading device targets waits for the GPU: there the check runs only under
+    MINIPAR_DEBUG=1 (``backend.check_values``)."""
     t = t.reshape(-1)
     keep = t != ignore_index
-    if bool(((t[keep] < 0) | (t[keep] >= classes)).any()):
-        raise IndexError(f"{name}: target values must lie in [0, {classes}) "
-                         f"(or equal ignore_index={ignore_index})")
+    if backend.check_values(t):
+        bad = keep & ((t < 0) | (t >= classes))
+        if bool(bad.any()):
+            i = int(bad.argmax())
+            raise IndexError(f"{name}: target values must lie in [0, {classes}) (or equal "
+                             f"ignore_index={ignore_index}), got {int(t[i])} at position {i}")
     return t, keep
 
 
@@ -160,7 +165,7 @@ def cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
     rows = xp.arange(z.shape[0])
     lse = _logsumexp(z, -1)[:, 0]
     losses = (lse - z[rows, safe_t]) * keep
-    n = max(int(keep.sum()), 1)
+    n = xp.maximum(keep.sum(), 1).astype(z.dtype)  # on the device: no host read
     if reduction == "mean":
         out = losses.sum() / n
     elif reduction == "sum":

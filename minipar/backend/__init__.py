@@ -134,3 +134,26 @@ def select_gpu(local_rank):
     if device() == "gpu":
         cupy = xp()
         cupy.cuda.Device(local_rank % cupy.cuda.runtime.getDeviceCount()).use()
+
+
+# --- the debug switch: checks that cost a host sync (or a message) ----------------------------
+# One place for MINIPAR_DEBUG=1, read by the engine and the communication layer alike. A check
+# that reads a device array's values makes the host wait for the GPU, so on the training step it
+# runs only when debugging; on host (NumPy) arrays reading is free and such checks always run.
+_state["debug"] = os.environ.get("MINIPAR_DEBUG", "0") not in ("", "0")
+
+
+def debug():
+    """True under ``MINIPAR_DEBUG=1`` (or after ``set_debug(True)``)."""
+    return _state["debug"]
+
+
+def set_debug(on=True):
+    """Turn the checks that read device data (and comm's shape agreement) on or off."""
+    _state["debug"] = bool(on)
+
+
+def check_values(*arrays):
+    """Whether a check that reads these arrays' values runs now: always for host arrays, for
+    device arrays only when debugging (reading them is a host synchronisation)."""
+    return _state["debug"] or not any(is_gpu_array(a) for a in arrays)

@@ -10,13 +10,11 @@ Checking. Every receive checks size and dtype tag (communicator.py). With ``chec
 error when they differ (``check_same``).
 """
 import functools
-import os
 
 from minipar import backend
 from minipar.comm.errors import CommError
 
 _UFUNC = {"sum": "add", "avg": "add", "max": "maximum", "min": "minimum", "prod": "multiply"}
-DEBUG = os.environ.get("MINIPAR_DEBUG", "0") not in ("", "0")  # read once: checks are per call
 
 
 def chunk_bounds(n, p):
@@ -36,7 +34,7 @@ def check_same(comm, what, x, check=None):
 
     Runs when ``check`` is True, or when it is None and MINIPAR_DEBUG=1 (one small gather of
     metadata: a check, not part of any algorithm)."""
-    if comm.size == 1 or not (check or (check is None and DEBUG)):
+    if comm.size == 1 or not (check or (check is None and backend.debug())):
         return
     mine = (tuple(x.shape), x.dtype.name) if x is not None else None
     seen = comm.all_gather_object(mine)
