@@ -186,18 +186,21 @@ class AdamW(Adam):
 
 def clip_grad_norm_(params, max_norm, eps=1e-6):
     """Scale all gradients by min(1, max_norm / (‖g‖ + 1e-6)), ‖g‖ the 2-norm of all of them
-    together; returns ‖g‖ (before clipping) as a float. Gradients are replaced, not changed in
-    place. A negative or NaN ``max_norm`` is a ValueError."""
+    together; returns ‖g‖ (before clipping) as a 0-d float64 array on the gradients' device
+    (``float(total)`` reads it; on NumPy it already is a float). All of it runs on the device,
+    with no host read: the factor is a device scalar, 1 when no clipping is needed (torch's
+    way). Gradients are replaced, not changed in place. A negative or NaN ``max_norm`` is a
+    ValueError."""
     if isinstance(max_norm, bool) or not isinstance(max_norm, numbers.Real) or not max_norm >= 0:
         raise ValueError(f"clip_grad_norm_: invalid max_norm={max_norm!r}: must be >= 0")
     params = [p for p in params if p.grad is not None]
     if not params:
         return 0.0
-    total = sum(float((p.grad.astype("float64") ** 2).sum()) for p in params) ** 0.5
-    coef = max_norm / (total + eps)
-    if coef < 1:
-        for p in params:
-            p.grad = p.grad * p.grad.dtype.type(coef)
+    xp = backend.get_array_module(params[0].grad)
+    total = xp.sqrt(sum((p.grad.astype("float64") ** 2).sum() for p in params))
+    coef = xp.minimum(max_norm / (total + eps), 1.0)
+    for p in params:
+        p.grad = p.grad * coef.astype(p.grad.dtype)
     return total
 
 
