@@ -257,8 +257,7 @@ def permute(a, axes):
     if sorted(ax % a.ndim for ax in axes) != list(range(a.ndim)):
         raise ValueError(f"permute: {tuple(axes)} is not a permutation of the {a.ndim} axes "
                          f"of a tensor of shape {a.shape}")
-    xp = backend.get_array_module(a)
-    inverse = xp.argsort(xp.asarray([ax % a.ndim for ax in axes])).tolist()
+    inverse = sorted(range(a.ndim), key=lambda i: axes[i] % a.ndim)  # on the host: axes are ints
     return a.transpose(axes), (lambda g: g.transpose(inverse),)
 
 

@@ -86,15 +86,18 @@ class Trainer3D:
 
     def step(self, ids, targets):
         """One training step on the global batch (the same arrays on every rank). Returns the
-        global mean loss on every rank."""
+        global mean loss on every rank, a 0-d float64 array on the device (``float(loss)``
+        reads it; on NumPy it already is a float)."""
         loss = self.pipe.step(self.local_shard(ids), self.local_shard(targets))
         last = self.groups.grid.pp - 1
         # the loss lives on the last stage: average it over the data group, hand it to everyone
-        value = backend.xp().asarray([loss if loss is not None else 0.0], dtype="float64")
+        value = backend.xp().zeros(1, dtype="float64")
+        if loss is not None:
+            value[0] = loss  # device to device: no host read
         if self.groups.pipeline.rank == last:
             self.groups.data.all_reduce(value, op="avg", algorithm="mpi", out=value)
         self.groups.pipeline.broadcast(value, root=last, out=value)
-        return float(value[0])
+        return value[0]
 
     # --- checkpoints ---------------------------------------------------------------------------
     def _held(self):

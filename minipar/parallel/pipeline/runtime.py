@@ -152,7 +152,8 @@ class Pipeline:
     def step(self, x=None, y=None):
         """Run this rank's actions for one batch; ``x`` is needed where stage 0 lives, ``y`` where
         the last stage lives. Returns the batch loss there (PipeDream: the mean micro-batch loss),
-        None elsewhere."""
+        None elsewhere: a 0-d float64 array on the device, summed there with no host read per
+        micro-batch (``float(loss)`` reads it; on NumPy it already is a float)."""
         m = self.schedule.microbatches
         first, last = 0 in self.stages, self.n_stages - 1 in self.stages
         xs, ys = split_batch(x, y, m, self.rank, first, last)  # agreement.py: clear errors
@@ -201,7 +202,7 @@ class Pipeline:
         if self.schedule.remat:
             s.count(-1)
         if a.stage == self.n_stages - 1:
-            s.losses.append(y.item())
+            s.losses.append(y.data.astype("float64"))  # stays on the device
         elif self.schedule.rank_of(a.stage + 1) == self.rank:  # the next stage is here (p = 1)
             s.x_in[(a.stage + 1, a.mb)] = y.data
 
