@@ -85,5 +85,6 @@ def inout_buffer(a, aware):
     if backend.is_gpu_array(a) and not aware:
         host = backend.to_numpy(a)
         return host, lambda: a.set(host)
-    backend.synchronize()
+    if backend.is_gpu_array(a):  # MPI reads device memory: wait for its kernels; host arrays: no
+        backend.synchronize()
     return a, None
