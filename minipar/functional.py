@@ -124,19 +124,21 @@ def log_softmax(x, axis=-1):
     return make_result(y, (x,), backward, "log_softmax")
 
 
-def kept_targets(t, classes, ignore_index, name):
+def kept_targets(t, classes, ignore_index, name, given=None):
     """Flat class-index targets and the mask of those not equal to ``ignore_index``; an
     IndexError (torch's) naming the first bad one unless every kept one is a class in
-    [0, classes). Reading device targets waits for the GPU: there the check runs only under
-    MINIPAR_DEBUG=1 (``backend.check_values``)."""
+    [0, classes). Reading device targets waits for the GPU: the check reads ``given`` (the
+    targets as the caller passed them) when that is a host array, else runs on device targets
+    only under MINIPAR_DEBUG=1 (``backend.check_values``)."""
     t = t.reshape(-1)
     keep = t != ignore_index
-    if backend.check_values(t):
-        bad = keep & ((t < 0) | (t >= classes))
+    seen = given.reshape(-1) if hasattr(given, "reshape") and backend.check_values(given) else t
+    if backend.check_values(seen):
+        bad = (seen != ignore_index) & ((seen < 0) | (seen >= classes))
         if bool(bad.any()):
             i = int(bad.argmax())
             raise IndexError(f"{name}: target values must lie in [0, {classes}) (or equal "
-                             f"ignore_index={ignore_index}), got {int(t[i])} at position {i}")
+                             f"ignore_index={ignore_index}), got {int(seen[i])} at position {i}")
     return t, keep
 
 
@@ -147,9 +149,9 @@ def cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
     d/dlogits = (softmax(logits) − onehot(target)) / n, with ignored targets contributing 0.
     """
     logits = as_tensor(logits)
-    t = target.data if isinstance(target, Tensor) else target
+    given = target.data if isinstance(target, Tensor) else target
     xp = _xp(logits.data)
-    t = xp.asarray(t)
+    t = xp.asarray(given)
     if t.dtype.kind not in "iu":
         raise TypeError(f"cross_entropy: target must hold integer class indices, got {t.dtype}")
     if logits.shape[:-1] != t.shape:
@@ -160,7 +162,7 @@ def cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
                          f"{reduction!r}")
     classes = logits.shape[-1]
     z = logits.data.reshape(-1, classes)
-    t, keep = kept_targets(t, classes, ignore_index, "cross_entropy")
+    t, keep = kept_targets(t, classes, ignore_index, "cross_entropy", given)
     safe_t = xp.where(keep, t, 0)
     rows = xp.arange(z.shape[0])
     lse = _logsumexp(z, -1)[:, 0]

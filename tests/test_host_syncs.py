@@ -195,6 +195,14 @@ def test_a_bad_id_or_target_on_the_device_is_caught_under_the_debug_switch(devic
         F.cross_entropy(logits, bad_targets)
 
 
+def test_host_targets_are_checked_before_they_go_to_the_device(device):
+    """Targets passed as a NumPy array are read where they are, for free, then moved."""
+    logits = minipar.tensor(on_device(numpy.zeros((2, 5), "float32")))
+    with pytest.raises(IndexError, match="got 7 at position 1"):
+        F.cross_entropy(logits, numpy.array([1, 7]))
+    assert device == []
+
+
 def test_vocab_parallel_checks_under_the_debug_switch(device):
     from minipar import comm
     from minipar.parallel.tensor import VocabParallelEmbedding, vocab_parallel_cross_entropy

@@ -65,7 +65,8 @@ def vocab_parallel_cross_entropy(local_logits, targets, group, where="loss", ign
     error on every rank, before any collective.
     """
     logits = as_tensor(local_logits)
-    t = targets.data if isinstance(targets, Tensor) else backend.asarray(targets)
+    given = targets.data if isinstance(targets, Tensor) else targets
+    t = given if isinstance(targets, Tensor) else backend.asarray(given)
     if t.dtype.kind not in "iu":
         raise TypeError(f"vocab_parallel_cross_entropy: targets must hold integer class indices, "
                         f"got {t.dtype}")
@@ -76,7 +77,7 @@ def vocab_parallel_cross_entropy(local_logits, targets, group, where="loss", ign
     v_local = logits.shape[-1]
     vocab = v_local * group.size
     z = logits.data.reshape(-1, v_local)
-    t, keep = F.kept_targets(t, vocab, ignore_index, "vocab_parallel_cross_entropy")
+    t, keep = F.kept_targets(t, vocab, ignore_index, "vocab_parallel_cross_entropy", given)
     local_t = t - group.rank * v_local
     mine = keep & (local_t >= 0) & (local_t < v_local)
     local_t = xp.where(mine, local_t, 0)
