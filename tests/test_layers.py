@@ -10,7 +10,7 @@ function-local ones included), not a sentence in the README:
 - comm imports only backend and comm: collectives move arrays, not tensors;
 - parallel and distributed import anything below them, never the teaching layer: serial code
   has no parallel twin inside, and the strategies do not lean on the tools that teach them;
-- teaching (testing, trace, cli/, bench, assignments, doctor, drawing) may import anything;
+- teaching (testing, trace, cli/, bench, console, figures, assignments, doctor) may import anything;
 - no import cycle anywhere, no module sets attributes on a class defined elsewhere, and every
   module stays short enough to read in one sitting.
 """
@@ -21,7 +21,7 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "minipar"
 TEACHING = {"minipar.testing", "minipar.trace", "minipar.cli", "minipar.bench", "minipar.console",
-            "minipar.assignments", "minipar.doctor", "minipar.drawing",
+            "minipar.assignments", "minipar.doctor", "minipar.drawing", "minipar.figures",
             # old paths of the command's modules, kept as re-exports of minipar.cli
             "minipar.schedule_cli", "minipar.groups_cli", "minipar.lessons_index"}
 ORDER = ("backend", "engine", "comm", "parallel", "teaching")

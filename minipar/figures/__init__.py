@@ -1,0 +1,29 @@
+"""Pictures for a slide, drawn from what minipar measured or simulated (the ``plot`` extra).
+
+    available()                     is matplotlib importable?
+    require()                       the matplotlib module, or FiguresUnavailable(MISSING)
+    save(fig, path)                 a PNG (or .svg / .pdf by suffix), parent folders made
+    figure_path(directory, name)    directory/name.png
+
+    schedule_chart(events, ...)     ranks as rows, one labelled bar per F/B/W/R/optimizer step
+    bubble_chart(points, ...)       bubble against micro-batches m per schedule, beside theory
+    speedup_chart(grid, ...)        GPipe speed-up over K x M beside K*M/(M+K-1)
+    busbw_chart(rows, p, ...)       bus bandwidth against message size per algorithm, with the model
+    loss_chart(curves, ...)         loss curves, the serial reference thick and grey underneath
+    bar_chart(categories, series)   grouped bars with their values written on them
+    memory_chart(bars, ...)         memory per rank, measured beside theory
+
+Each chart function returns a ``matplotlib.figure.Figure`` built with the object API (no pyplot:
+no window, no global state, no display needed), at least 1000 pixels wide when saved, with a
+title, axis labels and a legend. matplotlib is imported only inside these functions, through
+``require()``, so ``import minipar.figures`` works without it and every command that draws says
+how to get the pictures (``MISSING``) instead of failing.
+"""
+from minipar.figures.base import (MISSING, FiguresUnavailable, available, figure_path, require,
+                                  save)
+from minipar.figures.charts import bar_chart, busbw_chart, loss_chart, memory_chart
+from minipar.figures.pipeline import bubble_chart, schedule_chart, speedup_chart
+
+__all__ = ["MISSING", "FiguresUnavailable", "available", "bar_chart", "bubble_chart", "busbw_chart",
+           "figure_path", "loss_chart", "memory_chart", "require", "save", "schedule_chart",
+           "speedup_chart"]

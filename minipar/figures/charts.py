@@ -1,0 +1,135 @@
+"""Measurement pictures: bus bandwidth against message size, loss curves, grouped bars, memory.
+
+    busbw_chart(rows, p)           minipar.bench rows: a line per algorithm (MPI's own black) and
+                                   the cost model's prediction dashed in the same colour
+    loss_chart(curves)             label -> losses; "serial..." thick and grey underneath
+    bar_chart(categories, series)  grouped bars, each with its value written on top
+    memory_chart(bars)             (label, measured bytes, theory bytes) as bars in MiB
+"""
+from minipar.figures.style import MARKERS, colour, drawing, log2_axis, new_figure
+
+UNITS = {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30, "kB": 1e3, "MB": 1e6, "GB": 1e9}
+
+
+def _bytes(value, _pos=None):
+    """A tick label for a message size: 512, 4K, 1M (binary prefixes)."""
+    for prefix, size in (("G", 2 ** 30), ("M", 2 ** 20), ("K", 2 ** 10)):
+        if value >= size:
+            return f"{value / size:g}{prefix}"
+    return f"{value:g}"
+
+
+def model_busbw(nbytes, model_us, p):
+    """The bus bandwidth (GB/s) the cost model predicts for one all-reduce of ``nbytes``."""
+    return nbytes / (model_us * 1e-6) * 2 * (p - 1) / p / 1e9
+
+
+@drawing
+def busbw_chart(rows, p, title=None):
+    """Bus bandwidth against message size, one line per algorithm (``mpi``, MPI's own, in black)
+    and, dashed in the same colour, the busbw the fitted cost model predicts for it.
+    ``rows``: ``minipar.bench`` row dicts (bytes, algorithm, busbw_GBps, model_us)."""
+    rows = list(rows)
+    fig, ax = new_figure()
+    algorithms = list(dict.fromkeys(r["algorithm"] for r in rows))
+    algorithms.sort(key=lambda a: a != "mpi")  # MPI's own first: the reference
+    for i, algorithm in enumerate(algorithms):
+        mine = sorted((r for r in rows if r["algorithm"] == algorithm), key=lambda r: r["bytes"])
+        c = "black" if algorithm == "mpi" else colour(i - 1 if "mpi" in algorithms else i)
+        name = "mpi (MPI's own)" if algorithm == "mpi" else algorithm
+        ax.plot([r["bytes"] for r in mine], [r["busbw_GBps"] for r in mine], color=c,
+                marker=MARKERS[i % len(MARKERS)], markersize=6, linewidth=2.2 if algorithm == "mpi" else 1.8,
+                label=name)
+        model = [(r["bytes"], model_busbw(r["bytes"], r["model_us"], p)) for r in mine if r.get("model_us")]
+        if model:
+            ax.plot(*zip(*model), color=c, linestyle="--", linewidth=1.4, alpha=0.8,
+                    label=f"{algorithm} model")
+    log2_axis(ax, [r["bytes"] for r in rows])
+    if ax.get_xscale() == "log":
+        ax.xaxis.set_major_formatter(_bytes)
+        ticks = ax.get_xticks()
+        if len(ticks) > 12:  # every other size, so the labels do not run into each other
+            ax.set_xticks(ticks[::2])
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(title or f"all-reduce bus bandwidth on {p} ranks: measured and the cost model",
+                 wrap=True)
+    ax.legend(loc="upper left", ncol=2)
+    return fig
+
+
+def _points(curve):
+    """(steps, losses) from a sequence of losses (steps 0, 1, ...) or of (step, loss) pairs."""
+    curve = list(curve)
+    if curve and isinstance(curve[0], (tuple, list)):
+        return [s for s, _ in curve], [float(v) for _, v in curve]
+    return list(range(len(curve))), [float(v) for v in curve]
+
+
+@drawing
+def loss_chart(curves, title=None, xlabel="step", ylabel="loss"):
+    """Loss curves, one per label; a label starting with "serial" is the reference: drawn thick
+    and grey underneath, so a parallel layout that matches it lies on top of it."""
+    fig, ax = new_figure()
+    i = 0
+    for label, curve in curves.items():
+        x, y = _points(curve)
+        if label.startswith("serial"):
+            ax.plot(x, y, color="#9e9e9e", linewidth=6, alpha=0.7, zorder=1, label=label,
+                    solid_capstyle="round")
+        else:
+            ax.plot(x, y, color=colour(i), linewidth=1.8, zorder=2, label=label,
+                    marker=MARKERS[i % len(MARKERS)] if len(x) <= 30 else None, markersize=5)
+            i += 1
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title or "loss: the serial reference against each parallel layout", wrap=True)
+    ax.legend(loc="upper right")
+    return fig
+
+
+def _value_text(value):
+    return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+@drawing
+def bar_chart(categories, series, title=None, ylabel=None, xlabel=None):
+    """Grouped bars: a group per category, a bar per series (label -> one value per category,
+    None for no bar), each bar with its value written on top."""
+    categories = list(categories)
+    fig, ax = new_figure()
+    n = max(len(series), 1)
+    width = 0.8 / n
+    for i, (label, values) in enumerate(series.items()):
+        bars = [(j + (i - (n - 1) / 2) * width, v) for j, v in enumerate(values) if v is not None]
+        if not bars:
+            continue
+        container = ax.bar([x for x, _ in bars], [v for _, v in bars], width=width * 0.95,
+                           color=colour(i), label=label, zorder=2)
+        ax.bar_label(container, labels=[_value_text(v) for _, v in bars], padding=2, fontsize=10)
+    ax.set_xticks(range(len(categories)), categories)
+    if len(categories) > 6 or max(map(len, categories), default=0) * len(categories) > 90:
+        ax.tick_params(axis="x", labelrotation=20)
+        for text in ax.get_xticklabels():
+            text.set_horizontalalignment("right")
+    ax.margins(y=0.12)  # room for the value labels above the tallest bar
+    ax.grid(False, axis="x")
+    ax.set_axisbelow(True)
+    ax.set_xlabel(xlabel or "")
+    ax.set_ylabel(ylabel or "")
+    ax.set_title(title or "", wrap=True)
+    ax.legend(loc="upper left")
+    return fig
+
+
+def memory_chart(bars, title=None, unit="MiB", xlabel=None):
+    """Memory per rank: for each (label, measured_bytes, theory_bytes or None), a "measured" and a
+    "theory" bar in ``unit`` (B, KiB, MiB, GiB, kB, MB, GB)."""
+    bars = list(bars)
+    size = UNITS[unit]
+    series = {"measured": [None if m is None else m / size for _, m, _ in bars],
+              "theory": [None if t is None else t / size for _, _, t in bars]}
+    return bar_chart([label for label, _, _ in bars], series,
+                     title=title or "memory per rank: measured beside theory",
+                     ylabel=f"memory per rank ({unit})", xlabel=xlabel)
