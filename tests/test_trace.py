@@ -1,14 +1,12 @@
-"""Timelines: bubble and memory from events, text Gantt, Chrome-trace JSON and PNG."""
+"""Timelines: bubble and memory from events, text Gantt and Chrome-trace JSON (the PNG picture:
+tests/test_figures.py)."""
 import json
-import struct
-import zlib
 
 import pytest
 
 from minipar.parallel.pipeline import build, simulate
 from minipar.parallel.pipeline.timeline import (Event, Tracer, bubble_fraction, bubble_per_rank, chrome_trace,
                                                 peak_inflight, text_gantt, write_chrome_trace)
-from minipar.trace import png_bytes, render_pixels, write_png
 
 
 def test_text_gantt_snapshot():
@@ -57,37 +55,6 @@ def test_chrome_trace_structure(tmp_path):
     assert (f0["ts"], f0["dur"], f0["cat"], f0["args"]) == (1e6, 1e6, "F", {"mb": 0, "chunk": 0})
     assert all(e["dur"] > 0 for e in complete)
     assert chrome_trace(events, to_us=1.0)["traceEvents"][-1]["dur"] < 10
-
-
-def decode_png(data):
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, chunks = 8, {}
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos:pos + 4])
-        tag, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
-        assert struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])[0] == zlib.crc32(tag + body)
-        chunks[tag] = chunks.get(tag, b"") + body
-        pos += 12 + length
-    width, height, depth, colour = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
-    raw = zlib.decompress(chunks[b"IDAT"])
-    assert (depth, colour) == (8, 2) and len(raw) == height * (1 + 3 * width)
-    rows = [raw[y * (1 + 3 * width) + 1:(y + 1) * (1 + 3 * width)] for y in range(height)]
-    return width, height, [[tuple(r[3 * x:3 * x + 3]) for x in range(width)] for r in rows]
-
-
-def test_png_writer_round_trip():
-    pixels = [[(255, 0, 0), (0, 255, 0)], [(0, 0, 255), (9, 9, 9)]]
-    assert decode_png(png_bytes(pixels))[2] == pixels
-
-
-def test_png_of_a_schedule(tmp_path):
-    events = simulate(build("gpipe", 2, 2))  # 9 time units, 2 ranks
-    write_png(events, tmp_path / "g.png", px_per_unit=4, row_height=10)
-    width, height, pixels = decode_png((tmp_path / "g.png").read_bytes())
-    assert (width, height) == (36, 20)
-    assert pixels[15][0] == (255, 255, 255)          # rank 1 idle at the start
-    assert pixels[5][0] != (255, 255, 255)           # rank 0 runs F0
-    assert render_pixels(events, px_per_unit=4, row_height=10) == pixels
 
 
 def test_empty_and_unknown_inputs():

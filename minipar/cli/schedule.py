@@ -4,20 +4,26 @@
     minipar schedule --schedule interleaved --stages 4 --microbatches 8 --chunks 2 --png il.png
     minipar schedule --schedule zb-h1 --stages 4 --microbatches 8 --json
 
+``--png FILE`` draws the schedule chart of ``minipar.figures`` (ranks as rows, each action a bar
+labelled with its micro-batch, the bubble and its formula in the title); it needs matplotlib (the
+``plot`` extra). Without it the command still prints everything else, then one line on standard
+error naming the extra, and exits with status 1: the file that was asked for is not there.
+
 Costs per stage: F = 1, B = 2 (an input-gradient B of 1 plus a weight-gradient W of 1, split for
 zb-h1), a chunk of an interleaved rank 1/v of that, messages free. Peak in-flight counts the
 micro-batches whose activations a rank holds at once (per chunk for interleaved).
 
 The command draws up to MAX_STAGES = 64 stages and MAX_WORK = stages × micro-batches × chunks =
 4096 forward steps (8 × 512, 64 × 64: a second or two to build, validate, simulate and draw,
-PNG included; the drawing grows as stages × (micro-batches × chunks + stages)). Larger sizes are
+the PNG a few seconds more at the largest sizes). Larger sizes are
 an argparse error, as is any other bad size or combination.
 """
 import json
+import sys
 
 from minipar.cli.args import UsageError, positive_int
-from minipar.cli.drawing import write_png
 from minipar.console import terminal_width
+from minipar.figures import FiguresUnavailable
 from minipar.parallel.pipeline import (BUILDERS, ScheduleError, bubble_fraction, bubble_theory, build,
                                        makespan, peak_inflight, simulate, text_gantt, validate,
                                        write_chrome_trace)
@@ -39,7 +45,8 @@ def add_arguments(parser):
     parser.add_argument("--remat", action="store_true", help="gpipe: re-compute forwards before backwards")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON (open in Perfetto)")
-    parser.add_argument("--png", metavar="FILE", help="write the timeline as a PNG")
+    parser.add_argument("--png", metavar="FILE",
+                        help="draw the labelled schedule chart as a PNG (needs minipar[plot])")
 
 
 def summary(schedule, events):
@@ -76,6 +83,23 @@ def check(args):
                          f"{v} = {p * m * v} is above this command's limit of {MAX_WORK}")
 
 
+def describe(schedule):
+    """``1f1b: p=4 ranks, m=8 micro-batches``: the first line of the output and the chart's title."""
+    return (f"{schedule.name}: p={schedule.ranks} ranks, m={schedule.microbatches} micro-batches"
+            + (f", v={schedule.chunks} chunks" if schedule.chunks > 1 else "")
+            + (", re-materialised" if schedule.remat else ""))
+
+
+def write_png(schedule, events, path):
+    """The schedule chart, the simulated bubble beside the theory's in its title."""
+    from minipar.figures import require, save, schedule_chart
+    require()  # without matplotlib, say so before touching the file
+    open(path, "wb").close()  # a path that cannot be written fails now, not after the drawing
+    formula, num, den = bubble_theory(schedule)
+    save(schedule_chart(events, schedule.ranks, title=describe(schedule),
+                        theory=(formula, num / den)), path)
+
+
 def run(args):
     check(args)
     try:
@@ -84,26 +108,32 @@ def run(args):
         raise UsageError(str(err)) from None
     events = simulate(schedule)
     figures = summary(schedule, events)
-    for option, path, write in (("--trace", args.trace, write_chrome_trace),
-                                ("--png", args.png, write_png)):
+    written, missing = [], None
+    outputs = (("--trace", args.trace, lambda path: write_chrome_trace(events, path, schedule.ranks)),
+               ("--png", args.png, lambda path: write_png(schedule, events, path)))
+    for option, path, write in outputs:
         try:
             if path:
-                write(events, path, schedule.ranks)
+                write(path)
+                written.append(path)
+        except FiguresUnavailable as err:
+            missing = f"minipar schedule: {option} {path} not written: {err}"
         except OSError as err:
             raise UsageError(f"argument {option}: cannot write {path}: {err.strerror}") from None
     if args.json:
         print(json.dumps(figures))
-        return 0
-    formula, num, den = bubble_theory(schedule)
-    print(f"{schedule.name}: p={schedule.ranks} ranks, m={schedule.microbatches} micro-batches"
-          + (f", v={schedule.chunks} chunks" if schedule.chunks > 1 else "")
-          + (", re-materialised" if schedule.remat else ""))
-    print(text_gantt(events, schedule.ranks, width=terminal_width(), legend=True))
-    print(f"bubble: theory {formula} = {num}/{den} = {num / den:.4f}, "
-          f"simulated {figures['bubble_simulated']:.4f}")
-    what = "micro-batches" if schedule.chunks == 1 else f"micro-batch chunks (each 1/{schedule.chunks})"
-    print(f"peak in-flight {what} per rank: " + " ".join(map(str, figures["peak_inflight"])))
-    for path in (args.trace, args.png):
-        if path:
+    else:
+        formula, num, den = bubble_theory(schedule)
+        print(describe(schedule))
+        print(text_gantt(events, schedule.ranks, width=terminal_width(), legend=True))
+        print(f"bubble: theory {formula} = {num}/{den} = {num / den:.4f}, "
+              f"simulated {figures['bubble_simulated']:.4f}")
+        what = "micro-batches" if schedule.chunks == 1 else f"micro-batch chunks (each 1/{schedule.chunks})"
+        print(f"peak in-flight {what} per rank: " + " ".join(map(str, figures["peak_inflight"])))
+        for path in written:
             print(f"wrote {path}")
+    if missing:  # everything else is out; the picture asked for is not
+        sys.stdout.flush()
+        print(missing, file=sys.stderr)
+        return 1
     return 0

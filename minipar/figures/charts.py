@@ -119,11 +119,11 @@ def bar_chart(categories, series, title=None, ylabel=None, xlabel=None):
     ax.set_xlabel(xlabel or "")
     ax.set_ylabel(ylabel or "")
     ax.set_title(title or "", wrap=True)
-    ax.legend(loc="upper left")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never on them
     return fig
 
 
-def memory_chart(bars, title=None, unit="MiB", xlabel=None):
+def memory_chart(bars, title=None, unit="MiB", xlabel="configuration"):
     """Memory per rank: for each (label, measured_bytes, theory_bytes or None), a "measured" and a
     "theory" bar in ``unit`` (B, KiB, MiB, GiB, kB, MB, GB)."""
     bars = list(bars)

@@ -18,6 +18,7 @@ TIME_UNITS = {  # time_unit -> (scale from the events' times, x-axis label)
 }
 LINESTYLES = ("-", "--", "-.", ":")
 BAR_HEIGHT = 0.8  # of a rank's row
+MAX_PATCHES = 2000  # work events drawn as one patch each; more are drawn as collections
 
 
 def bar_label(e, chunked):
@@ -34,17 +35,37 @@ def _darker(hex_colour, chunk):
     return to_hex(tuple(c * f for c in to_rgb(hex_colour)))
 
 
+def _labels(e, chunked):
+    """A bar's labels, longest first: ``F3.c1``, then ``F3`` and ``3`` where space is short (the
+    colour says the kind, the shade the chunk)."""
+    full = bar_label(e, chunked)
+    return [full] if e.mb < 0 else list(dict.fromkeys([full, e.label, str(e.mb)]))
+
+
+def _fitting_label(labels, width_px, size):
+    """(label, font size) of the first label that fits a bar ``width_px`` pixels wide at ``size``
+    or up to 2 points smaller (a character is about 0.62 em; never below 7 points, so the labels
+    of one chart look alike), or None: the bar stays unlabelled."""
+    for text in labels:
+        for points in (size, size - 1, size - 2):
+            if points >= 7 and len(text) * 0.62 * points * DPI / 72 + 4 <= width_px:
+                return text, points
+    return None
+
+
 def _title(title, measured, theory):
     text = f"{title} — bubble {measured:.3f}"
     if theory:
         formula, value = theory
-        text += f", theory {formula} = {value:.3f}"
+        tail = f"theory {formula} = {value:.3f}"
+        text += (",\n" if len(text) + len(tail) > 80 else ", ") + tail  # a second line if too long
     return text
 
 
 @drawing
 def schedule_chart(events, n_ranks=None, title=None, theory=None, time_unit="units"):
-    """The schedule as a Gantt chart: a row per rank, a bar per work event coloured by kind.
+    """The schedule as a Gantt chart: a row per rank, a bar per work event coloured by kind
+    (a Rectangle in ``ax.patches`` each, up to MAX_PATCHES events; beyond, collections).
 
     ``events``: Events from ``minipar.parallel.pipeline.simulate`` (``time_unit="units"``) or a
     measured run's timeline in seconds (``time_unit="s"``, or ``"ms"`` to draw them in
@@ -65,19 +86,27 @@ def schedule_chart(events, n_ranks=None, title=None, theory=None, time_unit="uni
     px_per_x = 0.8 * fig.get_figwidth() * DPI / total
     row_px = 0.75 * fig.get_figheight() * DPI / n * BAR_HEIGHT
     fontsize = min(11.0, 0.55 * row_px * 72 / DPI)
+    edge = 0.8 if min(e.duration for e in work) * scale * px_per_x >= 8 else 0  # white gaps, if room
     for kind in WORK_KINDS:
         mine = [e for e in work if e.kind == kind]
         if not mine:
             continue
-        ax.barh([e.rank for e in mine], [e.duration * scale for e in mine],
-                left=[(e.start - t0) * scale for e in mine], height=BAR_HEIGHT,
-                color=[_darker(KIND_COLOURS[kind], e.chunk) for e in mine], edgecolor="white",
-                linewidth=0.8, label=KIND_NAMES[kind], zorder=2)
+        colours = [_darker(KIND_COLOURS[kind], e.chunk) for e in mine]
+        if len(work) <= MAX_PATCHES:  # a Rectangle patch per action, in ax.patches
+            ax.barh([e.rank for e in mine], [e.duration * scale for e in mine],
+                    left=[(e.start - t0) * scale for e in mine], height=BAR_HEIGHT, color=colours,
+                    edgecolor="white", linewidth=edge, label=KIND_NAMES[kind], zorder=2)
+        else:  # thousands of bars: one collection per rank, drawn alike, a hundred times faster
+            for r in range(n):
+                row = [(e, c) for e, c in zip(mine, colours) if e.rank == r]
+                ax.broken_barh([((e.start - t0) * scale, e.duration * scale) for e, _ in row],
+                               (r - BAR_HEIGHT / 2, BAR_HEIGHT), facecolors=[c for _, c in row],
+                               edgecolor="white", linewidth=edge, zorder=2)
         for e in mine:
-            text = bar_label(e, chunked)
-            if fontsize >= 6 and len(text) * 0.62 * fontsize * DPI / 72 + 4 <= e.duration * scale * px_per_x:
-                ax.text((e.start - t0 + e.duration / 2) * scale, e.rank, text, ha="center",
-                        va="center", fontsize=fontsize, color=KIND_TEXT[kind], zorder=3)
+            fit = _fitting_label(_labels(e, chunked), e.duration * scale * px_per_x, fontsize)
+            if fit:
+                ax.text((e.start - t0 + e.duration / 2) * scale, e.rank, fit[0], ha="center",
+                        va="center", fontsize=fit[1], color=KIND_TEXT[kind], zorder=3)
     kinds = [k for k in WORK_KINDS if any(e.kind == k for e in work)]
     handles = [Patch(facecolor=KIND_COLOURS[k], label=KIND_NAMES[k]) for k in kinds]
     if chunked:
@@ -91,7 +120,8 @@ def schedule_chart(events, n_ranks=None, title=None, theory=None, time_unit="uni
     ax.set_axisbelow(True)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("pipeline stage")
-    ax.set_title(_title(title or "pipeline schedule", bubble_fraction(events, n), theory), wrap=True)
+    text = _title(title or "pipeline schedule", bubble_fraction(events, n), theory)
+    ax.set_title(text, wrap=True)
     return fig
 
 
