@@ -216,3 +216,20 @@ def test_commands_run_without_matplotlib(args, status, tmp_path):
     if "--png" in args:
         assert "minipar[plot]" in done.stderr and done.stderr.count("\n") == 1
         assert done.stdout.lstrip().startswith("{")  # --json: standard output stays pure JSON
+
+
+@needs_matplotlib
+def test_the_readme_pictures_are_small_wide_and_the_same_each_run(tmp_path):
+    import runpy
+    script = runpy.run_path(str(figures_script()))
+    for out in ("a", "b"):
+        script["main"](["--out", str(tmp_path / out)])
+    for name in ("schedule-1f1b.png", "bubble.png"):
+        data = (tmp_path / "a" / name).read_bytes()
+        assert data == (tmp_path / "b" / name).read_bytes()
+        assert png_size(tmp_path / "a" / name)[0] >= 1000 and len(data) < 60_000
+
+
+def figures_script():
+    import pathlib
+    return pathlib.Path(__file__).resolve().parent.parent / "scripts" / "figures.py"
