@@ -127,7 +127,9 @@ def test_busbw_chart_has_a_line_per_algorithm_and_the_model_dashed():
     model = lines["ring model"]
     assert model.get_linestyle() == "--" and model.get_color() == lines["ring"].get_color()
     assert model.get_ydata()[0] == pytest.approx(1024 / 10e-6 * 2 * 3 / 4 / 1e9)
-    assert ax.get_xscale() == "log" and ax.get_title()
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "linear" and ax.get_title()
+    wide = [dict(r, busbw_GBps=r["bytes"] ** 2 / 1e9) for r in rows]  # 4096x from least to most
+    assert figures.busbw_chart(wide, p=4).axes[0].get_yscale() == "log"  # small messages show
 
 
 @needs_matplotlib

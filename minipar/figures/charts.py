@@ -27,7 +27,8 @@ def model_busbw(nbytes, model_us, p):
 @drawing
 def busbw_chart(rows, p, title=None):
     """Bus bandwidth against message size, one line per algorithm (``mpi``, MPI's own, in black)
-    and, dashed in the same colour, the busbw the fitted cost model predicts for it.
+    and, dashed in the same colour, the busbw the fitted cost model predicts for it. The y axis
+    is logarithmic when the values span more than a factor of 100 (small messages then show).
     ``rows``: ``minipar.bench`` row dicts (bytes, algorithm, busbw_GBps, model_us)."""
     rows = list(rows)
     fig, ax = new_figure()
@@ -50,7 +51,11 @@ def busbw_chart(rows, p, title=None):
         ticks = ax.get_xticks()
         if len(ticks) > 12:  # every other size, so the labels do not run into each other
             ax.set_xticks(ticks[::2])
-    ax.set_ylim(bottom=0)
+    values = [r["busbw_GBps"] for r in rows if r["busbw_GBps"] > 0]
+    if values and max(values) > 100 * min(values):  # latency- and bandwidth-bound sizes both seen
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("bus bandwidth (GB/s)")
     ax.set_title(title or f"all-reduce bus bandwidth on {p} ranks: measured and the cost model",
