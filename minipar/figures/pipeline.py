@@ -86,7 +86,8 @@ def schedule_chart(events, n_ranks=None, title=None, theory=None, time_unit="uni
     px_per_x = 0.8 * fig.get_figwidth() * DPI / total
     row_px = 0.75 * fig.get_figheight() * DPI / n * BAR_HEIGHT
     fontsize = min(11.0, 0.55 * row_px * 72 / DPI)
-    edge = 0.8 if min(e.duration for e in work) * scale * px_per_x >= 8 else 0  # white gaps, if room
+    shortest = min((e.duration for e in work), default=0) * scale * px_per_x
+    edge = 0.8 if shortest >= 8 else 0  # white gaps between bars, where there is room
     for kind in WORK_KINDS:
         mine = [e for e in work if e.kind == kind]
         if not mine:
