@@ -18,7 +18,9 @@ The command draws up to MAX_STAGES = 64 stages and MAX_WORK = stages × micro-ba
 the PNG a few seconds more at the largest sizes). Larger sizes are
 an argparse error, as is any other bad size or combination.
 """
+import errno
 import json
+import os
 import sys
 
 from minipar.cli.args import UsageError, positive_int
@@ -93,8 +95,10 @@ def describe(schedule):
 def write_png(schedule, events, path):
     """The schedule chart, the simulated bubble beside the theory's in its title."""
     from minipar.figures import require, save, schedule_chart
+    if not os.path.isdir(os.path.dirname(path) or "."):  # a bad path fails at once, not after
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)  # matplotlib loads
     require()  # without matplotlib, say so before touching the file
-    open(path, "wb").close()  # a path that cannot be written fails now, not after the drawing
+    open(path, "wb").close()  # nor after the drawing
     formula, num, den = bubble_theory(schedule)
     save(schedule_chart(events, schedule.ranks, title=describe(schedule),
                         theory=(formula, num / den)), path)
