@@ -8,6 +8,10 @@
     check("loss below 1.6", loss < 1.6, expected="< 1.6", measured=f"{loss:.3f}")
     return finish("the tiny GPT learns")      # PASS: ... (FAIL: ..., status 1)
 
+    args = arguments(__doc__, plot=True)       # adds --plot DIR
+    for step in progress(range(400), "training"): ...   # a bar on rank 0's terminal only
+    figure(args.plot, "08_bubble", lambda figures: figures.bubble_chart(points))
+
 A lesson imports this file as ``from _kit import ...``: Python puts a script's own folder first
 on sys.path wherever it is started from, and minipar.testing.run_on_ranks does the same.
 """
@@ -19,18 +23,23 @@ import sys
 
 _world = None  # the communicator once mpi_world() has run; a lesson without MPI has none
 _checks = []  # (claim, ok, expected, measured) recorded by check(), judged by finish()
+_said_missing = False  # figure() prints how to get matplotlib once per run
 
 
-def arguments(doc, *options, quick="a smoke run of a few seconds", argv=None):
+def arguments(doc, *options, quick="a smoke run of a few seconds", argv=None, plot=False):
     """The parsed command line: the docstring's first line as the description, the lesson's own
-    ``(flag, default, help)`` options (typed like the default, a string when it is None), and
-    ``--quick`` unless ``quick`` is None."""
+    ``(flag, default, help)`` options (typed like the default, a string when it is None),
+    ``--quick`` unless ``quick`` is None, and ``--plot DIR`` when ``plot`` (see figure())."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     for flag, default, *help_text in options:
         parser.add_argument(flag, type=str if default is None else type(default), default=default,
                             help=help_text[0] if help_text else None)
     if quick:
         parser.add_argument("--quick", action="store_true", help=quick)
+    if plot:
+        parser.add_argument("--plot", metavar="DIR", default=None,
+                            help="draw this lesson's figures as PNG files into DIR "
+                                 "(needs matplotlib: pip install 'minipar[plot]')")
     return parser.parse_args(argv)
 
 
@@ -102,3 +111,41 @@ def finish(claim, ok=True):
     held = [c[0] for c in _checks if c[1]]
     say(*(f"  ok: {name}" for name in held), f"{'PASS' if ok else 'FAIL'}: {claim}")
     return 0 if ok else 1
+
+
+def _rank():
+    return _world.rank if _world is not None else 0
+
+
+def progress(iterable, desc, total=None):
+    """``iterable`` with a progress bar on rank 0's terminal (standard error): nothing in a log
+    file, a pipe or a test run (minipar.console.progress)."""
+    from minipar.console import progress as bar
+    return bar(iterable, desc, total=total, rank=_rank())
+
+
+def note_load():
+    """Before timing anything: a line on standard error (rank 0) when the machine is busier
+    than its cores, so noisy timings read as noise."""
+    from minipar.console import note_load as note
+    return note(rank=_rank())
+
+
+def figure(directory, name, draw):
+    """Draw one figure of the lesson, on rank 0, into ``directory/name.png`` and print
+    ``figure: PATH``. ``draw(figures)`` gets the minipar.figures module and returns the Figure;
+    it runs only when ``directory`` is given (``--plot DIR``) and matplotlib is installed.
+    Without matplotlib the lesson says how to get it, once, and goes on. Returns the path or
+    None."""
+    global _said_missing
+    if directory is None or _rank() != 0:
+        return None
+    from minipar import figures
+    if not figures.available():
+        if not _said_missing:
+            print(figures.MISSING, file=sys.stderr, flush=True)
+            _said_missing = True
+        return None
+    path = figures.save(draw(figures), figures.figure_path(directory, name))
+    print(f"figure: {path}", flush=True)
+    return path

@@ -106,3 +106,21 @@ def test_n_and_the_lesson_arguments_go_where_they_belong(profile, tmp_path, argv
     recorded = (tmp_path / "argv").read_text().split()
     assert recorded[recorded.index("-n") + 1] == str(nprocs)
     assert recorded[recorded.index("-n") + 4:] == rest
+
+
+class _Stream:
+    def __init__(self, tty):
+        self.tty = tty
+
+    def isatty(self):
+        return self.tty
+
+
+def test_a_terminal_is_passed_on_to_the_ranks_which_mpiexec_gives_pipes(monkeypatch):
+    from minipar.cli.lesson import terminal_env
+    monkeypatch.setenv("COLUMNS", "132")  # what shutil.get_terminal_size reads first
+    assert terminal_env({}, _Stream(True), _Stream(True)) == {"MINIPAR_PROGRESS": "1",
+                                                              "COLUMNS": "132"}
+    assert terminal_env({}, _Stream(False), _Stream(False)) == {}  # a log file: no bars
+    assert terminal_env({"MINIPAR_PROGRESS": "0", "COLUMNS": "80"},
+                        _Stream(True), _Stream(True)) == {}  # the user's own setting wins

@@ -8,11 +8,13 @@ NAME is a lesson number (``4``, ``04``) or part of its name. N defaults to the c
 lesson's own run line (its docstring); a lesson whose run line is ``python ...`` runs as one plain
 process unless ``-n`` is given. The launch goes through minipar.testing.launch_command (the
 launcher profile: ``$MINIPAR_MPIEXEC``, ``$MINIPAR_MPIEXEC_ARGS``, Open MPI's oversubscription and
-root flags), with one BLAS thread per rank; the exit status is the lesson's own.
+root flags), with one BLAS thread per rank; the exit status is the lesson's own. On a terminal
+the ranks are told so (progress bars, text charts at its width), since mpiexec gives them pipes.
 """
 import argparse
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,6 +78,19 @@ def build_command(path, run_line, nprocs, lesson_args):
     return program if nprocs is None else launch_command(nprocs, *program)
 
 
+def terminal_env(env, stdout=None, stderr=None):
+    """What the ranks cannot see for themselves: mpiexec hands them pipes, not this terminal.
+    ``MINIPAR_PROGRESS=1`` when standard error is a terminal (progress bars, rank 0), ``COLUMNS``
+    when standard output is one (text charts folded to its width); a value already set wins."""
+    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
+    wanted = {}
+    if "MINIPAR_PROGRESS" not in env and stderr.isatty():
+        wanted["MINIPAR_PROGRESS"] = "1"
+    if "COLUMNS" not in env and stdout.isatty():
+        wanted["COLUMNS"] = str(shutil.get_terminal_size().columns)
+    return wanted
+
+
 def run(args):
     path, _, run_line = find(args.name)
     nprocs, lesson_args = split_rest(args.lesson_args, args.nprocs)
@@ -89,6 +104,7 @@ def run(args):
     env = {**os.environ, **{k: os.environ.get(k, v) for k, v in RANK_ENV.items()}}
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    env.update(terminal_env(env))
     print("$ " + " ".join(argv), file=sys.stderr, flush=True)
     try:
         proc = subprocess.Popen(argv, env=env)
