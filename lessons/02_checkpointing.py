@@ -20,9 +20,10 @@ import time
 import minipar
 from minipar import backend, nn
 from minipar.checkpoint import checkpoint_sequential
+from minipar.console import spread
 from minipar.memory import ActivationMemory
 
-from _kit import arguments, check, finish
+from _kit import arguments, check, figure, finish, note_load, progress
 
 
 def forward_seconds(model, x, repeats):
@@ -49,11 +50,12 @@ def step(model, x, segments):
 
 def main():
     args = arguments(__doc__, ("--layers", 16), ("--batch", 8), ("--seq", 32), ("--width", 64),
-                     ("--repeats", 3, "timed steps per setting (median)"),
-                     quick="a tiny, fast configuration")
+                     ("--repeats", 5, "timed steps per setting (median [min-max])"),
+                     quick="a tiny, fast configuration", plot=True)
     if args.quick:
-        args.layers, args.batch, args.seq, args.width, args.repeats = 4, 2, 8, 16, 1
+        args.layers, args.batch, args.seq, args.width, args.repeats = 4, 2, 8, 16, 3
     n = args.layers
+    note_load()
     minipar.manual_seed(0)
     model = nn.Sequential(*[nn.Block(args.width, n_head=4, dropout=0.1) for _ in range(n)])
     x = minipar.randn(args.batch, args.seq, args.width)
@@ -69,37 +71,73 @@ def main():
     root = max(1, round(math.sqrt(n)))
     settings = [("none", 0), (f"every layer (k={n})", n), (f"sqrt(n) (k={root})", root)]
     settings += [(f"k={k}", k) for k in (2, n // 2) if k not in (root, n) and 1 < k < n]
-    step(model, x, 0)  # warm-up: the first step pays for allocations the others reuse
+    for _, k in settings:  # warm-up: the first step pays for allocations the others reuse
+        step(model, x, k)
     fwd = forward_seconds(model, x, args.repeats)
-    print(f"{'checkpointing':22s} {'peak MB':>9s} {'of plain':>9s} {'theory':>8s} "
-          f"{'step ms':>9s} {'overhead':>9s} {'theory':>7s} {'max |dgrad|':>12s}")
-    plain = None
-    for name, k in settings:
-        results = [step(model, x, k) for _ in range(args.repeats)]
-        seconds = statistics.median(r[0] for r in results)
-        peak, grads = results[0][1], results[0][2]
-        if plain is None:
-            plain = (seconds, peak, grads)
+    # Each round times every setting once, back to back: a burst of other work on the machine
+    # slows one round, and each setting's overhead is taken against the plain step of its round.
+    rounds = [[step(model, x, k) for _, k in settings]
+              for _ in progress(range(args.repeats), "timing steps")]
+    print(f"{'checkpointing':20s} {'peak MB':>9s} {'of plain':>9s} {'theory':>8s} "
+          f"{'step ms':>9s} {'overhead [min-max]':>19s} {'theory':>7s} {'max |dgrad|':>12s}")
+    plain_seconds = [r[0][0] for r in rounds]
+    plain_peak, plain_grads = rounds[0][0][1], rounds[0][0][2]
+    rows = []  # (name, peak bytes, theory bytes, overheads, theory overhead): for the figures
+    for i, (name, k) in enumerate(settings):
+        seconds = [r[i][0] for r in rounds]
+        peak, grads = rounds[0][i][1], rounds[0][i][2]
+        if k == 0:
             theory, extra = 1.0, 0.0
         else:
             theory = (k * x_bytes + math.ceil(n / k) * one_block) / (n * one_block)
             recomputed = round((k - 1) * n / k)  # every segment but the last runs twice
-            extra = fwd * recomputed / n / plain[0]
-        diff = max(float(abs(g - p).max()) for g, p in zip(grads, plain[2]))
-        print(f"{name:22s} {peak / 1e6:9.2f} {peak / plain[1]:9.2f} {theory:8.2f} "
-              f"{seconds * 1e3:9.1f} {seconds / plain[0] - 1:+9.0%} {extra:+7.0%} {diff:12.1e}")
+            extra = fwd * recomputed / n / statistics.median(plain_seconds)
+        overheads = [t / plain - 1 for t, plain in zip(seconds, plain_seconds)]
+        diff = max(float(abs(g - p).max()) for g, p in zip(grads, plain_grads))
+        overhead = spread(overheads, "{:+.0%}") if k else "(reference)"
+        print(f"{name:20s} {peak / 1e6:9.2f} {peak / plain_peak:9.2f} {theory:8.2f} "
+              f"{statistics.median(seconds) * 1e3:9.1f} {overhead:>19s} {extra:+7.0%} "
+              f"{diff:12.1e}")
+        rows.append((name, peak, theory * plain_peak, overheads, extra))
         if k:
             check(f"{name}: the plain run's gradients bit for bit", diff == 0.0, 0.0, diff)
             check(f"{name}: peak / plain peak within 0.05 of (k·x + ⌈n/k⌉·a) / (n·a)",
-                  abs(peak / plain[1] - theory) <= 0.05, f"{theory:.2f} ± 0.05",
-                  f"{peak / plain[1]:.2f}")
-    print(f"\nplain forward {fwd * 1e3:.1f} ms of a {plain[0] * 1e3:.1f} ms step: the time theory "
-          f"is the share of the step spent re-running forwards.")
+                  abs(peak / plain_peak - theory) <= 0.05, f"{theory:.2f} ± 0.05",
+                  f"{peak / plain_peak:.2f}")
+    print(f"\nplain forward {fwd * 1e3:.1f} ms of a {statistics.median(plain_seconds) * 1e3:.1f} "
+          f"ms step: the time theory is the share of the step spent re-running forwards.")
+    print(f"overhead: median [min-max] of {args.repeats} rounds, each timing every setting once "
+          f"against its own plain step.\nA range wider than the gap to the theory is other work "
+          f"on the machine, not the method: time is noisy,\nmemory is not.")
     print("The gradients are bit-for-bit those of the plain run: recomputation replays the same "
           "dropout masks.\nsqrt(n) segments keep a fraction of the plain peak for about one extra "
           "forward pass of time.")
+    draw_figures(args.plot, rows)
     return finish(f"{len(settings) - 1} checkpointed runs: the plain gradients, less peak memory")
 
 
+def draw_figures(directory, rows):
+    """Peak memory of each setting beside its theory; step-time overhead, median with its
+    [min-max] as a bar, beside the theory."""
+    names = [r[0] for r in rows]
+    figure(directory, "02_memory", lambda figures: figures.memory_chart(
+        [(name, peak, theory) for name, peak, theory, _, _ in rows],
+        title="Gradient checkpointing: peak activation memory", unit="MB"))
+
+    def time_chart(figures):
+        medians = [100 * statistics.median(r[3]) for r in rows]
+        fig = figures.bar_chart(names, {"measured, median": medians,
+                                        "theory": [100 * r[4] for r in rows]},
+                                title="Gradient checkpointing: step time over the plain step",
+                                ylabel="extra step time (%)", xlabel="checkpointing")
+        bars = fig.axes[0].containers[0]  # the measured bars: add each one's [min-max]
+        for bar, median, r in zip(bars, medians, rows):
+            low, high = 100 * min(r[3]), 100 * max(r[3])
+            fig.axes[0].errorbar(bar.get_x() + bar.get_width() / 2, median,
+                                 yerr=[[median - low], [high - median]], color="black",
+                                 capsize=4, label="min-max of the rounds" if r is rows[0] else None)
+        fig.axes[0].legend()
+        return fig
+    figure(directory, "02_step_time", time_chart)
 if __name__ == "__main__":
     raise SystemExit(main())
