@@ -9,16 +9,22 @@ vector, from the communicator's trace. Part 2 fills the lecture's comparison tab
 counters: time, peak bandwidth per node (the busiest rank's bytes in and out) and total
 bandwidth (bytes sent by all ranks), beside the cost model's formula for the time.
 """
+import os
+import statistics
+import textwrap
 import time
 
 import numpy as np
 
 from minipar.comm import ALGORITHMS, cost, fit
+from minipar.console import spread, terminal_width
 
-from _kit import arguments, check, finish, mpi_world, say
+from _kit import arguments, check, figure, finish, mpi_world, note_load, progress, say
 
-args = arguments(__doc__, quick="a 256 KiB vector instead of 4 MiB")
+args = arguments(__doc__, quick="a 256 KiB vector instead of 4 MiB", plot=True)
 world = mpi_world(__doc__, at_least=2)
+note_load()
+REPEATS = 5  # timed runs of each all-reduce: the median and [min-max] of the slowest rank's
 p, rank = world.size, world.rank
 ALGOS = [a for a in ALGORITHMS["all_reduce"] if a not in ("mpi",)]
 
@@ -41,38 +47,60 @@ for algo in ALGOS:
 
 # ---- Part 2: the comparison table, measured ------------------------------------------------
 n_bytes = (256 << 10) if args.quick else (4 << 20)
-x = np.ones(n_bytes // 4, np.float32)
 model = fit.fit(world, sizes=(n_bytes // 8, n_bytes // 4, n_bytes // 2, n_bytes),
-                 algorithms=ALGOS)  # each algorithm its own alpha (its Python per step)
-say(f"\nPart 2. All-reduce of {n_bytes >> 20} MiB on {p} ranks "
-    f"(fitted: ring alpha {model.alpha * 1e6:.1f} us; for {n_bytes // p >> 10} KiB messages "
-    f"1/beta {1 / model.beta(n_bytes / p) / 1e9:.2f} GB/s, "
-    f"1/gamma {1 / model.gamma(n_bytes / p) / 1e9:.2f} GB/s)",
-    f"  {'algorithm':18s} {'time ms':>8s} {'model ms':>9s} {'peak node MB':>13s} "
-    f"{'total MB':>9s}  (n = {n_bytes / 1e6:.1f} MB)")
+                algorithms=ALGOS)  # each algorithm its own alpha (its Python per step)
 exact = {}  # every algorithm's sum of p vectors of ones is p, exactly
 optimal = 2 * (p - 1) / p * n_bytes  # bytes a rank must send, at least (Patarasuk & Yuan 2009)
 most_sent = {}  # algorithm -> the bytes the busiest sender sent in one all-reduce
-for algo in ALGOS + ["mpi"]:
+widest = 1.0  # the largest max/min of one algorithm's runs: how noisy a single timing is
+table, rows = [], []  # the lines at n; every size's row for the figure (minipar.bench's keys)
+sizes = (n_bytes // 8, n_bytes // 4, n_bytes // 2, n_bytes) if args.plot else (n_bytes,)
+for size, algo in progress([(m, a) for m in sizes for a in ALGOS + ["mpi"]], "all-reduces"):
+    x = np.ones(size // 4, np.float32)
     world.all_reduce(x, algorithm=algo)  # warm up
     times = []
-    for _ in range(3):
+    for _ in range(REPEATS):
         world.counters.reset()
         world.barrier()
         t0 = time.perf_counter()
         total_of_ones = world.all_reduce(x, algorithm=algo)
         times.append(world.mpi.allreduce(time.perf_counter() - t0, op=max))
         exact[algo] = exact.get(algo, True) and bool((total_of_ones == p).all())
-    seconds = sorted(times)[1]  # the median of 3 (of the slowest rank)
+    seconds = statistics.median(times)  # of the slowest rank's
+    predicted = cost.predict("all_reduce", algo, p, size, model) if algo != "mpi" else None
+    rows.append({"bytes": size, "algorithm": algo, "time_us": seconds * 1e6,
+                 "busbw_GBps": size / seconds * 2 * (p - 1) / p / 1e9,
+                 "model_us": predicted and predicted * 1e6})
+    if size != n_bytes:
+        continue
     c = world.counters.snapshot()
     peak = world.mpi.allreduce(c["bytes_sent"] + c["bytes_received"], op=max)
     total = world.mpi.allreduce(c["bytes_sent"])
-    predicted = cost.predict("all_reduce", algo, p, n_bytes, model) if algo != "mpi" else None
-    model_text = f"{predicted * 1e3:9.1f}" if predicted else f"{'-':>9s}"
+    model_text = (f"{predicted * 1e3:9.1f} {seconds / predicted:8.2f}" if predicted
+                  else f"{'-':>9s} {'-':>8s}")
     moved = f"{peak / 1e6:13.1f} {total / 1e6:9.1f}" if algo != "mpi" else \
         f"{'(inside MPI)':>13s} {'':9s}"
-    say(f"  {algo:18s} {seconds * 1e3:8.1f} {model_text} {moved}")
+    table.append(f"  {algo:18s} {spread([t * 1e3 for t in times], '{:.1f}'):>18s} {model_text} "
+                 f"{moved}")
     most_sent[algo] = world.mpi.allreduce(c["bytes_sent"], op=max)
+    widest = max(widest, max(times) / min(times))
+ratios = [r["time_us"] / r["model_us"] for r in rows if r["model_us"] and r["bytes"] == n_bytes]
+cores = os.cpu_count() or 1
+vector = f"{n_bytes >> 20} MiB" if n_bytes >= 1 << 20 else f"{n_bytes >> 10} KiB"
+say(f"\nPart 2. All-reduce of {vector} on {p} ranks "
+    f"(fitted: ring alpha {model.alpha * 1e6:.1f} us; for {n_bytes // p >> 10} KiB messages "
+    f"1/beta {1 / model.beta(n_bytes / p) / 1e9:.2f} GB/s, "
+    f"1/gamma {1 / model.gamma(n_bytes / p) / 1e9:.2f} GB/s)",
+    f"  {'algorithm':18s} {'time ms [min-max]':>18s} {'model ms':>9s} {'meas/mod':>8s} "
+    f"{'peak node MB':>13s} {'total MB':>9s}  (n = {n_bytes / 1e6:.1f} MB, {REPEATS} runs)",
+    *table,
+    textwrap.fill(
+        f"meas/mod {min(ratios):.2f}-{max(ratios):.2f}, while one algorithm's own {REPEATS} "
+        f"runs differ by up to {widest:.1f}x: "
+        + (f"{p} ranks share {cores} cores, and " if p > cores else "")
+        + "the fitted constants hold for the traffic the fit timed (every rank sending at once, "
+          "under that moment's load); ranks that take turns beat them, other work on the "
+          "machine slows any run past them.", width=terminal_width()))
 say("\nRing and recursive halving move 2(p-1)/p n per rank, the least possible; the single",
     "parameter server's link moves 2(p-1) n. Recursive doubling moves n log p but needs only",
     "log p steps: it wins for small vectors, where alpha dominates.")
@@ -83,5 +111,7 @@ for algo in ("ring", "recursive_halving"):
         check(f"{algo}: each rank sent 2(p-1)/p·n = {optimal:,.0f} B (counters, within 1 %)",
               abs(most_sent[algo] - optimal) <= 0.01 * optimal, f"{optimal:,.0f} B",
               f"{most_sent[algo]:,} B")
+figure(args.plot, "04_busbw", lambda figures: figures.busbw_chart(
+    rows, p, title=f"All-reduce on {p} ranks: measured (solid) and the fitted model (dashed)"))
 raise SystemExit(finish(f"all {len(ALGOS)} hand-written all-reduces returned MPI's exact sum, "
                         f"ring{' and halving' if p & (p - 1) == 0 else ''} at the optimal bytes"))
