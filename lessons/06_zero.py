@@ -20,10 +20,12 @@ from minipar import optim
 from minipar.data import CharTokenizer, load_text
 from minipar.parallel.data import DistributedDataParallel, ZeRO, local_batch_size
 
-from _kit import arguments, check, finish, mpi_world, say
+from _kit import arguments, check, figure, finish, mpi_world, progress, say
 
 CONFIG = dict(block_size=32, n_layer=2, n_head=4, n_embd=64)
 GLOBAL_BATCH = 24  # divides among 1, 2, 3, 4, 6 or 8 ranks
+KINDS = ("DP", "ZeRO-1", "ZeRO-2")
+PARTS = ("parameters", "gradients", "optimizer_state")
 
 
 def make(kind, group, vocab):
@@ -50,13 +52,14 @@ def global_batch(data, step):
     return windows[:, :-1], windows[:, 1:]
 
 
-def train_steps(kind, group, data, vocab, steps):
-    """Losses (mean over the global batch) and this rank's memory after the last backward."""
+def train_steps(kind, group, data, vocab, steps, desc=None):
+    """Losses (mean over the global batch) and this rank's memory after the last backward;
+    a progress bar named ``desc`` when given."""
     model, step, zero_grad, memory = make(kind, group, vocab)
     b = local_batch_size(GLOBAL_BATCH, group.size)
     mine = slice(group.rank * b, (group.rank + 1) * b)
     losses = []
-    for s in range(steps):
+    for s in progress(range(steps), desc) if desc else range(steps):
         x, y = global_batch(data, s)
         zero_grad()
         loss = model(x[mine], y[mine])[1]
@@ -68,50 +71,74 @@ def train_steps(kind, group, data, vocab, steps):
 
 
 def part1_memory(world, data, vocab):
+    held = {}  # (N, kind) -> this rank's bytes (rank 0 is in every group)
+    for k in progress(range(1, world.size + 1), "memory for N = 1 ..", total=world.size):
+        group = world.split(0 if world.rank < k else 1)
+        if world.rank < k:
+            for kind in KINDS:
+                _, held[k, kind] = train_steps(kind, group, data, vocab, steps=2)  # state after 1
+        world.barrier()
     say("Part 1: kB one rank holds after backward (parameters / gradients / optimizer "
         "state), float32 AdamW, tiny GPT")
     say(f"  {'N':>2s}  {'plain DP':>20s}  {'ZeRO-1':>20s}  {'ZeRO-2':>20s}")
-    held = {}  # kind -> this rank's bytes; the last k is the whole world
-    for k in range(1, world.size + 1):
-        group = world.split(0 if world.rank < k else 1)
-        if world.rank < k:
-            cells = []
-            for kind in ("DP", "ZeRO-1", "ZeRO-2"):
-                _, held[kind] = train_steps(kind, group, data, vocab, steps=2)  # state after 1
-                cells.append("/".join(f"{held[kind][key] / 1e3:.0f}" for key in
-                                      ("parameters", "gradients", "optimizer_state")))
-            say(f"  {k:2d}  " + "  ".join(f"{c:>20s}" for c in cells))
-        world.barrier()
+    for k in range(1, world.size + 1 if world.rank == 0 else 1):  # rank 0 holds every N
+        say(f"  {k:2d}  " + "  ".join(f"{cell:>20s}" for cell in (
+            "/".join(f"{held[k, kind][key] / 1e3:.0f}" for key in PARTS) for kind in KINDS)))
     say("  ZeRO-1 divides the optimizer state by N, ZeRO-2 the gradients too; parameters "
         "stay whole (that is stage 3). DP's gradients live in its bucket buffers.")
     return held
 
 
 def part2_same_curve(world, data, vocab, steps):
+    curves = {kind: train_steps(kind, world, data, vocab, steps, desc=f"{kind} training")[0]
+              for kind in KINDS}
     say(f"\nPart 2: the loss curve on {world.size} ranks, global batch {GLOBAL_BATCH}")
-    curves = {kind: train_steps(kind, world, data, vocab, steps)[0]
-              for kind in ("DP", "ZeRO-1", "ZeRO-2")}
     say(f"  {'step':>4s} {'plain DP':>10s} {'ZeRO-1':>10s} {'ZeRO-2':>10s}")
     for s in range(0, steps, max(1, steps // 8)):
         say(f"  {s:4d} " + " ".join(f"{curves[k][s]:10.5f}" for k in curves))
     gap = max(abs(a - b) for k in ("ZeRO-1", "ZeRO-2") for a, b in zip(curves["DP"], curves[k]))
     say(f"  largest loss difference from plain DP over {steps} steps: {gap:.1e} "
         f"(float32 rounding)")
-    return gap
+    return gap, curves
+
+
+def theory_bytes(kind, parameters, N):
+    """Adam in float32: parameters P, gradients P, optimizer state 2P; ZeRO-1 keeps 1/N of the
+    state, ZeRO-2 also 1/N of the gradients (Rajbhandari et al. 2020)."""
+    gradients = parameters / N if kind == "ZeRO-2" else parameters
+    state = 2 * parameters / (1 if kind == "DP" else N)
+    return parameters + gradients + state
+
+
+def draw_figures(directory, held, curves, N):
+    bars = []
+    for k in range(1, N + 1):
+        for kind in KINDS:
+            label = f"{'DP' if kind == 'DP' else kind} N={k}"
+            measured = sum(held[k, kind][key] for key in PARTS)
+            bars.append((label, measured, theory_bytes(kind, held[k, kind]["parameters"], k)))
+    figure(directory, "06_memory", lambda figures: figures.memory_chart(
+        bars, title="ZeRO: memory one rank holds after backward (parameters + gradients + "
+                    "optimizer state)", unit="KiB"))
+    figure(directory, "06_loss", lambda figures: figures.loss_chart(
+        {"plain DP": curves["DP"], "ZeRO-1": curves["ZeRO-1"], "ZeRO-2": curves["ZeRO-2"]},
+        title=f"ZeRO-1 and ZeRO-2 follow plain DP's loss curve ({N} ranks)"))
 
 
 def main():
-    args = arguments(__doc__)
+    args = arguments(__doc__, plot=True)
     world = mpi_world(__doc__, ranks=(1, 2, 3, 4, 6, 8))
     text = load_text("pydoc")
     tok = CharTokenizer(text)
     data = tok.encode(text)
     held = part1_memory(world, data, tok.vocab_size)
-    gap = part2_same_curve(world, data, tok.vocab_size, steps=4 if args.quick else 40)
+    gap, curves = part2_same_curve(world, data, tok.vocab_size, steps=4 if args.quick else 40)
     N = world.size
+    if world.rank == 0:  # it holds the memory of every N
+        draw_figures(args.plot, held, curves, N)
     for kind, key in (("ZeRO-1", "optimizer_state"), ("ZeRO-2", "optimizer_state"),
                       ("ZeRO-2", "gradients")):
-        ratio, want = held[kind][key] / held["DP"][key], 1 / N
+        ratio, want = held[N, kind][key] / held[N, "DP"][key], 1 / N
         check(f"{kind}: a rank holds 1/N = {want:.3f} of DP's {key.replace('_', ' ')} (± 0.01)",
               abs(ratio - want) <= 0.01, f"{want:.3f} ± 0.01", f"{ratio:.4f}")
     check("ZeRO-1 and ZeRO-2 follow plain DP's loss curve (float32, |diff| < 1e-5)", gap < 1e-5,
