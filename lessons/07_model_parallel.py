@@ -37,12 +37,13 @@ from minipar.data import load_digits  # noqa: E402
 from minipar.parallel.pipeline import Pipeline, balanced_split, build, stage_costs  # noqa: E402
 from minipar.parallel.pipeline.partition import measure_costs  # noqa: E402
 
-from _kit import arguments, check, finish, mpi_world, say  # noqa: E402
+from _kit import arguments, check, finish, mpi_world, note_load, progress, say  # noqa: E402
 
 args = arguments(__doc__, ("--batch", 256), ("--steps", 4, "timed steps per setting (median)"),
                  quick="a smaller model, fewer steps")
 world = mpi_world(__doc__, at_least=2)
 rank, p = world.rank, world.size
+note_load()
 
 
 def resnet(widths):
@@ -82,7 +83,7 @@ def main():
     model = resnet(widths)
     sgd = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     times, serial_losses = [], []
-    for _ in range(steps if rank == 0 else 0):
+    for _ in progress(range(steps if rank == 0 else 0), "one device"):
         start = time.perf_counter()
         model.zero_grad()
         loss = F.cross_entropy(model(Tensor(x)), y)
@@ -99,8 +100,8 @@ def main():
     say(f"\n{'schedule':<10}{'split':>7}{'m':>5}{'ms/step':>10}{'speed-up':>10}"
         f"{'model m/(1+(m-1)f), f=' + format(slowest, '.2f'):>30}")
     splits = [batch] + [s for s in (128, 64, 32, 16, 8, 4) if s < batch][: 3 if args.quick else 6]
-    best = None
-    for split in splits:
+    best, table = None, []
+    for split in progress(splits, "splits"):  # the table comes after: a bar and lines do not mix
         m = batch // split
         name = "naive" if m == 1 else "gpipe"
         pipe = Pipeline(resnet(widths), build(name, p, m), world, F.cross_entropy, bounds=bounds,
@@ -111,8 +112,9 @@ def main():
             check(f"naive model parallel: the one-device model's {steps} losses (float32, "
                   f"|diff| < 1e-5)", gap < 1e-5, "< 1e-5", f"{gap:.1e}")
         best = min(best or (seconds, split), (seconds, split))
-        say(f"{name:<10}{split:>7}{m:>5}{seconds * 1e3:>10.1f}{serial / seconds:>9.2f}x"
-            f"{m / (1 + (m - 1) * slowest):>29.2f}x")
+        table.append(f"{name:<10}{split:>7}{m:>5}{seconds * 1e3:>10.1f}"
+                     f"{serial / seconds:>9.2f}x{m / (1 + (m - 1) * slowest):>29.2f}x")
+    say(*table)
     say(f"\nfastest split: {best[1]} samples per micro-batch. Naive model parallelism is no "
         f"faster than one device:\nrank {p - 1} waits for rank 0, then rank 0 for rank {p - 1}. "
         f"Micro-batches let the ranks overlap, until they get\nso small that per-call overheads "
@@ -125,7 +127,7 @@ def main():
                     optimizer=lambda ps: optim.SGD(ps, lr=0.05, momentum=0.9))
     order = np.random.default_rng(0).permutation(len(images))
     losses = []
-    for i in range(4 if args.quick else 30):
+    for i in progress(range(4 if args.quick else 30), "training"):
         idx = order[(i * batch) % (len(images) - batch):][:batch]
         losses.append(world.mpi.bcast(pipe.step(images[idx], labels[idx]), root=p - 1))
     say(f"\ntraining with GPipe, split {best[1]}: loss {losses[0]:.3f} at step 1, "
