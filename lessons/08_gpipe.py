@@ -26,13 +26,14 @@ import numpy as np  # noqa: E402
 
 import minipar  # noqa: E402
 from minipar import nn  # noqa: E402
+from minipar.console import terminal_width  # noqa: E402
 from minipar.parallel.pipeline import Pipeline, bubble_theory, build, text_gantt  # noqa: E402
 from minipar.parallel.pipeline.measure import measure_bubble  # noqa: E402
 
-from _kit import arguments, check, finish, mpi_world, say  # noqa: E402
+from _kit import arguments, check, figure, finish, mpi_world, note_load, say  # noqa: E402
 
 args = arguments(__doc__, ("--unit", 0.01, "seconds per stage forward"),
-                 quick="short units, fewer settings")
+                 quick="short units, fewer settings", plot=True)
 world = mpi_world(__doc__, at_least=2)
 rank, p = world.rank, world.size
 POINTS = 0.2  # measured bubble vs theory, absolute: every message adds a wake-up; with 4 ranks
@@ -40,21 +41,30 @@ POINTS = 0.2  # measured bubble vs theory, absolute: every message adds a wake-u
 
 
 def part1_bubble(unit, ms, repeats):
+    """Measure the bubble for each m; on rank 0 returns the figures' data: the points
+    (label, m, measured, theory) and the measured events of m = 4."""
     say(f"Part 1. GPipe's bubble on p = {p} ranks, measured from traces (unit {unit * 1e3:g} ms)",
         f"{'m':>4}{'theory (p-1)/(m+p-1)':>24}{'measured':>10}")
+    points, shown = [], None
     for m in ms:
         schedule = build("gpipe", p, m)
         measured = measure_bubble(world, schedule, unit, repeats)
         if rank == 0:
-            _, num, den = bubble_theory(schedule)
+            formula, num, den = bubble_theory(schedule)
             say(f"{m:>4}{f'{num}/{den} = {num / den:.3f}':>24}{measured[0]:>10.3f}")
             check(f"m = {m}: measured bubble within {POINTS} of (p-1)/(m+p-1) = {num}/{den}",
                   abs(measured[0] - num / den) <= POINTS, f"{num / den:.3f} ± {POINTS}",
                   f"{measured[0]:.3f}")
+            points.append(("GPipe", m, measured[0], num / den))
             if m == 4:
-                gantt = text_gantt(measured[1], p, unit=unit)
-    say("\nThe measured timeline of m = 4 (one column per unit; F forward, B backward, . idle):",
-        gantt if rank == 0 else "")
+                shown = (measured[1], f"{formula.split(' if')[0]} = {num}/{den}", num / den)
+    if rank == 0:  # the theory's line also through the powers of 2 that were not measured
+        points += [("GPipe", k, None, (p - 1) / (k + p - 1)) for k in (1, 2, 4, 8, 16)
+                   if k <= max(ms) and k not in ms]
+    say("\nThe measured timeline of m = 4, one column per unit:",
+        text_gantt(shown[0], p, unit=unit, width=terminal_width(), legend=True)
+        if rank == 0 else "")
+    return points, shown
 
 
 def gpt_blocks(width, n_blocks, dropout):
@@ -102,12 +112,21 @@ def part2_memory(m, shape):
 
 
 def main():
+    note_load()
     if args.quick:
-        part1_bubble(0.006, (1, 4), 2)  # long units, the least disturbed of 2 steps
+        points, shown = part1_bubble(0.006, (1, 4), 2)  # long units, the least disturbed of 2
         diff = part2_memory(4, (8, 8, 32))
     else:
-        part1_bubble(args.unit, (1, 2, 4, 8, 16), 2)
+        points, shown = part1_bubble(args.unit, (1, 2, 4, 8, 16), 2)
         diff = part2_memory(8, (16, 32, 64))
+    if rank == 0:
+        events, formula, theory = shown
+        figure(args.plot, "08_schedule", lambda figures: figures.schedule_chart(
+            events, p, title=f"GPipe on {p} ranks, m = 4, measured", theory=(formula, theory),
+            time_unit="ms"))
+        figure(args.plot, "08_bubble", lambda figures: figures.bubble_chart(
+            points, title=f"GPipe's bubble on {p} ranks against micro-batches m: measured "
+                          f"beside (p-1)/(m+p-1)"))
     check("re-materialised GPipe gives the plain run's gradients bit for bit", diff == 0.0,
           0.0, f"{diff:.1e}")
     return finish(f"GPipe's bubble follows (p-1)/(m+p-1) within {POINTS}; re-materialising "
