@@ -26,14 +26,16 @@ import numpy as np  # noqa: E402
 
 import minipar  # noqa: E402
 from minipar import nn, optim  # noqa: E402
+from minipar.console import terminal_width  # noqa: E402
 from minipar.parallel.pipeline import Pipeline, bubble_theory, build, text_gantt  # noqa: E402
 from minipar.parallel.pipeline.measure import measure_bubble  # noqa: E402
 from minipar.parallel.pipeline.schedules import weight_versions  # noqa: E402
 
-from _kit import arguments, check, finish, mpi_world, say  # noqa: E402
+from _kit import (arguments, check, figure, finish, mpi_world, note_load, progress,  # noqa: E402
+                  say)
 
 args = arguments(__doc__, ("--unit", 0.02, "seconds per stage forward"),
-                 quick="short units, a smaller model")
+                 quick="short units, a smaller model", plot=True)
 world = mpi_world(__doc__, ranks=(2, 4) if args.quick else (2, 4, 8))  # p divides m = 4 or 8
 rank, p = world.rank, world.size
 POINTS = 0.2  # measured bubble vs theory, absolute. Each message adds a wake-up: interleaving's
@@ -75,12 +77,17 @@ def part1_memory(m, shape):
         "is a second pass over the kept graph).")
 
 
+SCHEDULES = (("gpipe", None), ("1f1b", None), ("interleaved", 2), ("zb-h1", None))
+
+
 def part2_bubbles(unit, m, repeats):
+    """Measure each schedule's bubble at m; on rank 0 returns the figures' data: the points
+    (label, m, measured, theory) and each schedule's measured events with its theory."""
     say(f"\nPart 2. Bubbles on p = {p} ranks, m = {m}, measured from traces (unit "
         f"{unit * 1e3:g} ms per stage forward, F = 1, B = 2 or B = W = 1)",
         f"{'schedule':<18}{'formula':<22}{'theory':>12}{'measured':>10}")
-    gantts, bubbles, theory = {}, {}, {}
-    for name, v in (("gpipe", None), ("1f1b", None), ("interleaved", 2), ("zb-h1", None)):
+    runs, points, bubbles, theory = {}, [], {}, {}
+    for name, v in SCHEDULES:
         schedule = build(name, p, m, v)
         measured = measure_bubble(world, schedule, unit, repeats)
         if rank == 0:
@@ -88,7 +95,8 @@ def part2_bubbles(unit, m, repeats):
             label = name + (f" v={v}" if v else "")
             say(f"{label:<18}{formula.split(' if')[0]:<22}{f'{num}/{den} = {num / den:.3f}':>12}"
                 f"{measured[0]:>10.3f}")
-            gantts[label] = text_gantt(measured[1], p, unit=unit / (v or 1))
+            runs[label] = (measured[1], f"{formula.split(' if')[0]} = {num}/{den}", num / den, v)
+            points.append((label, m, measured[0], num / den))
             bubbles[name], theory[name] = measured[0], num / den
             check(f"{label}: measured bubble within {POINTS} of {num}/{den}",
                   abs(measured[0] - num / den) <= POINTS, f"{num / den:.3f} ± {POINTS}",
@@ -97,10 +105,29 @@ def part2_bubbles(unit, m, repeats):
         check("the interleaved bubble (v = 2) is below 1F1B's, measured",
               bubbles["interleaved"] < bubbles["1f1b"], f"< {bubbles['1f1b']:.3f}",
               f"{bubbles['interleaved']:.3f}")
-    say("\nmeasured interleaved v=2 (a, b: the rank's chunks 0 and 1, each half a stage's cost):",
-        gantts.get("interleaved v=2", ""),
+
+    def gantt(label):
+        events, _, _, v = runs[label]
+        return text_gantt(events, p, unit=unit / (v or 1), width=terminal_width(), legend=True)
+    say("\nmeasured interleaved v=2 (each chunk half a stage's cost):",
+        gantt("interleaved v=2") if rank == 0 else "",
         "\nmeasured zb-h1 (W: weight gradients, run late on later ranks to fill the drain):",
-        gantts.get("zb-h1", ""))
+        gantt("zb-h1") if rank == 0 else "")
+    return points, runs
+
+
+def bubbles_against_m(unit, m, repeats):
+    """With --plot: every schedule's bubble also at m/2 and 2m (multiples of p), for the
+    figure of bubble against m. Rank 0 gets the points."""
+    points = []
+    others = [k for k in (m // 2, 2 * m) if k >= p and k % p == 0]
+    for k, (name, v) in progress([(k, s) for k in others for s in SCHEDULES], "bubble against m"):
+        schedule = build(name, p, k, v)
+        measured = measure_bubble(world, schedule, unit, repeats)
+        if rank == 0:
+            _, num, den = bubble_theory(schedule)
+            points.append((name + (f" v={v}" if v else ""), k, measured[0], num / den))
+    return points
 
 
 def part3_pipedream(m, width):
@@ -128,16 +155,30 @@ def part3_pipedream(m, width):
 
 
 def main():
+    note_load()
     if args.quick:
-        part1_memory(4, (8, 8, 32))
-        part2_bubbles(0.01, 4, 4)  # long units, the least disturbed of 4 steps: robust
-        part3_pipedream(4, 4)
+        m, unit, repeats = 4, 0.01, 4  # long units, the least disturbed of 4 steps: robust
+        part1_memory(m, (8, 8, 32))
     else:
-        part1_memory(8, (16, 32, 64))
-        part2_bubbles(args.unit, 8, 2)
-        part3_pipedream(8, 8)
+        m, unit, repeats = 8, args.unit, 2
+        part1_memory(m, (16, 32, 64))
+    points, runs = part2_bubbles(unit, m, repeats)
+    part3_pipedream(m, 4 if args.quick else 8)
+    if args.plot:
+        points += bubbles_against_m(unit, m, repeats)
+    if rank == 0:
+        draw_figures(args.plot, points, runs, m)
     return finish(f"1F1B holds p - r micro-batches; the bubbles follow theory within {POINTS}, "
                   f"interleaving's below 1F1B's (p >= 4); PipeDream's versions")
+
+
+def draw_figures(directory, points, runs, m):
+    for label, (events, formula, theory, _) in runs.items():
+        figure(directory, f"09_schedule_{label.split()[0]}", lambda figures: figures.schedule_chart(
+            events, p, title=f"{label} on {p} ranks, m = {m}, measured",
+            theory=(formula, theory), time_unit="ms"))
+    figure(directory, "09_bubble", lambda figures: figures.bubble_chart(
+        points, title=f"Bubble against micro-batches m on {p} ranks: measured beside theory"))
 
 
 if __name__ == "__main__":
