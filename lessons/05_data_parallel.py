@@ -26,7 +26,7 @@ from minipar.parallel.data import (DistributedDataParallel, DistributedSampler, 
                                    busiest_link, local_batch_size)
 
 
-from _kit import arguments, check, finish, mpi_world, say
+from _kit import arguments, check, figure, finish, mpi_world, note_load, say
 
 GLOBAL_BATCH, TRAIN = 96, 1500  # 96 divides among 1, 2, 3, 4, 6 or 8 ranks
 
@@ -102,6 +102,7 @@ def part2_algorithms(world, x, y, steps):
     sent_by = {}
     methods += [("parameter server, one", dict(sharded=False)),
                 ("parameter server, sharded", dict(sharded=True))]
+    curves = {}  # method -> the loss of each step (mean over ranks): the figure's curves
     for name, options in methods:
         model = build("float32")
         if name.startswith("DDP"):
@@ -112,21 +113,41 @@ def part2_algorithms(world, x, y, steps):
             ps = ParameterServer(model, lambda ps: optim.AdamW(ps, lr=1e-3), world, **options)
             net, update, clear = model, ps.step, ps.zero_grad
 
+        losses = []
+
         def run_step():
             clear()
-            step_loss(net, xs, ys).backward()
+            loss = step_loss(net, xs, ys)
+            loss.backward()
             update()
+            losses.append(loss.item())
         seconds, sent, busiest = time_steps(world, run_step, steps)
+        curves[name] = world.all_reduce(np.array(losses), op="avg").tolist()
         counted = (f"{sent / 1e3:8.0f}kB {busiest / 1e3:8.0f}kB" if not name.endswith("mpi")
                    else f"{'MPI_Allreduce: not in the counters':>21s}")
         say(f"  {name:24s} {seconds * 1e3:8.2f} {counted}")
         sent_by[name] = sent
-    return n, sent_by
+    return n, sent_by, curves
+
+
+def serial_curve(x, y, steps):
+    """The serial model's losses on the whole global batch, step after step: the reference."""
+    model = build("float32")
+    opt = optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = step_loss(model, x[:GLOBAL_BATCH], y[:GLOBAL_BATCH])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
 
 
 def main():
-    args = arguments(__doc__)
+    args = arguments(__doc__, plot=True)
     world = mpi_world(__doc__, ranks=(1, 2, 3, 4, 6, 8))
+    note_load()
     images, labels = load_digits()
     x, y = images.reshape(len(images), -1), labels
     model, diff = part1_equal_to_serial(world, x[:TRAIN].astype("float64"), y[:TRAIN],
@@ -135,8 +156,16 @@ def main():
         logits = model(minipar.tensor(x[TRAIN:].astype("float64")))
     accuracy = float((logits.numpy().argmax(1) == y[TRAIN:]).mean())
     say(f"  held-out accuracy on the last {len(x) - TRAIN} digits: {accuracy:.1%}")
-    n, sent = part2_algorithms(world, x.astype("float32"), y, steps=3 if args.quick else 20)
+    steps = 3 if args.quick else 20
+    n, sent, curves = part2_algorithms(world, x.astype("float32"), y, steps)
     N = world.size
+    if world.rank == 0 and args.plot:  # the timed steps trained on one batch: their loss curves
+        serial = serial_curve(x.astype("float32"), y, steps + 1)
+        gap = max(abs(a - b) for curve in curves.values() for a, b in zip(curve, serial))
+        figure(args.plot, "05_loss", lambda figures: figures.loss_chart(
+            {"serial (one model, the global batch)": serial, **curves},
+            title=f"Data parallel on {N} ranks, each all-reduce and parameter server: the "
+                  f"serial loss curve (part 2's steps, float32, largest gap {gap:.0e})"))
     check("data parallel equals serial training (float64, max |parameter diff| < 1e-10)",
           diff < 1e-10, "< 1e-10", f"{diff:.1e}")
     ring = 2 * (N - 1) / N * n  # every bucket's ring: 2(N-1)/N of its bytes
