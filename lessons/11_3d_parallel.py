@@ -27,14 +27,15 @@ import time
 
 import minipar
 from minipar import backend, nn, optim
+from minipar.console import terminal_width
 from minipar.data import CharTokenizer, get_batch, load_text
 from minipar.distributed import AppState, checkpoint as dcp
 from minipar.parallel.groups import ParallelGroups, RankGrid
 from minipar.parallel.hybrid import Trainer3D
-from minipar.parallel.pipeline import timeline
+from minipar.parallel.pipeline import bubble_theory, build, timeline
 from minipar.testing import serial_losses, train_serial
 
-from _kit import arguments, check, finish, mpi_world, say
+from _kit import arguments, check, figure, finish, mpi_world, progress, say
 
 
 def main():
@@ -51,7 +52,7 @@ def main():
                      ("--save", None, "save the trainer to this folder after training"),
                      ("--resume", None, "load the trainer from this folder before training and "
                                         "continue its step count"),
-                     quick="a few steps of a smaller model")
+                     quick="a few steps of a smaller model", plot=True)
     if args.quick:
         args.steps, args.check_steps, args.batch = 4, 2, 8
     world = mpi_world(__doc__, ranks=[args.tp * args.pp * d for d in range(1, args.batch + 1)
@@ -111,10 +112,14 @@ def main():
     events = world.mpi.gather(trainer.pipe.events, root=0)
 
     if world.rank == 0:
-        reference = (serial_losses(config, batches[:args.check_steps], make_optimizer)
-                     if not args.resume else
-                     resumed_serial_losses(config, batches[:args.check_steps], make_optimizer,
-                                           args.resume))
+        # With --plot the serial model trains through every step: the figure's reference curve.
+        compared = batches if args.plot else batches[:args.check_steps]
+        if len(compared) > args.check_steps:
+            compared = progress(compared, "serial reference")
+        reference = (serial_losses(config, compared, make_optimizer) if not args.resume else
+                     resumed_serial_losses(config, compared, make_optimizer, args.resume))
+        curves = {"serial": reference, f"3D ({grid.dp}×{grid.tp}×{grid.pp})": losses}
+        reference = reference[:args.check_steps]
         worst = max(abs(a - b) for a, b in zip(losses, reference))
         serial = f"serial model{' (loaded)' if args.resume else ''}, same batches:"
         print(f"\n  {serial} " + " ".join(f"{x:.5f}" for x in reference))
@@ -139,8 +144,10 @@ def main():
         mine = [timeline.Event(stages.index(r), e.start, e.end, e.kind, e.mb, e.chunk)
                 for r, evs in enumerate(events) if r in stages for e in evs]
         shortest = min(e.duration for e in mine if e.kind in ("F", "B"))
-        print(timeline.text_gantt(mine, unit=shortest))  # a cell: the shortest F or B
+        print(timeline.text_gantt(mine, unit=shortest, width=terminal_width(),  # a cell: the
+                                  legend=True))  # shortest F or B
         print(f"  bubble measured {timeline.bubble_fraction(mine):.2f}")
+        draw_figures(args, curves, mine, grid, state["step"] - args.steps)
         if args.trace:
             every = [timeline.Event(r, e.start, e.end, e.kind, e.mb, e.chunk)
                      for r, evs in enumerate(events) for e in evs]
@@ -160,6 +167,21 @@ def main():
               "\n  data groups carry the gradients once per step.")
     return finish(f"the first {args.check_steps} losses of the 3D run equal serial training's"
                   + ("" if args.resume else " and the loss falls"))
+
+
+def draw_figures(args, curves, events, grid, first):
+    """The loss curves, serial beneath 3D, and the last step of rank 0's pipeline, measured."""
+    steps = {label: [(first + i, loss) for i, loss in enumerate(curve)]
+             for label, curve in curves.items()}
+    figure(args.plot, "11_loss", lambda figures: figures.loss_chart(
+        steps, title=f"GPT trained {grid.dp}×{grid.tp}×{grid.pp} (data × tensor × pipeline) "
+                     f"beside the serial model on the same batches"))
+    schedule = build(args.schedule, grid.pp, args.microbatches)
+    formula, num, den = bubble_theory(schedule)
+    figure(args.plot, "11_schedule", lambda figures: figures.schedule_chart(
+        events, grid.pp, title=f"The last step of rank 0's pipeline ({args.schedule}, "
+                               f"m = {args.microbatches}), measured",
+        theory=(f"{formula.split(' if')[0]} = {num}/{den}", num / den), time_unit="ms"))
 
 
 def resumed_serial_losses(config, batches, make_optimizer, folder):
