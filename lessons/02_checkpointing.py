@@ -124,6 +124,7 @@ def draw_figures(directory, rows):
                                    title="Gradient checkpointing: peak activation memory",
                                    unit="MB", xlabel="checkpointing (k segments)")
         fig.axes[0].legend(loc="upper right")  # the plain run's tall bars are on the left
+        fig.axes[0].set_ylabel("peak activation memory (MB)")  # one process: not "per rank"
         return fig
     figure(directory, "02_memory", memory)
 
