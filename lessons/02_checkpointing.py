@@ -123,7 +123,6 @@ def draw_figures(directory, rows):
         fig = figures.memory_chart([(name, peak, theory) for name, peak, theory, _, _ in rows],
                                    title="Gradient checkpointing: peak activation memory",
                                    unit="MB", xlabel="checkpointing (k segments)")
-        fig.axes[0].legend(loc="upper right")  # the plain run's tall bars are on the left
         fig.axes[0].set_ylabel("peak activation memory (MB)")  # one process: not "per rank"
         return fig
     figure(directory, "02_memory", memory)
@@ -138,13 +137,15 @@ def draw_figures(directory, rows):
                                       f"(median of {len(rows[0][3])} rounds)",
                                 ylabel="extra step time (%)", xlabel="checkpointing (k segments)")
         bars = fig.axes[0].containers[0]  # the measured bars: add each one's [min-max]
-        for bar, median, r in zip(bars, medians, rows_k):
+        for i, (bar, median, r) in enumerate(zip(bars, medians, rows_k)):
             low, high = 100 * min(r[3]), 100 * max(r[3])
             fig.axes[0].errorbar(bar.get_x() + bar.get_width() / 2, median,
                                  yerr=[[median - low], [high - median]], color="black",
-                                 capsize=4, label="min-max of the rounds" if r is rows_k[0] else None)
-        fig.axes[0].legend(loc="best")
+                                 capsize=4, label=None if i else "min-max of the rounds")
+        fig.axes[0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))  # as bar_chart's
         return fig
     figure(directory, "02_step_time", time_chart)
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

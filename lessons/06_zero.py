@@ -117,14 +117,9 @@ def draw_figures(directory, held, curves, N):
             label = f"{'DP' if kind == 'DP' else kind} N={k}"
             measured = sum(held[k, kind][key] for key in PARTS)
             bars.append((label, measured, theory_bytes(kind, held[k, kind]["parameters"], k)))
-
-    def memory(figures):
-        fig = figures.memory_chart(bars, title="ZeRO: what one rank holds after backward "
-                                               "(parameters + gradients + optimizer state)",
-                                   unit="KiB", xlabel="layout on N ranks")
-        fig.axes[0].legend(loc="upper right")  # the bars shrink to the right: room there
-        return fig
-    figure(directory, "06_memory", memory)
+    figure(directory, "06_memory", lambda figures: figures.memory_chart(
+        bars, title="ZeRO: what one rank holds after backward (parameters + gradients + "
+                    "optimizer state)", unit="KiB", xlabel="layout on N ranks"))
     gap = max(abs(a - b) for k in ("ZeRO-1", "ZeRO-2") for a, b in zip(curves["DP"], curves[k]))
     figure(directory, "06_loss", lambda figures: figures.loss_chart(
         {"plain DP": curves["DP"], "ZeRO-1": curves["ZeRO-1"], "ZeRO-2": curves["ZeRO-2"]},
