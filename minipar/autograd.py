@@ -303,6 +303,8 @@ def where(condition, a, b):
 
 def embedding(weight, ids):
     """Rows of ``weight`` picked by integer ``ids`` (any shape): out[..., :] = weight[ids[...]]."""
+    if isinstance(ids, backend.numpy.ndarray) and not backend.is_gpu_array(ids):
+        ops.check_ids(ids, weight.shape[0])  # host ids: checked before they go to the device
     return apply(ops.embedding, weight, ids=_array(ids))
 
 

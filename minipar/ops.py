@@ -7,16 +7,18 @@ array and, right beside it, one gradient function per array input, ``g -> dL/d(i
     def mul(a, b):
         return a * b, (lambda g: g * b, lambda g: g * a)
 
-Ops know nothing of tensors or graphs: ``autograd.apply`` unwraps the tensors, runs the op, and
-in backward calls only the gradient functions of inputs that require grad. A gradient function
-keeps alive exactly the arrays it reads (``add``'s keep none), and that is what
-``memory.ActivationMemory`` counts. A trailing underscore (``sum_``) only avoids a builtin's
-name; the graph records the op as ``sum``.
+Ops know nothing of tensors or graphs: ``autograd.apply`` unwraps the tensors, runs the op, and in
+backward calls only the gradient functions of inputs that require grad. A gradient function keeps
+alive exactly the arrays it reads (``add``'s keep none), and that is what
+``memory.ActivationMemory`` counts. A trailing underscore (``sum_``) only avoids a builtin's name;
+the graph records the op as ``sum``.
 
 Broadcasting: NumPy stretches size-1 and missing leading axes in the forward pass; in the backward
 pass each input's gradient is the output gradient summed back over the axes it was stretched along
 (``unbroadcast``, which ``apply`` calls, so a gradient function may return the broadcast shape).
 """
+import itertools
+
 from . import backend
 
 
@@ -320,6 +322,13 @@ def split_slices(shape, split_size_or_sections, axis=0):
     return slices
 
 
+def check_ids(ids, n):
+    """IndexError unless every id lies in [0, n) (reads the ids: a host sync for device ids)."""
+    lo, hi = (int(ids.min()), int(ids.max())) if ids.size else (0, -1)
+    if lo < 0 or hi >= n:
+        raise IndexError(f"embedding: ids must lie in [0, {n}), got [{lo}, {hi}]")
+
+
 def embedding(weight, ids):
     """Rows of ``weight`` picked by integer ``ids`` (any shape): out[..., :] = weight[ids[...]].
 
@@ -327,12 +336,9 @@ def embedding(weight, ids):
     """
     if ids.dtype.kind not in "iu":
         raise TypeError(f"embedding: ids must be integers, got dtype {ids.dtype}")
-    if ids.size and backend.check_values(ids):  # device ids: only under MINIPAR_DEBUG=1
-        lo, hi, n = int(ids.min()), int(ids.max()), weight.shape[0]
-        if lo < 0 or hi >= n:
-            raise IndexError(f"embedding: ids must lie in [0, {n}), got [{lo}, {hi}]")
-    xp = backend.get_array_module(weight)
-    shape, dtype = weight.shape, weight.dtype
+    if backend.check_values(ids):  # device ids: only under MINIPAR_DEBUG=1
+        check_ids(ids, weight.shape[0])
+    xp, shape, dtype = backend.get_array_module(weight), weight.shape, weight.dtype
 
     def grad(g):
         out = xp.zeros(shape, dtype)
@@ -345,8 +351,7 @@ def embedding(weight, ids):
 def gather(a, dim, index):
     """torch.gather: out[i][j] = a[i][index[i][j]] for dim=1 (likewise for any dim)."""
     xp = backend.get_array_module(a)
-    dim = dim % a.ndim
-    shape, dtype = a.shape, a.dtype
+    dim, shape, dtype = dim % a.ndim, a.shape, a.dtype
 
     def grad(g):
         out = xp.zeros(shape, dtype)
@@ -367,9 +372,7 @@ def concat(*arrays, axis=0):
     except ValueError as e:
         raise ValueError(f"concat: shapes {[a.shape for a in arrays]} do not fit along axis "
                          f"{axis} ({e})") from None
-    bounds = [0]
-    for a in arrays:
-        bounds.append(bounds[-1] + a.shape[axis])
+    bounds = [0, *itertools.accumulate(a.shape[axis] for a in arrays)]
 
     def piece(lo, hi):
         return lambda g: xp.take(g, xp.arange(lo, hi), axis=axis)
