@@ -57,7 +57,7 @@ def step_seconds(pipe, x, y, steps):
     for _ in range(steps):
         world.barrier()
         start = time.perf_counter()
-        losses.append(pipe.step(x, y))
+        losses.append(float(pipe.step(x, y)))  # a device scalar until printed
         times.append(world.mpi.allreduce(time.perf_counter() - start, op=max))
     return statistics.median(times), world.mpi.bcast(losses, root=p - 1)
 
@@ -129,7 +129,7 @@ def main():
     losses = []
     for i in progress(range(4 if args.quick else 30), "training"):
         idx = order[(i * batch) % (len(images) - batch):][:batch]
-        losses.append(world.mpi.bcast(pipe.step(images[idx], labels[idx]), root=p - 1))
+        losses.append(world.mpi.bcast(float(pipe.step(images[idx], labels[idx])), root=p - 1))
     say(f"\ntraining with GPipe, split {best[1]}: loss {losses[0]:.3f} at step 1, "
         f"{losses[-1]:.3f} at step {len(losses)}")
     check(f"GPipe training: the loss falls over {len(losses)} steps", losses[-1] < losses[0],

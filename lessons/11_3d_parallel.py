@@ -97,7 +97,7 @@ def main():
         c.counters.reset()
     losses, start = [], time.perf_counter()
     for i, (ids, targets) in enumerate(batches, first):
-        losses.append(trainer.step(ids, targets))
+        losses.append(float(trainer.step(ids, targets)))  # a device scalar until printed
         if (i - first) % max(1, args.steps // 10) == 0 or i == first + args.steps - 1:
             recent = losses[-10:]
             say(f"  step {i:4d}  loss {losses[-1]:.4f}  mean of last {len(recent):2d} "

@@ -33,7 +33,7 @@ def layouts_body(layouts, schedule):
         groups = ParallelGroups(world, tp=tp, pp=pp)
         assert groups.grid.dp == dp
         trainer = Trainer3D(config(), groups, schedule=schedule, microbatches=2, dtype="float64")
-        losses = [trainer.step(ids, targets) for ids, targets in data]
+        losses = [float(trainer.step(ids, targets)) for ids, targets in data]  # a device scalar
         results[f"{dp},{tp},{pp}"] = losses
     return {"reference": reference, "layouts": results}
 
