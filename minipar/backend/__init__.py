@@ -129,11 +129,42 @@ def synchronize():
         xp().cuda.get_current_stream().synchronize()
 
 
+def gpu_for(local_rank, n_gpus, override=None):
+    """The GPU index for the rank with this node-local rank: ``local_rank % n_gpus``, so the ranks
+    of a node spread over its GPUs (4 ranks, 4 GPUs: 0 1 2 3; 4 ranks, 2 GPUs: 0 1 0 1).
+
+    ``override`` is the value of ``MINIPAR_GPU``: a comma list of GPU indices indexed by the local
+    rank, modulo its length ("2,3": local ranks 0 1 2 3 get 2 3 2 3; one number, "1": every rank
+    of the node uses GPU 1). A value that is not such a list, or names a GPU the node lacks,
+    raises ValueError naming MINIPAR_GPU.
+    """
+    if n_gpus < 1:
+        raise ValueError(f"no GPU visible to pick one for local rank {local_rank}")
+    if override is None or not str(override).strip():
+        return local_rank % n_gpus
+    try:
+        choices = [int(item) for item in str(override).split(",")]
+    except ValueError:
+        raise ValueError(f"MINIPAR_GPU={override!r}: expected a GPU index or a comma list of "
+                         "them indexed by node-local rank, e.g. MINIPAR_GPU=1 or "
+                         "MINIPAR_GPU=0,2") from None
+    gpu = choices[local_rank % len(choices)]
+    if not 0 <= gpu < n_gpus:
+        raise ValueError(f"MINIPAR_GPU={override!r}: local rank {local_rank} would use GPU {gpu}, "
+                         f"but this node has {n_gpus} GPU(s) (0..{n_gpus - 1})")
+    return gpu
+
+
 def select_gpu(local_rank):
-    """Bind this process to GPU ``local_rank % count`` (one rank per GPU on a node); no-op on CPU."""
-    if device() == "gpu":
-        cupy = xp()
-        cupy.cuda.Device(local_rank % cupy.cuda.runtime.getDeviceCount()).use()
+    """Bind this process to its GPU, ``gpu_for(local_rank, GPUs on the node, $MINIPAR_GPU)``, and
+    return the index; None on the CPU. comm.world() calls it with the node-local rank (comm/node.py)
+    before any array is made, so each rank of a multi-GPU node works on a GPU of its own."""
+    if device() != "gpu":
+        return None
+    cupy = xp()
+    gpu = gpu_for(local_rank, cupy.cuda.runtime.getDeviceCount(), os.environ.get("MINIPAR_GPU"))
+    cupy.cuda.Device(gpu).use()
+    return gpu
 
 
 # --- the debug switch: checks that cost a host sync (or a message) ----------------------------

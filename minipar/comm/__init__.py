@@ -14,6 +14,7 @@
     mpi.py            MPI's own collectives: the reference
     nonblocking.py    iall_reduce (overlapping gradient buckets with backward)
     cost.py, fit.py   the alpha-beta-gamma model; measuring its constants on this machine
+    node.py           the node-local rank (MPI_COMM_TYPE_SHARED): which GPU a rank uses
     buffers.py, staging.py, errors.py, watch.py   arrays, GPU staging, errors, who waits on whom
 """
 from minipar.comm.buffers import chunk_bounds

@@ -35,7 +35,7 @@ from mpi4py import MPI
 from minipar import backend
 # the algorithm modules register themselves in this order (the order tables and lessons list)
 from minipar.comm import allreduce, param_server, trees, exchange, mpi, nonblocking  # noqa: I001
-from minipar.comm import agreement, chunks, watch
+from minipar.comm import agreement, chunks, node, watch
 from minipar.comm.errors import CommError, dtype_tag, tag_dtype
 from minipar.comm.registry import pick
 from minipar.comm.requests import Counters, Request  # noqa: F401  (Counters: re-exported)
@@ -386,10 +386,14 @@ _world = {}
 def world(timeout=None):
     """The communicator of all ranks (``MPI.COMM_WORLD``), with the watchdog running (watch.py:
     ``timeout`` seconds without progress end the job; None: ``MINIPAR_TIMEOUT``, default 120;
-    0: off)."""
+    0: off). The first call binds each rank to the GPU of its node-local rank: ``.local`` is
+    (rank, size, nodes) of node.py, ``.gpu`` the index backend.select_gpu chose (None on CPU)."""
     if "world" not in _world:
         watch.start(timeout)
-        _world["world"] = Communicator(MPI.COMM_WORLD)
+        comm = Communicator(MPI.COMM_WORLD)
+        comm.local = node.local(MPI.COMM_WORLD)
+        comm.gpu = backend.select_gpu(comm.local.rank)
+        _world["world"] = comm
     elif timeout is not None:
         watch.set_timeout(timeout)
     return _world["world"]
