@@ -102,3 +102,55 @@ def test_world_knows_its_node_and_keeps_the_cpu():
     results = run_on_ranks(world_on_this_machine, nprocs=2, timeout=60,
                            env={"MINIPAR_DEVICE": "cpu"})
     assert results == [[[0, 2, 1], None], [[1, 2, 1], None]]
+
+
+def worker_thread_devices():
+    """Fake a GPU for the caller; the all-reduce thread must make it current before it works."""
+    import threading
+
+    import numpy as np
+
+    from minipar import comm
+    from minipar.comm import nonblocking
+
+    uses = []
+
+    class Device:
+        def use(self):
+            uses.append(threading.current_thread().name)
+
+    assert nonblocking.current_gpu() is None  # on the CPU: nothing to set
+    nonblocking.current_gpu = Device
+    world = comm.world()
+    total = world.iall_reduce(np.ones(5), algorithm="ring").wait()
+    assert total.tolist() == [world.size] * 5
+    return uses
+
+
+@pytest.mark.mpi
+def test_the_all_reduce_thread_takes_the_callers_gpu_first():
+    results = run_on_ranks(worker_thread_devices, nprocs=2, timeout=60,
+                           env={"MINIPAR_DEVICE": "cpu"})
+    assert results == [["minipar-iall_reduce"]] * 2
+
+
+def gpu_worker_thread():
+    from minipar import backend, comm
+
+    cupy = backend.xp()
+    world = comm.world()
+    x = cupy.arange(6, dtype=cupy.float32)
+    total = world.iall_reduce(x, algorithm="ring").wait()  # out=None: allocated by the thread
+    assert total.device.id == world.gpu == cupy.cuda.Device().id, (total.device, world.gpu)
+    assert cupy.asnumpy(total).tolist() == [world.size * v for v in range(6)]
+    return world.gpu
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+@pytest.mark.skipif(backend._cupy_or_none() is None, reason="needs CuPy and a GPU")
+def test_on_gpus_the_all_reduce_thread_runs_on_the_ranks_gpu():
+    """With two GPUs rank 1 is on GPU 1: a thread left on GPU 0 would put the result there."""
+    count = backend._cupy_or_none().cuda.runtime.getDeviceCount()
+    results = run_on_ranks(gpu_worker_thread, nprocs=2, timeout=120, env={"MINIPAR_DEVICE": "gpu"})
+    assert results == [0, 1 % count]

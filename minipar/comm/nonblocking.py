@@ -9,12 +9,17 @@ background thread of the communicator (``AsyncWorker``), on a duplicate communic
 (MPI_THREAD_MULTIPLE), so its messages never mix with the caller's; NumPy and MPI drop the GIL,
 so it really runs beside the caller when a core is free. Every rank must start the same
 all-reduces in the same order, as for blocking ones.
+
+On a GPU the thread first makes the caller's GPU its own: CuPy's current device is per thread,
+and a new thread starts on GPU 0, so without this every rank but those on GPU 0 would run the
+reduction's kernels (and its copies) on the wrong GPU.
 """
 import queue
 import threading
 
 from mpi4py import MPI
 
+from minipar import backend
 from minipar.comm.buffers import finish, result_buffer
 from minipar.comm.mpi import MPI_OP
 from minipar.comm.registry import pick
@@ -46,9 +51,15 @@ class Work:
         return self.result
 
 
+def current_gpu():
+    """The calling thread's CuPy device (a ``cupy.cuda.Device``), or None on the CPU."""
+    return backend.xp().cuda.Device() if backend.device() == "gpu" else None
+
+
 class AsyncWorker:
     """One background thread running queued all-reduces in call order on a duplicate of
-    ``comm`` that shares its counters (the bytes still count as this communicator's)."""
+    ``comm`` that shares its counters (the bytes still count as this communicator's), each on
+    the GPU its caller was using."""
 
     def __init__(self, comm):
         self.comm = comm.dup(share_counters=True)
@@ -57,13 +68,15 @@ class AsyncWorker:
 
     def submit(self, x, op, algorithm, out):
         work = Work()
-        self.queue.put((work, (x, op, algorithm, out)))
+        self.queue.put((work, current_gpu(), (x, op, algorithm, out)))
         return work
 
     def _loop(self):
         while True:
-            work, (x, op, algorithm, out) = self.queue.get()
+            work, gpu, (x, op, algorithm, out) = self.queue.get()
             try:
+                if gpu is not None:
+                    gpu.use()  # CuPy's current device is per thread: the caller's, here too
                 work.set(self.comm.all_reduce(x, op=op, algorithm=algorithm, out=out))
             except BaseException as error:  # handed to the waiting caller
                 work.set(error=error)
