@@ -103,9 +103,7 @@ class Communicator:
         return Communicator(self.mpi.Split(color, self.rank if key is None else key))
 
     def group(self, ranks):
-        """A communicator of ``ranks`` (in that order); collective over this communicator.
-
-        Ranks outside the list get ``None``."""
+        """A communicator of ``ranks`` in that order (collective; ranks not listed get None)."""
         ranks = [int(r) for r in ranks]
         for r in ranks:
             self.check_peer(r)
@@ -161,7 +159,7 @@ class Communicator:
 
     def _send_buffer(self, x):
         if type(x) is HOST_ARRAY and x.flags.c_contiguous:  # the common case, first
-            return x
+            return x, None
         return send_buffer(_array(x, "send"), self.is_cuda_aware())
 
     def _recv_buffer(self, out):
@@ -209,7 +207,7 @@ class Communicator:
         """Blocking send of array ``x`` to rank ``dest``."""
         dest = self.check_peer(dest)
         t0 = time.perf_counter()
-        buf = self._send_buffer(x)
+        buf, sent = self._send_buffer(x)  # sent: gives a staged host buffer back
         _state["call"] = ("send", (self.world_ranks[dest],), buf.nbytes, tag, time.monotonic())
         try:
             if buf.nbytes > chunks.CHUNK_BYTES:
@@ -218,6 +216,8 @@ class Communicator:
                 self.mpi.Send(buf, dest, tag)
         finally:
             _state["call"] = None
+        if sent:
+            sent()
         self._account(True, None, buf.nbytes, t0)
         self._record("send", dest, t0, buf.nbytes)
 
@@ -250,7 +250,7 @@ class Communicator:
         dest, source = self.check_peer(dest), self.check_peer(source)
         recvtag = sendtag if recvtag is None else recvtag
         t0 = time.perf_counter()
-        sbuf = self._send_buffer(x)
+        sbuf, sent = self._send_buffer(x)
         rbuf, finish = self._recv_buffer(out)
         status = self._status
         _state["call"] = ("sendrecv", (self.world_ranks[dest], self.world_ranks[source]), rbuf.nbytes,
@@ -266,8 +266,8 @@ class Communicator:
             raise self._truncated(error, rbuf.nbytes, source) from None
         finally:
             _state["call"] = None
-        if finish:
-            finish()
+        for done in filter(None, (sent, finish)):  # staged: copy in, give host buffers back
+            done()
         self._account(True, rbuf.nbytes, sbuf.nbytes, t0)
         self._record("sendrecv", (dest, source), t0, sbuf.nbytes + rbuf.nbytes)
         return out
@@ -276,9 +276,11 @@ class Communicator:
         """Start sending ``x`` to ``dest``; returns a ``Request``. Do not modify x before wait()."""
         dest = self.check_peer(dest)
         start = time.perf_counter()
-        buf = self._send_buffer(x)
+        buf, sent = self._send_buffer(x)
 
         def complete(status, t0):
+            if sent:
+                sent()
             self._account(None, None, 0, t0)
             self._record("isend", dest, start, buf.nbytes)
         note = ("isend", (self.world_ranks[dest],), buf.nbytes, tag)
@@ -384,15 +386,13 @@ _world = {}
 
 
 def world(timeout=None):
-    """The communicator of all ranks (``MPI.COMM_WORLD``), with the watchdog running (watch.py:
-    ``timeout`` seconds without progress end the job; None: ``MINIPAR_TIMEOUT``, default 120;
-    0: off). The first call binds each rank to the GPU of its node-local rank: ``.local`` is
-    (rank, size, nodes) of node.py, ``.gpu`` the index backend.select_gpu chose (None on CPU)."""
+    """The communicator of all ranks (``MPI.COMM_WORLD``) with the watchdog running (watch.py:
+    ``timeout`` s without progress end the job; None: $MINIPAR_TIMEOUT or 120; 0: off), each
+    rank on the GPU of its node-local rank (``.local``: node.py; ``.gpu``: None on the CPU)."""
     if "world" not in _world:
         watch.start(timeout)
-        comm = Communicator(MPI.COMM_WORLD)
-        comm.local = node.local(MPI.COMM_WORLD)
-        comm.gpu = backend.select_gpu(comm.local.rank)
+        comm, local = Communicator(MPI.COMM_WORLD), node.local(MPI.COMM_WORLD)
+        comm.local, comm.gpu = local, backend.select_gpu(local.rank)
         _world["world"] = comm
     elif timeout is not None:
         watch.set_timeout(timeout)

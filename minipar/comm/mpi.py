@@ -41,11 +41,11 @@ def agree(c, tag):
 def _run(c, call, send, recv):
     """``call(send buffer, receive buffer)`` on arrays (either may be None), staging GPU arrays."""
     aware = c.is_cuda_aware()
-    sbuf = send_buffer(send, aware) if send is not None else None
+    sbuf, sent = send_buffer(send, aware) if send is not None else (None, None)
     rbuf, done = recv_buffer(recv, aware, c.rank) if recv is not None else (None, None)
     call(MPI.IN_PLACE if sbuf is not None and sbuf is rbuf else sbuf, rbuf)
-    if done:
-        done()
+    for finish in filter(None, (sent, done)):  # staged: copy in, give host buffers back
+        finish()
 
 
 @algorithm("all_reduce", "mpi")
@@ -60,8 +60,8 @@ def _broadcast(c, buf, root, tag):
     agree(c, tag)
     data, done = inout_buffer(buf, c.is_cuda_aware())
     c.mpi.Bcast(data, root)
-    if done and c.rank != root:
-        done()
+    if done:
+        done(copy_back=c.rank != root)  # the root's data is unchanged
 
 
 @algorithm("reduce", "mpi")
@@ -71,8 +71,8 @@ def _reduce(c, buf, root, op, tag):
     data, done = inout_buffer(buf, c.is_cuda_aware())
     at_root = c.rank == root
     c.mpi.Reduce(MPI.IN_PLACE if at_root else data, data if at_root else None, MPI_OP[op], root)
-    if done and at_root:
-        done()
+    if done:
+        done(copy_back=at_root)  # only the root receives
 
 
 @algorithm("reduce_scatter", "mpi")

@@ -86,16 +86,16 @@ def iall_reduce_mpi(comm, x, op="sum", out=None):
     """MPI_Iallreduce; the returned ``Work`` completes it (and divides for ``avg``)."""
     pick("all_reduce", "mpi", op)
     result = result_buffer(x, out)
-    aware = comm.is_cuda_aware()
+    aware, sent = comm.is_cuda_aware(), None
     if result is x:
         send, (recv, done) = MPI.IN_PLACE, inout_buffer(result, aware)
     else:
-        send, (recv, done) = send_buffer(x, aware), recv_buffer(result, aware, comm.rank)
+        (send, sent), (recv, done) = send_buffer(x, aware), recv_buffer(result, aware, comm.rank)
     request = comm.mpi.Iallreduce(send, recv, MPI_OP[op])
 
     def complete():
         request.Wait()
-        if done:
-            done()
+        for staged in filter(None, (done, sent)):
+            staged()  # copy in, give the host buffers back
         return finish(result, op, comm.size)
     return Work(complete)

@@ -6,12 +6,21 @@ the environment (``MINIPAR_CUDA_AWARE=0/1``), the MPI 4.1 info key ``mpi_memory_
 ``MPIX_Query_cuda_support()``. CUDA-aware: synchronise the stream, hand MPI the device buffer.
 Otherwise stage: device -> host copy, MPI, host -> device copy.
 
-    send_buffer(x, aware)        a buffer MPI can read holding x
-    recv_buffer(out, aware)      (buffer MPI writes into, function to call once it has)
-    inout_buffer(a, aware)       the same for a buffer MPI reads and writes in place
+Staging goes through host buffers that are reused (``HostBuffers``), not allocated per call:
+pinned (page-locked) memory for CuPy arrays, which the GPU copies to and from by DMA at full
+speed (pageable memory is copied twice, through a pinned bounce buffer of the driver); plain
+NumPy buffers for the strict stand-in. Each call gives the buffer for MPI and the function to
+call once MPI is done with it (None on the direct path): it copies what arrived to the device
+and hands the host buffer back. A buffer in flight (an isend's) is never handed out twice.
+
+    send_buffer(x, aware)        (buffer MPI reads holding x, done)
+    recv_buffer(out, aware)      (buffer MPI writes into, done: copies it into out)
+    inout_buffer(a, aware)       (buffer MPI reads and writes in place, done(copy_back=True))
+    stats()                      bytes staged each way, staged calls, host buffers made
 """
 import ctypes
 import os
+import threading
 
 from mpi4py import MPI
 
@@ -51,17 +60,101 @@ def cuda_aware():
     return False, f"mpi_memory_alloc_kinds={kinds}" if kinds else "no CUDA support reported"
 
 
-def send_buffer(x, aware):
-    """A buffer MPI can read holding x (C-contiguous; host copy of a GPU array if staged)."""
-    if type(x) is HOST_ARRAY and x.flags.c_contiguous:  # the common case, first
-        return x
-    if backend.is_gpu_array(x):
-        x = backend.get_array_module(x).ascontiguousarray(x)
-        backend.synchronize()
-        return x if aware else backend.to_numpy(x)
+MIN_BYTES = 1 << 16  # the smallest host buffer; sizes are powers of two from here
+KEEP = 4  # free buffers kept per size: the cache holds what was in flight at once, no more
+
+
+class HostBuffers:
+    """Host buffers for staging, by size class (a power of two >= MIN_BYTES): ``take`` hands
+    out a free one of the class or makes one, ``give`` puts it back. At most KEEP free buffers
+    stay per class; the rest go back to the allocator, so nothing grows without bound. Shared
+    by the threads of a process (the iall_reduce worker stages too), hence the lock."""
+
+    def __init__(self):
+        self._free = {}  # (pinned, bytes) -> free uint8 buffers
+        self._lock = threading.Lock()
+        self.counts = dict.fromkeys(("bytes_to_host", "bytes_to_device", "staged_calls",
+                                     "buffers_made"), 0)
+
+    def take(self, like):
+        """(host array of like's shape and dtype, its buffer) from the cache or made anew."""
+        xp = backend.get_array_module(like)
+        pinned = xp.__name__.startswith("cupy")
+        size = max(MIN_BYTES, 1 << max(like.nbytes - 1, 0).bit_length())
+        with self._lock:
+            free = self._free.get((pinned, size))
+            raw = free.pop() if free else None
+            self.counts["staged_calls"] += 1
+            if raw is None:
+                self.counts["buffers_made"] += 1
+        if raw is None:
+            raw = (backend.numpy.frombuffer(xp.cuda.alloc_pinned_memory(size), "uint8", size)
+                   if pinned else backend.numpy.empty(size, "uint8"))
+        host = raw[:like.nbytes].view(like.dtype).reshape(like.shape)
+        return host, (pinned, raw)
+
+    def give(self, key):
+        pinned, raw = key
+        with self._lock:
+            free = self._free.setdefault((pinned, raw.size), [])
+            if len(free) < KEEP:
+                free.append(raw)
+
+    def count(self, field, nbytes):
+        with self._lock:
+            self.counts[field] += nbytes
+
+    def clear(self):
+        """Hand every cached buffer back to the allocator and zero the counts."""
+        with self._lock:
+            self._free.clear()
+            for field in self.counts:
+                self.counts[field] = 0
+
+
+BUFFERS = HostBuffers()
+
+
+def stats():
+    """What staging did in this process: bytes copied to the host and back, staged calls, and
+    host buffers made (few and constant when the buffers are reused)."""
+    return dict(BUFFERS.counts)
+
+
+def _to_host(x):
+    """(host copy of device array x in a reused buffer, key to give it back)."""
     if not x.flags.c_contiguous:
         x = backend.get_array_module(x).ascontiguousarray(x)
-    return x
+    host, key = BUFFERS.take(x)
+    x.get(out=host)  # blocking: done when it returns
+    BUFFERS.count("bytes_to_host", x.nbytes)
+    return host, key
+
+
+def _to_device(host, out, key):
+    """Copy host into device array out, then give the host buffer back."""
+    out.set(host)
+    if key[0]:  # from pinned memory the copy is asynchronous: wait before the buffer is reused
+        backend.get_array_module(out).cuda.get_current_stream().synchronize()
+    BUFFERS.count("bytes_to_device", out.nbytes)
+    BUFFERS.give(key)
+
+
+def send_buffer(x, aware):
+    """(a buffer MPI can read holding x, function to call once MPI is done with it, or None):
+    x itself when possible (C-contiguous; a GPU array if CUDA-aware), else a host copy."""
+    if type(x) is HOST_ARRAY and x.flags.c_contiguous:  # the common case, first
+        return x, None
+    if backend.is_gpu_array(x):
+        if not aware:
+            host, key = _to_host(x)
+            return host, lambda: BUFFERS.give(key)
+        x = backend.get_array_module(x).ascontiguousarray(x)
+        backend.synchronize()
+        return x, None
+    if not x.flags.c_contiguous:
+        x = backend.get_array_module(x).ascontiguousarray(x)
+    return x, None
 
 
 def recv_buffer(out, aware, rank=None):
@@ -72,19 +165,26 @@ def recv_buffer(out, aware, rank=None):
         raise CommError(f"rank {rank}: receive buffer must be C-contiguous "
                         f"(got strides {out.strides}); pass a contiguous array")
     if backend.is_gpu_array(out):
-        backend.synchronize()
         if aware:
+            backend.synchronize()
             return out, None
-        host = backend.get_array_module().empty(out.shape, out.dtype)
-        return host, lambda: out.set(host)
+        host, key = BUFFERS.take(out)
+        return host, lambda: _to_device(host, out, key)
     return out, None
 
 
 def inout_buffer(a, aware):
-    """(buffer MPI reads and writes in place, function to call afterwards, or None)."""
+    """(buffer MPI reads and writes in place, ``done(copy_back=True)`` to call afterwards, or
+    None): copy_back=False where MPI left the buffer as it was (a broadcast's root)."""
     if backend.is_gpu_array(a) and not aware:
-        host = backend.to_numpy(a)
-        return host, lambda: a.set(host)
+        host, key = _to_host(a)
+
+        def done(copy_back=True):
+            if copy_back:
+                _to_device(host, a, key)
+            else:
+                BUFFERS.give(key)
+        return host, done
     if backend.is_gpu_array(a):  # MPI reads device memory: wait for its kernels; host arrays: no
         backend.synchronize()
     return a, None
