@@ -44,7 +44,8 @@ def arguments(doc, *options, quick="a smoke run of a few seconds", argv=None, pl
 
 
 def mpi_world(doc, ranks=None, at_least=1):
-    """The world communicator, when its size is one of ``ranks`` (or at least ``at_least``).
+    """The world communicator, when its size is one of ``ranks`` (or at least ``at_least``);
+    rank 0 then prints where the ranks run in one line (``header``).
 
     Otherwise rank 0 prints one line, "lesson 11 needs 8 ranks (or 4): minipar lesson 11 -n 8",
     naming the count to use (the docstring's when the lesson runs on it), the others it runs on,
@@ -60,10 +61,26 @@ def mpi_world(doc, ranks=None, at_least=1):
     world = comm.world()
     _world = world
     if runs_on(world.size):
+        line = header(world)
+        if world.rank == 0:
+            print(line, flush=True)
         return world
     if world.rank == 0:
         print(_advice(doc, runs_on, ranks, at_least), file=sys.stderr, flush=True)
     raise SystemExit(2)
+
+
+def header(world):
+    """'4 ranks on 1 node(s), device cpu', or on GPUs '... device gpu: rank 0 -> GPU 0, rank 1
+    -> GPU 1, ...' (each rank's GPU, picked from its node-local rank by comm.world()).
+    Collective: every rank tells rank 0 its GPU (None on the CPU)."""
+    from minipar import backend
+
+    line = f"{world.size} ranks on {world.local.nodes} node(s), device {backend.device()}"
+    gpus = world.gather_object(world.gpu)
+    if world.rank == 0 and any(g is not None for g in gpus):
+        line += ": " + ", ".join(f"rank {r} -> GPU {g}" for r, g in enumerate(gpus))
+    return line
 
 
 def _advice(doc, runs_on, ranks, at_least):

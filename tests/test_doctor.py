@@ -18,7 +18,7 @@ def test_a_working_setup_is_ready_and_launches_two_ranks():
     status, out = doctor()
     assert status == 0, out
     for line in ("launcher", "MPI library loaded", "cores", "BLAS threads", "CuPy",
-                 "2-rank launch", "CUDA-aware MPI", "READY"):
+                 "2-rank launch", "CUDA-aware MPI", "node-local ranks", "GPU per rank", "READY"):
         assert line in out, (line, out)
 
 
@@ -38,3 +38,20 @@ def test_a_launcher_of_the_other_mpi_is_caught(tmp_path):
         pytest.skip("mpi4py loads Open MPI here")
     assert status == 1 and "the launcher is openmpi but mpi4py loads mpich" in out, out
     assert "Open MPI rules" in out and "--oversubscribe" in out
+
+
+def test_placement_shows_each_ranks_gpu_and_a_bad_minipar_gpu(capsys, monkeypatch):
+    """The hello world's answers, faked for 4 ranks on a node of 2 GPUs."""
+    from minipar.cli.doctor import Report, report_placement
+
+    monkeypatch.delenv("MINIPAR_GPU", raising=False)
+    hellos = [[r, 4, None, [r, 4, 1], 2, r % 2] for r in range(4)]
+    report = Report()
+    report_placement(report, hellos)
+    out = capsys.readouterr().out
+    assert "rank 0: 0 of 4, rank 1: 1 of 4, rank 2: 2 of 4, rank 3: 3 of 4 (1 node(s))" in out
+    assert ("rank 0 -> GPU 0, rank 1 -> GPU 1, rank 2 -> GPU 0, rank 3 -> GPU 1 "
+            "(local rank mod 2 GPU(s))") in out and not report.problems
+    hellos[3][5] = "MINIPAR_GPU='5': local rank 3 would use GPU 5, but this node has 2 GPU(s)"
+    report_placement(report, hellos)
+    assert report.problems == [hellos[3][5]] and "fix: unset MINIPAR_GPU" in capsys.readouterr().out

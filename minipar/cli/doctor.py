@@ -4,7 +4,8 @@ Checks, each in a subprocess with a time limit (nothing here can hang): the laun
 version, MPICH or Open MPI) and the MPI library mpi4py loads, and that the two agree (ranks of a
 mismatched launcher each believe they are rank 0 of 1); cores and BLAS threads; CuPy and GPUs;
 Open MPI's rules (no root without a flag, one rank per core unless oversubscribed); last, a
-2-rank hello world through the launcher profile, which also asks MPI whether it is CUDA-aware.
+2-rank hello world through the launcher profile, which also asks MPI whether it is CUDA-aware
+and shows each rank's node-local rank and the GPU it would use (comm/node.py, backend.gpu_for).
 Exit status 0 when the lessons can run, 1 (with the reasons) when they cannot.
 """
 import json
@@ -34,15 +35,23 @@ print(json.dumps({"mpi4py": mpi4py.__version__, "abi": built, "libmpi": libmpi,
 """
 
 _HELLO = """
-import json
+import json, os
 from mpi4py import MPI
+from minipar import backend
+from minipar.comm import node
 world = MPI.COMM_WORLD
+local = node.local(world)
+gpus = backend.xp().cuda.runtime.getDeviceCount() if backend.device() == "gpu" else 0
+try:
+    gpu = backend.gpu_for(local.rank, gpus, os.environ.get("MINIPAR_GPU")) if gpus else None
+except ValueError as error:
+    gpu = str(error)
 if world.rank == 0:
     from minipar.comm.staging import cuda_aware
     aware = cuda_aware()
 else:
     aware = None
-print("HELLO " + json.dumps([world.rank, world.size, aware]), flush=True)
+print("HELLO " + json.dumps([world.rank, world.size, aware, list(local), gpus, gpu]), flush=True)
 """
 
 
@@ -164,6 +173,18 @@ def check_open_mpi_rules(report, cores):
                 " (or export OMPI_MCA_rmaps_base_oversubscribe=1)")
 
 
+def hello_lines(output):
+    """The ranks' HELLO answers in the launcher's output, even where two ranks' lines ran
+    together (the launcher forwards each rank's output as it comes, not line by line)."""
+    decoder, answers = json.JSONDecoder(), []
+    for part in output.split("HELLO ")[1:]:
+        try:
+            answers.append(decoder.raw_decode(part)[0])
+        except ValueError:
+            pass
+    return answers
+
+
 def check_launch(report):
     from minipar.testing import RANK_ENV, launch_command
 
@@ -179,16 +200,35 @@ def check_launch(report):
         output, status = f"timed out after {TIMEOUT} s: {err.output or ''}", None
     except OSError as err:
         output, status = str(err), None
-    hellos = sorted(json.loads(line[6:]) for line in output.splitlines()
-                    if line.startswith("HELLO "))
+    hellos = sorted(hello_lines(output))
     if status == 0 and [h[:2] for h in hellos] == [[0, 2], [1, 2]]:
         report.info("2-rank launch", "ok (" + " ".join(argv[:argv.index(sys.executable)]) + ")")
         aware, reason = hellos[0][2]
         report.info("CUDA-aware MPI", f"{'yes' if aware else 'no'} ({reason})")
+        report_placement(report, hellos)
         return
     tail = "; ".join(output.strip().splitlines()[-3:]) or "no output"
     report.problem(f"a 2-rank hello world failed (exit {status}): {tail}",
                    "run the fixes above; MINIPAR_MPIEXEC_ARGS passes extra flags to mpiexec")
+
+
+def report_placement(report, hellos):
+    """Each rank's place on its node and the GPU it would use (local rank mod GPUs, or
+    MINIPAR_GPU); a MINIPAR_GPU that names no GPU of the node is a problem."""
+    _, _, _, (_, _, nodes), gpus, _ = hellos[0]
+    report.info("node-local ranks", ", ".join(f"rank {h[0]}: {h[3][0]} of {h[3][1]}"
+                                              for h in hellos) + f" ({nodes} node(s))")
+    bad = [h[5] for h in hellos if isinstance(h[5], str)]
+    if bad:
+        report.problem(bad[0], "unset MINIPAR_GPU, or list GPUs of the node by local rank: "
+                               "MINIPAR_GPU=0,1 (one number: every rank on that GPU)")
+    elif not gpus:
+        report.info("GPU per rank", "none: no GPU, the ranks run on the CPU")
+    else:
+        how = "MINIPAR_GPU=" + os.environ["MINIPAR_GPU"] if os.environ.get("MINIPAR_GPU") \
+            else f"local rank mod {gpus} GPU(s)"
+        report.info("GPU per rank", ", ".join(f"rank {h[0]} -> GPU {h[5]}" for h in hellos)
+                    + f" ({how})")
 
 
 def run(args):
