@@ -51,13 +51,18 @@ def resnet(widths):
     return nn.ResNet(blocks=(1, 1, 1, 1), widths=widths, num_classes=10)
 
 
+def number(loss):
+    """The last rank's loss (a device scalar) as a Python float, None on the other ranks."""
+    return None if loss is None else float(loss)
+
+
 def step_seconds(pipe, x, y, steps):
     """Median wall time of a training step, the slowest rank's (all ranks start together)."""
     times, losses = [], []
     for _ in range(steps):
         world.barrier()
         start = time.perf_counter()
-        losses.append(float(pipe.step(x, y)))  # a device scalar until printed
+        losses.append(number(pipe.step(x, y)))
         times.append(world.mpi.allreduce(time.perf_counter() - start, op=max))
     return statistics.median(times), world.mpi.bcast(losses, root=p - 1)
 
@@ -129,7 +134,7 @@ def main():
     losses = []
     for i in progress(range(4 if args.quick else 30), "training"):
         idx = order[(i * batch) % (len(images) - batch):][:batch]
-        losses.append(world.mpi.bcast(float(pipe.step(images[idx], labels[idx])), root=p - 1))
+        losses.append(world.mpi.bcast(number(pipe.step(images[idx], labels[idx])), root=p - 1))
     say(f"\ntraining with GPipe, split {best[1]}: loss {losses[0]:.3f} at step 1, "
         f"{losses[-1]:.3f} at step {len(losses)}")
     check(f"GPipe training: the loss falls over {len(losses)} steps", losses[-1] < losses[0],
