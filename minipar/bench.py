@@ -21,6 +21,8 @@ Every argument is checked before MPI starts and before mpiexec is launched (MPI 
 are imported inside the functions that measure): a bad one is an argparse error, exit status 2,
 printed once (by rank 0 under mpiexec). With ``--json`` standard output is one JSON document,
 printed by rank 0; notes go to standard error.
+
+Progress (the fit, and the sizes with ``--json``) and the load note go to standard error.
 """
 import json
 import os
@@ -28,7 +30,7 @@ import socket
 import sys
 import time
 
-from minipar import backend
+from minipar import backend, console
 from minipar.cli.args import (ArgumentParser, UsageError, launched_rank, nonnegative_int,
                               positive_int, size_list)
 
@@ -116,7 +118,9 @@ def run_bench(comm, sizes, algorithms, slow_max, as_json):
     fit_sizes = [m for m in fit.FIT_SIZES if m <= max(sizes)] or fit.FIT_SIZES[:1]
     fitted = [a for a in algorithms if a not in ("mpi", "auto")] + list(
         AUTO_CANDIDATES)  # each its own alpha
-    model = fit.fit(comm, fit_sizes, algorithms=fitted)  # no message beyond the largest vector
+    model = fit.fit(comm, fit_sizes, algorithms=fitted,  # no message beyond the largest vector
+                    progress=lambda it: console.progress(it, "fitting the cost model",
+                                                         rank=comm.rank))
     info = header(comm, model)
     p, rows = comm.size, []
     if comm.rank == 0 and not as_json:
@@ -125,7 +129,8 @@ def run_bench(comm, sizes, algorithms, slow_max, as_json):
             print(f"# {key:18s} {value}")
         print(f"#{'bytes':>10s} {'algorithm':>18s} {'time_us':>10s} {'algbw':>7s} {'busbw':>7s}"
               f" {'vs_mpi':>7s} {'model_us':>10s} {'meas/mod':>8s} {'wrong':>5s}")
-    for nbytes in sizes:
+    # the table's rows show how far it got; a JSON document comes at the end: a bar meanwhile
+    for nbytes in console.progress(sizes, "sizes", rank=comm.rank) if as_json else sizes:
         x = backend.xp().full(max(nbytes // 4, 1), comm.rank + 1, dtype="float32")
         mpi_time = None
         for algorithm in ["mpi"] + [a for a in algorithms if a != "mpi"]:
@@ -211,6 +216,7 @@ def run(args):
               f"mpiexec started", file=sys.stderr, flush=True)
     if algorithms is None:
         algorithms = [a for a in ALGORITHMS["all_reduce"] if a != "mpi"]
+    console.note_load(rank=comm.rank)
     run_bench(comm, sizes, algorithms, args.slow_max, args.json)
     return 0
 
@@ -223,6 +229,8 @@ def launch(args):
     except RuntimeError as err:
         raise SystemExit(f"minipar bench: {err}") from None
     env = {**os.environ, **RANK_ENV, "MALLOC_MMAP_MAX_": os.environ.get("MALLOC_MMAP_MAX_", "0")}
+    if sys.stderr.isatty():  # mpiexec pipes the ranks' standard error to this terminal
+        env.setdefault("MINIPAR_PROGRESS", "1")
     return os.spawnve(os.P_WAIT, command[0], command + _forward(args), env)
 
 

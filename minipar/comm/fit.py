@@ -93,10 +93,14 @@ def step_time(comm, algorithm="ring", iters=40, batches=5):
     return seconds / max(steps, 1)
 
 
-def fit(comm, sizes=FIT_SIZES, small=8, algorithms=("ring",), rounds=3):
+def fit(comm, sizes=FIT_SIZES, small=8, algorithms=("ring",), rounds=3, progress=None):
     """Fit alpha per algorithm (a tiny all-reduce's step), then beta (ring-step slope) and
     gamma (an add) at each size, all ranks at once. Returns a Model; it becomes
     ``cost.default_model()`` in this process.
+
+    ``progress``, when given, wraps the fit's measurements (an iterable, one item per size
+    per round): the caller's progress bar, e.g. ``minipar.console.progress`` bound to a label
+    (this layer does not print).
 
     m-byte messages and reductions walk through p windows (at least 2, at most 64 MiB), so they
     find the caches as a ring all-reduce of p m-byte chunks does (hot at 64 KiB, streaming from
@@ -105,12 +109,13 @@ def fit(comm, sizes=FIT_SIZES, small=8, algorithms=("ring",), rounds=3):
     exchange_time(comm, small)  # warm-up: the first messages on a channel pay its set-up
     latency = min(exchange_time(comm, small, iters=40) for _ in range(5))  # as step_time
     sends, adds = {m: [] for m in sizes}, {m: [] for m in sizes}
-    for _ in range(rounds):  # all sizes once a round: a burst of other work spoils one round
-        for size in sizes:
-            iters = max(4, min(100, (256 << 20) // size) // rounds)
-            span = max(2, min(comm.size, (64 << 20) // size))  # p windows, at most 64 MiB
-            sends[size].append(exchange_time(comm, size, iters, span))
-            adds[size].append(reduce_time(comm, size, iters, span))
+    # all sizes once a round: a burst of other work spoils one round
+    measurements = [size for _ in range(rounds) for size in sizes]
+    for size in (progress or iter)(measurements):
+        iters = max(4, min(100, (256 << 20) // size) // rounds)
+        span = max(2, min(comm.size, (64 << 20) // size))  # p windows, at most 64 MiB
+        sends[size].append(exchange_time(comm, size, iters, span))
+        adds[size].append(reduce_time(comm, size, iters, span))
     betas = {m: max(statistics.median(sends[m]) - latency, 0) / (m - small) for m in sizes}
     gammas = {m: statistics.median(adds[m]) / m for m in sizes}
     alphas = {a: step_time(comm, a) if comm.size > 1 else latency
