@@ -22,6 +22,11 @@ are imported inside the functions that measure): a bad one is an argparse error,
 printed once (by rank 0 under mpiexec). With ``--json`` standard output is one JSON document,
 printed by rank 0; notes go to standard error.
 
+``--plot FILE`` draws bus bandwidth against message size, one line per algorithm, MPI's own in
+black and the cost model's prediction dashed beside each (``minipar.figures.busbw_chart``);
+rank 0 draws it after the table and prints its path (on standard error with ``--json``). A
+FILE without a suffix (.png, .svg, .pdf) is a folder: the figure is FILE/allreduce_busbw.png
+(``scripts/bench_allreduce.py --plot DIR``, as the other benchmarks).
 Progress (the fit, and the sizes with ``--json``) and the load note go to standard error.
 """
 import json
@@ -173,6 +178,10 @@ def add_arguments(parser):
                         help=f"largest size for {', '.join(SLOW)} (O(p n) traffic; 0 skips them)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON document instead of a table")
+    parser.add_argument("--plot", metavar="FILE", default=None,
+                        help="draw bus bandwidth against message size into FILE (.png, .svg "
+                             "or .pdf; without a suffix, a folder for allreduce_busbw.png; "
+                             "needs matplotlib)")
 
 
 def check(args):
@@ -217,8 +226,26 @@ def run(args):
     if algorithms is None:
         algorithms = [a for a in ALGORITHMS["all_reduce"] if a != "mpi"]
     console.note_load(rank=comm.rank)
-    run_bench(comm, sizes, algorithms, args.slow_max, args.json)
+    rows = run_bench(comm, sizes, algorithms, args.slow_max, args.json)
+    if args.plot and comm.rank == 0:
+        plot(rows, comm.size, args.plot, sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def plot(rows, p, path, stream):
+    """Draw ``rows`` (run_bench's) into ``path`` and print where; without matplotlib, say in one
+    line how to get the picture. Returns the path written, or None."""
+    from minipar import figures
+    if not figures.available():
+        print(figures.MISSING, file=sys.stderr, flush=True)
+        return None
+    if os.path.isdir(path) or not os.path.splitext(path)[1]:
+        path = figures.figure_path(path, "allreduce_busbw")
+    title = (f"all-reduce bus bandwidth on {p} ranks ({backend.device()}, float32): measured, "
+             f"and the cost model dashed")
+    written = figures.save(figures.busbw_chart(rows, p, title=title), path)
+    print(f"figure: {written}", file=stream, flush=True)
+    return written
 
 
 def launch(args):
@@ -241,6 +268,8 @@ def _forward(args):
         forwarded += ["--algorithms", args.algorithms]
     if args.sizes:
         forwarded += ["--sizes", ",".join(map(str, args.sizes))]
+    if args.plot:
+        forwarded += ["--plot", os.path.abspath(args.plot)]
     return forwarded + (["--json"] if args.json else [])
 
 

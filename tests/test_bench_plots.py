@@ -1,0 +1,86 @@
+"""The benchmarks' pictures: each figure drawn from the rows the benchmark measured, checked
+through matplotlib's own objects (title, axis labels, legend entries, lines and bars), and each
+``--plot`` run end to end at a small size: the file is written, its path printed after the
+output, which is otherwise what it was. Without matplotlib, ``--plot`` says how to get it.
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from minipar import bench, figures
+from minipar.testing import RANK_ENV
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SIZES = [1024, 65536]
+TABLE_HEADER = (f"#{'bytes':>10s} {'algorithm':>18s} {'time_us':>10s} {'algbw':>7s} "
+                f"{'busbw':>7s} {'vs_mpi':>7s} {'model_us':>10s} {'meas/mod':>8s} {'wrong':>5s}")
+
+
+def run(command, timeout=120):
+    """(exit status, stdout, stderr) of a command run from the repository, as a student's shell."""
+    env = {**os.environ, **RANK_ENV, "PYTHONPATH": str(ROOT)}
+    for name in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
+        env.pop(name, None)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=ROOT)
+    return done.returncode, done.stdout, done.stderr
+
+
+def legend(ax):
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(figures, "available", lambda: False)
+    assert bench.plot([], 2, str(tmp_path / "b.png"), sys.stdout) is None
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == figures.MISSING
+    assert not (tmp_path / "b.png").exists()
+
+
+@pytest.mark.mpi
+def test_minipar_bench_plot_writes_the_figure_after_the_unchanged_table(tmp_path):
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "busbw.png"
+    status, out, err = run([sys.executable, "-m", "minipar.cli", "bench", "allreduce", "-n", "2",
+                            "--sizes", ",".join(map(str, SIZES)), "--algorithms", "ring",
+                            "--plot", str(target)])
+    assert status == 0, err
+    lines = out.splitlines()
+    assert lines[-1] == f"figure: {target}"
+    assert target.stat().st_size > 10_000 and target.read_bytes()[:4] == b"\x89PNG"
+    assert TABLE_HEADER in lines
+    rows = [line.split() for line in lines[lines.index(TABLE_HEADER) + 1:-1]]
+    assert [(int(r[0]), r[1], len(r)) for r in rows] == [
+        (1024, "mpi", 9), (1024, "ring", 9), (65536, "mpi", 9), (65536, "ring", 9)]
+
+
+@pytest.mark.mpi
+def test_busbw_chart_of_the_rows_and_the_script_plot_dir(tmp_path):
+    """scripts/bench_allreduce.py --json --plot DIR: standard output is the JSON document, the
+    figure's path goes to standard error; the chart drawn from the document's rows has a line
+    per algorithm and one for the model's prediction of each."""
+    pytest.importorskip("matplotlib")
+    status, out, err = run([sys.executable, "scripts/bench_allreduce.py", "-n", "2", "--sizes",
+                            ",".join(map(str, SIZES)), "--algorithms", "ring,recursive_doubling",
+                            "--json", "--plot", str(tmp_path)])
+    assert status == 0, err
+    rows = json.loads(out)["rows"]  # the whole of standard output is the document
+    target = tmp_path / "allreduce_busbw.png"
+    assert f"figure: {target}" in err.splitlines() and target.exists()
+
+    ax = figures.busbw_chart(rows, 2, title="all-reduce on 2 ranks").axes[0]
+    assert ax.get_title() == "all-reduce on 2 ranks"
+    assert ax.get_xlabel() == "message size (bytes)" and ax.get_ylabel() == "bus bandwidth (GB/s)"
+    assert legend(ax) == ["mpi (MPI's own)", "ring", "ring model", "recursive_doubling",
+                          "recursive_doubling model"]
+    lines = {line.get_label(): line for line in ax.lines}
+    assert list(lines["ring"].get_xdata()) == SIZES
+    assert list(lines["ring"].get_ydata()) == [r["busbw_GBps"] for r in rows
+                                               if r["algorithm"] == "ring"]
+    assert lines["mpi (MPI's own)"].get_color() == "black"
+    assert lines["ring model"].get_linestyle() == "--"
