@@ -20,36 +20,61 @@ Part 1: p = 4, m = 8, bubble theory vs measured for GPipe and 1F1B (3/11), inter
 Part 2: GPipe (Huang et al. 2019, its normalised-throughput table): K partitions x M micro-batches,
 the speed-up over one device running the whole model, measured, beside K*M/(M+K-1). The model's
 cost per micro-batch is fixed; each of the K stages gets 1/K of it.
+
+With ``--repeats`` above 1 an added column and added lines give each figure's spread over the
+steps, median [min-max]. ``--plot DIR`` draws, after the tables (their paths printed last):
+
+    pipeline_bubble.png     bubble against m for each schedule, measured (m = 4, 8, 16) beside
+                            the theory's curve
+    pipeline_speedup.png    the K x M speed-up grid, measured beside K*M/(M+K-1)
+    pipeline_1f1b.png       the measured timeline of one 1F1B step (p = 4, m = 8): a row per rank
 """
 import argparse
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 BUBBLE_SCHEDULES = [("gpipe", None), ("1f1b", None), ("interleaved", 2), ("zb-h1", None)]
+CHART_MS = (4, 8, 16)  # micro-batches measured for the bubble chart (multiples of p = 4)
+
+
+def measure_schedules(unit, p, ms, repeats, schedules=BUBBLE_SCHEDULES):
+    """On p ranks, rank 0: a dict per m and schedule: label, m, formula, fraction ("num/den"),
+    theory, bubbles (one per step) and events (the least disturbed step's, as tuples: they
+    travel as JSON); [] elsewhere."""
+    from minipar import comm
+    from minipar.parallel.pipeline import bubble_fraction, bubble_theory, build
+    from minipar.parallel.pipeline.measure import timed_steps
+
+    world = comm.world()
+    rows = []
+    for m in ms:
+        for name, v in schedules:
+            schedule = build(name, p, m, v)
+            runs = timed_steps(world, schedule, unit, repeats)
+            if world.rank == 0:
+                formula, num, den = bubble_theory(schedule)
+                bubbles = [bubble_fraction(events, schedule.ranks) for events in runs]
+                best = runs[bubbles.index(min(bubbles))]
+                rows.append({"label": name + (f" v={v}" if v else ""), "m": m, "formula": formula,
+                             "fraction": f"{num}/{den}", "theory": num / den, "bubbles": bubbles,
+                             "events": [(e.rank, e.start, e.end, e.kind, e.mb, e.chunk)
+                                        for e in best]})
+    return rows
 
 
 def measure_bubbles(unit, p, m, repeats, schedules=BUBBLE_SCHEDULES):
     """On p ranks: [(label, "num/den", theory, measured)] on rank 0. The measured bubble is
     the smallest of ``repeats`` steps, the least disturbed (see measure.py)."""
-    from minipar import comm
-    from minipar.parallel.pipeline import bubble_theory, build
-    from minipar.parallel.pipeline.measure import measure_bubble
-
-    world = comm.world()
-    rows = []
-    for name, v in schedules:
-        schedule = build(name, p, m, v)
-        measured = measure_bubble(world, schedule, unit, repeats)
-        if world.rank == 0:
-            _, num, den = bubble_theory(schedule)
-            rows.append((name + (f" v={v}" if v else ""), f"{num}/{den}", num / den, measured[0]))
-    return rows
+    return [(r["label"], r["fraction"], r["theory"], min(r["bubbles"]))
+            for r in measure_schedules(unit, p, [m], repeats, schedules)]
 
 
 def measure_throughput(model_cost, k, ms, repeats):
-    """On k ranks: [(M, measured speed-up over one device)] on rank 0, GPipe schedule."""
+    """On k ranks: [(M, [measured speed-up over one device, one per step])] on rank 0, GPipe
+    schedule."""
     from minipar import comm
     from minipar.parallel.pipeline import build, makespan
     from minipar.parallel.pipeline.measure import timed_steps
@@ -60,8 +85,48 @@ def measure_throughput(model_cost, k, ms, repeats):
         runs = timed_steps(world, build("gpipe", k, m), model_cost / k, repeats)
         if world.rank == 0:
             one_device = m * 3 * model_cost  # F + B = 3 forwards' worth per micro-batch
-            rows.append((m, one_device / min(makespan(r) for r in runs)))
+            rows.append((m, [one_device / makespan(r) for r in runs]))
     return rows
+
+
+def charts(p, m, unit, rows, grid):
+    """name -> Figure: the bubble chart of ``rows`` (measure_schedules'), the speed-up chart of
+    ``grid`` (K -> M -> speed-ups, the best drawn) and the timeline of the measured 1F1B step
+    at ``m``."""
+    from minipar import figures
+    from minipar.parallel.pipeline import Event, bubble_theory, build
+
+    theory_ms = sorted(set(CHART_MS) | {2 * max(CHART_MS)})  # the theory's curve a little beyond
+    points = [(r["label"], r["m"], min(r["bubbles"]), r["theory"]) for r in rows]
+    for name, v in BUBBLE_SCHEDULES:
+        _, num, den = bubble_theory(build(name, p, theory_ms[-1], v))
+        points.append((name + (f" v={v}" if v else ""), theory_ms[-1], None, num / den))
+    one = next(r for r in rows if r["label"] == "1f1b" and r["m"] == m)
+    return {
+        "pipeline_bubble": figures.bubble_chart(
+            points, title=f"pipeline bubble against micro-batches m, p = {p} ranks: measured "
+                          f"(best of the steps) beside theory"),
+        "pipeline_speedup": figures.speedup_chart(
+            {k: {mb: max(s) for mb, s in row.items()} for k, row in grid.items()},
+            title="GPipe speed-up over one device, K stages x M micro-batches: measured beside "
+                  "K·M/(M+K−1)"),
+        "pipeline_1f1b": figures.schedule_chart(
+            [Event(*e) for e in one["events"]], n_ranks=p, time_unit="ms",
+            title=f"1F1B measured, p = {p}, m = {m}, {unit * 1e3:g} ms per stage forward",
+            theory=(one["formula"], one["theory"])),
+    }
+
+
+def draw(directory, *measured):
+    """charts(*measured) saved into ``directory``; their paths (none without matplotlib, which
+    it says in one line)."""
+    from minipar import figures
+
+    if not figures.available():
+        print(figures.MISSING, file=sys.stderr, flush=True)
+        return []
+    return [figures.save(fig, figures.figure_path(directory, name))
+            for name, fig in charts(*measured).items()]
 
 
 def main():
@@ -71,22 +136,33 @@ def main():
                         help="seconds per forward of the whole model (the throughput grid)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="short units, one step each")
+    parser.add_argument("--plot", metavar="DIR", help="draw the bubble chart, the speed-up grid "
+                                                      "and a measured 1F1B step into DIR")
     args = parser.parse_args()
     if args.quick:
         args.unit, args.model_cost, args.repeats = 0.005, 0.016, 1
+    from minipar.console import note_load, progress, spread
     from minipar.testing import run_on_ranks
 
+    note_load()
     me = os.path.abspath(__file__)
     p, m = 4, 8
-    rows = run_on_ranks(f"{me}:measure_bubbles", p, args=(args.unit, p, m, args.repeats),
-                        heavy_yield=True, timeout=300)[0]
+    measured_ms = sorted(set(CHART_MS) | {m}) if args.plot else [m]
+    every = run_on_ranks(f"{me}:measure_schedules", p,
+                         args=(args.unit, p, measured_ms, args.repeats),
+                         heavy_yield=True, timeout=600)[0]
+    rows = [r for r in every if r["m"] == m]
+    many = args.repeats > 1  # a spread to show
     print(f"Bubble, p={p} ranks, m={m} micro-batches, measured from the runtime's traces "
           f"(unit {args.unit * 1e3:g} ms per stage forward, best of {args.repeats} steps)")
-    print(f"{'schedule':<16}{'theory':>14}{'measured':>10}{'difference':>12}")
+    print(f"{'schedule':<16}{'theory':>14}{'measured':>10}{'difference':>12}"
+          + (f"  {'steps: median [min-max]'}" if many else ""))
     missed = []
-    for label, fraction, theory, measured in rows:
+    for r in rows:
+        label, fraction, theory, measured = r["label"], r["fraction"], r["theory"], min(r["bubbles"])
         print(f"{label:<16}{fraction:>6} = {theory:.3f}{measured:>10.3f}"
-              f"{100 * (measured - theory):>+10.1f} pt")
+              f"{100 * (measured - theory):>+10.1f} pt"
+              + (f"  {spread(r['bubbles'])}" if many else ""))
         if abs(measured - theory) >= 0.02:
             missed.append(label)
     print("within 2 points of theory: " + ("all" if not missed else f"NOT {', '.join(missed)} "
@@ -95,12 +171,21 @@ def main():
     ks, ms = (2, 4, 8), (1, 4, 32)
     grid = {k: dict(run_on_ranks(f"{me}:measure_throughput", k,
                                  args=(args.model_cost, k, ms, args.repeats),
-                                 heavy_yield=True, timeout=300)[0]) for k in ks}
+                                 heavy_yield=True, timeout=300)[0])
+            for k in progress(ks, "GPipe grid, K stages")}
     print(f"\nGPipe speed-up over one device, measured (model K*M/(M+K-1)); model forward "
           f"{args.model_cost * 1e3:g} ms split over K ranks")
     print("K \\ M" + "".join(f"{m:>16}" for m in ms))
     for k in ks:
-        print(f"{k:<5}" + "".join(f"{grid[k][m]:>9.2f} ({k * m / (m + k - 1):.2f})" for m in ms))
+        print(f"{k:<5}" + "".join(f"{max(grid[k][m]):>9.2f} ({k * m / (m + k - 1):.2f})"
+                                  for m in ms))
+    if many:
+        print(f"over the {args.repeats} steps, median [min-max]:")
+        for k in ks:
+            print(f"{k:<5}" + "  ".join(f"M={m} {spread(grid[k][m], '{:.2f}')}" for m in ms))
+    if args.plot:
+        for path in draw(args.plot, p, m, args.unit, every, grid):
+            print(f"figure: {path}")
     return 1 if missed else 0
 
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from minipar import bench, figures
-from minipar.testing import RANK_ENV
+from minipar.testing import RANK_ENV, run_on_ranks
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SIZES = [1024, 65536]
@@ -84,3 +84,48 @@ def test_busbw_chart_of_the_rows_and_the_script_plot_dir(tmp_path):
                                                if r["algorithm"] == "ring"]
     assert lines["mpi (MPI's own)"].get_color() == "black"
     assert lines["ring model"].get_linestyle() == "--"
+
+
+def script(name):
+    """A benchmark script's module (the scripts are files, not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_" + name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.mpi
+def test_pipeline_figures_of_a_measured_run():
+    """bench_pipeline.py's three figures from its own measurement at a tiny unit: the bubble of
+    each schedule against m beside its theory, the K x M grid, and the 1F1B step's timeline,
+    one bar per F, B and optimizer step on each rank's row."""
+    pytest.importorskip("matplotlib")
+    pipeline = script("bench_pipeline")
+    target = str(ROOT / "scripts" / "bench_pipeline.py")
+    rows = run_on_ranks(f"{target}:measure_schedules", 4, args=(0.002, 4, [4, 8], 1),
+                        heavy_yield=True, timeout=180)[0]
+    grid = {2: dict(run_on_ranks(f"{target}:measure_throughput", 2, args=(0.004, 2, [1, 4], 1),
+                                 heavy_yield=True, timeout=120)[0])}
+    charts = pipeline.charts(4, 8, 0.002, rows, grid)
+    assert list(charts) == ["pipeline_bubble", "pipeline_speedup", "pipeline_1f1b"]
+
+    ax = charts["pipeline_bubble"].axes[0]
+    assert ax.get_xlabel() == "micro-batches m" and ax.get_ylabel() == "bubble (idle fraction)"
+    assert "measured" in ax.get_title()
+    assert legend(ax) == [f"{s} {kind}" for s in ("gpipe", "1f1b", "interleaved v=2", "zb-h1")
+                          for kind in ("theory", "measured")]
+    measured = {line.get_label(): line for line in ax.lines}["1f1b measured"]
+    assert list(measured.get_xdata()) == [4, 8]
+
+    ax = charts["pipeline_speedup"].axes[0]
+    assert ax.get_ylabel() == "speed-up over one device"
+    assert legend(ax) == ["K=2 theory", "K=2 measured"]
+
+    ax = charts["pipeline_1f1b"].axes[0]
+    assert ax.get_title().startswith("1F1B measured, p = 4, m = 8") and "theory" in ax.get_title()
+    assert ax.get_xlabel() == "time (ms)"
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"rank {r}" for r in range(4)]
+    assert legend(ax)[:3] == ["F forward", "B backward", "optimizer step"]
+    per_rank = [round(bar.get_y() + bar.get_height() / 2) for bar in ax.patches]
+    assert [per_rank.count(r) for r in range(4)] == [8 + 8 + 1] * 4  # F and B of 8, the step
