@@ -29,6 +29,10 @@ core: the copies that move gradients between ranks take CPU time from compute wh
 overlap backward or not, so the per-rank batch decides the scaling (the communication is the
 same 10.5 MB a step, the compute grows with b). On a machine shared with other jobs the figures
 are noisy: the table says how many cores and what load average it ran with.
+
+With ``--repeat`` above 1, added lines give each run's step time over the launches as median
+[min-max]. ``--plot DIR`` draws, for each per-rank batch, the throughput (samples/s) of each run
+on 1 and 2 ranks as grouped bars: ``DIR/dp_throughput_b64.png`` (paths printed last).
 """
 import argparse
 import contextlib
@@ -182,6 +186,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=4, help="rounds, the runs taking turns")
     parser.add_argument("--repeat", type=int, default=1, help="launches per rank count; the "
                                                               "table gives the medians")
+    parser.add_argument("--plot", metavar="DIR", help="draw the throughput bars into DIR")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
@@ -189,13 +194,21 @@ def main():
     if args.worker:
         return worker(args.steps, args.rounds, [int(b) for b in args.batches.split(",")],
                       not args.no_torch, args.algorithm)
+    from minipar.console import note_load, progress
+
+    note_load()
     load = [os.getloadavg()[0]]
-    repeats = []
-    for _ in range(args.repeat):
-        repeats.append({n: launch(n, args) for n in (1, 2)})
-        load.append(os.getloadavg()[0])
-    for batch in repeats[0][1]:
-        report(batch, [{n: r[n][batch] for n in r} for r in repeats], args, load)
+    launches = [(i, n) for i in range(args.repeat) for n in (1, 2)]
+    repeats = [{} for _ in range(args.repeat)]
+    for i, n in progress(launches, "mpiexec launches"):
+        repeats[i][n] = launch(n, args)
+        if n == 2:
+            load.append(os.getloadavg()[0])
+    per_batch = {batch: [{n: r[n][batch] for n in r} for r in repeats] for batch in repeats[0][1]}
+    for batch, runs in per_batch.items():
+        report(batch, runs, args, load)
+    if args.plot:
+        draw(args.plot, per_batch)
 
 
 def median_table(repeats):
@@ -244,6 +257,41 @@ def report(batch, repeats, args, load):
           f"{two['overlap on'] - two['no comm']:.1f} ms exposed communication; the 1-rank compute "
           f"is {one['no comm']:.1f} ms, so {shared:.1f} ms is lost to two ranks sharing cores, "
           f"caches and memory bandwidth (and to other jobs)")
+    if len(repeats) > 1:
+        from minipar.console import spread
+        print(f"ms/step over the {len(repeats)} launches, median [min-max]:")
+        for name in ms[1]:
+            print(f"  {name:14s}" + "".join(
+                f"  {n} rank(s) {spread((1e3 * r[n][name] for r in repeats), '{:.1f}')}"
+                for n in ms))
+
+
+def throughput_chart(batch, repeats):
+    """Grouped bars: samples/s of each run (no comm, overlap on and off, torch DDP) on each rank
+    count, from the median step times over ``repeats`` (one {n: {run: seconds}} per launch)."""
+    from minipar import figures
+
+    ms = median_table(repeats)
+    runs = list(ms[1])
+    series = {f"{n} rank{'s' if n > 1 else ''}": [batch * n * 1e3 / ms[n][name] for name in runs]
+              for n in ms}
+    return figures.bar_chart(runs, series, ylabel="throughput (samples/s)",
+                             xlabel="run", title=f"data-parallel throughput, {batch} samples "
+                                                 f"per rank per step (perfect scaling: 2 ranks "
+                                                 f"at twice 1 rank's)")
+
+
+def draw(directory, per_batch):
+    """A throughput chart per batch into ``directory``, each path printed (without matplotlib,
+    one line on how to get them)."""
+    from minipar import figures
+
+    if not figures.available():
+        print(figures.MISSING, file=sys.stderr, flush=True)
+        return
+    for batch, repeats in per_batch.items():
+        path = figures.figure_path(directory, f"dp_throughput_b{batch}")
+        print(f"figure: {figures.save(throughput_chart(batch, repeats), path)}")
 
 
 if __name__ == "__main__":

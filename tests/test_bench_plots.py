@@ -129,3 +129,34 @@ def test_pipeline_figures_of_a_measured_run():
     assert legend(ax)[:3] == ["F forward", "B backward", "optimizer step"]
     per_rank = [round(bar.get_y() + bar.get_height() / 2) for bar in ax.patches]
     assert [per_rank.count(r) for r in range(4)] == [8 + 8 + 1] * 4  # F and B of 8, the step
+
+
+@pytest.mark.mpi
+def test_dp_throughput_bars_and_spread_lines(tmp_path, capsys):
+    """bench_dp.py on 1 and 2 ranks at a tiny size: a bar per run and rank count, each the
+    throughput in the report's table; with two launches the spread lines come after the
+    report's existing lines; --plot's path printed last."""
+    pytest.importorskip("matplotlib")
+    import argparse
+    dp = script("bench_dp")
+    args = argparse.Namespace(steps=1, rounds=1, batches="16", algorithm="ring", no_torch=True,
+                              plot=str(tmp_path))
+    launches = {n: dp.launch(n, args)[16] for n in (1, 2)}
+    repeats = [launches, launches]
+    ax = dp.throughput_chart(16, repeats).axes[0]
+    assert ax.get_ylabel() == "throughput (samples/s)" and "16 samples per rank" in ax.get_title()
+    assert legend(ax) == ["1 rank", "2 ranks"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["no comm", "overlap on", "overlap off"]
+    heights = [round(bar.get_height(), 6) for bar in ax.patches]
+    assert heights == [round(16 * n / launches[n][name], 6)
+                       for n in (1, 2) for name in ("no comm", "overlap on", "overlap off")]
+
+    capsys.readouterr()
+    dp.report(16, repeats, args, [0.0, 0.0])
+    dp.draw(str(tmp_path), {16: repeats})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3].startswith("no comm") and lines[6].startswith("2-rank / 1-rank throughput")
+    assert lines[-5] == "ms/step over the 2 launches, median [min-max]:"
+    assert lines[-4].split()[:4] == ["no", "comm", "1", "rank(s)"]
+    assert lines[-1] == f"figure: {tmp_path / 'dp_throughput_b16.png'}"
+    assert (tmp_path / "dp_throughput_b16.png").exists()
