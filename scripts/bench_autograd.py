@@ -12,6 +12,10 @@ then the median of ``--repeats`` steps):
 
 Goals: minipar / PyTorch ≤ 1.2 for the GPT block, ≤ 2.0 for the tiny MLP. PyTorch is optional
 (``pip install torch``); without it its column reads "skipped".
+
+Added lines after the table give each step's spread over the repeats, median [min-max].
+``--plot DIR`` draws ``autograd_times.png`` (ms per step, minipar beside PyTorch, per workload)
+and, with PyTorch, ``autograd_ratio.png`` (minipar / PyTorch beside the goal); paths printed last.
 """
 import argparse
 import os
@@ -35,19 +39,68 @@ B, T, C, HEADS = 8, 64, 128, 4
 MLP_BATCH, MLP_IN, MLP_HIDDEN, MLP_OUT = 32, 64, 128, 10
 
 
-def median_times(steps, repeats, warmup=5):
-    """Median seconds per call of each step; the steps take turns, so a change in the machine's
-    load during the run hits all of them alike."""
+def step_times(steps, repeats, warmup=5, desc=None):
+    """Seconds of each call of each step, ``repeats`` calls each; the steps take turns, so a
+    change in the machine's load during the run hits all of them alike. ``desc``: a progress
+    label (standard error, terminals only)."""
+    from minipar.console import progress
+
     for step in steps:
         for _ in range(warmup):
             step()
     times = [[] for _ in steps]
-    for _ in range(repeats):
+    for _ in progress(range(repeats), desc) if desc else range(repeats):
         for step, record in zip(steps, times):
             start = time.perf_counter()
             step()
             record.append(time.perf_counter() - start)
-    return [statistics.median(record) for record in times]
+    return times
+
+
+def median_times(steps, repeats, warmup=5):
+    """Median seconds per call of each step (step_times')."""
+    return [statistics.median(record) for record in step_times(steps, repeats, warmup)]
+
+
+def charts(results):
+    """name -> Figure from ``results`` (workload -> {"minipar": ms list, "PyTorch": ms list or
+    None}): the median times side by side, and minipar / PyTorch beside the goal when PyTorch
+    was measured."""
+    from minipar import figures
+
+    names = list(results)
+    median = lambda ms: ms and statistics.median(ms)  # noqa: E731
+    series = {"minipar": [median(results[n]["minipar"]) for n in names]}
+    if any(results[n]["PyTorch"] for n in names):
+        series["PyTorch"] = [median(results[n]["PyTorch"]) for n in names]
+    times = figures.bar_chart(
+        names, series, xlabel="workload", ylabel="ms per step (median, log scale)",
+        title="one training step (forward + backward + AdamW), CPU, median ms"
+              + ("" if "PyTorch" in series else " (PyTorch not installed)"))
+    times.axes[0].set_yscale("log")  # a GPT block takes 100x the tiny MLP's step
+    times.axes[0].legend(loc="upper right")  # above the tiny MLP's short bars
+    out = {"autograd_times": times}
+    compared = [n for n in names if results[n]["PyTorch"]]
+    if compared:
+        out["autograd_ratio"] = figures.bar_chart(
+            compared, {"minipar / PyTorch": [median(results[n]["minipar"]) /
+                                             median(results[n]["PyTorch"]) for n in compared],
+                       "goal (at most)": [GOALS[n] for n in compared]},
+            title="minipar's step time over PyTorch eager's, beside the goal",
+            ylabel="minipar / PyTorch (step time)", xlabel="workload")
+    return out
+
+
+def draw(directory, results):
+    """charts(results) into ``directory``, each path printed (without matplotlib, one line on
+    how to get them)."""
+    from minipar import figures
+
+    if not figures.available():
+        print(figures.MISSING, file=sys.stderr, flush=True)
+        return
+    for name, fig in charts(results).items():
+        print(f"figure: {figures.save(fig, figures.figure_path(directory, name))}")
 
 
 # --- minipar ------------------------------------------------------------------------------------
@@ -125,6 +178,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--profile", choices=sorted(GOALS), help="cProfile minipar's step instead")
+    parser.add_argument("--plot", metavar="DIR", help="draw the times (and ratios) into DIR")
     args = parser.parse_args(argv)
     ours = minipar_steps()
     if args.profile:
@@ -144,23 +198,36 @@ def main(argv=None):
         theirs = torch_steps(torch)
     except ImportError:
         torch, theirs = None, {}
+    from minipar.console import note_load, spread
+
+    note_load()
     threads = os.environ["OMP_NUM_THREADS"]
     print(f"one training step (forward + backward + AdamW), float32, CPU, {threads} thread(s), "
           f"median of {args.repeats}")
     print(f"  gpt-block: (B, T, C) = ({B}, {T}, {C}), {HEADS} heads;  tiny-mlp: batch "
           f"{MLP_BATCH}, {MLP_IN}-{MLP_HIDDEN}-{MLP_OUT}")
     print(f"{'workload':12s} {'minipar ms':>11s} {'PyTorch ms':>11s} {'ratio':>7s} {'goal':>6s}")
-    failed = False
+    failed, results = False, {}
     for name, step in ours.items():
+        steps = [step] + ([theirs[name]] if name in theirs else [])
+        times = [[1000 * t for t in record] for record in step_times(steps, args.repeats,
+                                                                        desc=name)]
+        results[name] = {"minipar": times[0], "PyTorch": times[1] if name in theirs else None}
+        ms = statistics.median(times[0])
         if name in theirs:
-            ms, ref = (1000 * t for t in median_times([step, theirs[name]], args.repeats))
+            ref = statistics.median(times[1])
             ratio = ms / ref
             failed |= ratio > GOALS[name]
             print(f"{name:12s} {ms:11.2f} {ref:11.2f} {ratio:7.2f} {GOALS[name]:6.1f}"
                   f"{'' if ratio <= GOALS[name] else '  (missed)'}")
         else:
-            ms = 1000 * median_times([step], args.repeats)[0]
             print(f"{name:12s} {ms:11.2f} {'skipped':>11s}")
+    print(f"ms per step over the {args.repeats} steps, median [min-max]:")
+    for name, times in results.items():
+        print(f"  {name:12s} minipar {spread(times['minipar'], '{:.2f}')}"
+              + (f"   PyTorch {spread(times['PyTorch'], '{:.2f}')}" if times["PyTorch"] else ""))
+    if args.plot:
+        draw(args.plot, results)
     return 1 if failed else 0
 
 

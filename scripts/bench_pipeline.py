@@ -159,7 +159,8 @@ def main():
           + (f"  {'steps: median [min-max]'}" if many else ""))
     missed = []
     for r in rows:
-        label, fraction, theory, measured = r["label"], r["fraction"], r["theory"], min(r["bubbles"])
+        label, fraction, theory = r["label"], r["fraction"], r["theory"]
+        measured = min(r["bubbles"])
         print(f"{label:<16}{fraction:>6} = {theory:.3f}{measured:>10.3f}"
               f"{100 * (measured - theory):>+10.1f} pt"
               + (f"  {spread(r['bubbles'])}" if many else ""))

@@ -160,3 +160,31 @@ def test_dp_throughput_bars_and_spread_lines(tmp_path, capsys):
     assert lines[-4].split()[:4] == ["no", "comm", "1", "rank(s)"]
     assert lines[-1] == f"figure: {tmp_path / 'dp_throughput_b16.png'}"
     assert (tmp_path / "dp_throughput_b16.png").exists()
+
+
+def test_autograd_plot_after_the_table_and_the_ratio_chart(tmp_path, capsys):
+    """bench_autograd.py --plot DIR at 3 repeats: the table as it was, the spread lines, then
+    the figure's path; and the ratio chart of a run with PyTorch, beside each goal."""
+    pytest.importorskip("matplotlib")
+    autograd = script("bench_autograd")
+    autograd.main(["--repeats", "3", "--plot", str(tmp_path)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].split() == ["workload", "minipar", "ms", "PyTorch", "ms", "ratio", "goal"]
+    assert [line.split()[0] for line in lines[3:5]] == ["gpt-block", "tiny-mlp"]
+    assert lines[5] == "ms per step over the 3 steps, median [min-max]:"
+    assert lines[6].split()[:2] == ["gpt-block", "minipar"] and "[" in lines[6]
+    figure_lines = [line for line in lines if line.startswith("figure: ")]
+    assert lines[-len(figure_lines):] == figure_lines
+    assert f"figure: {tmp_path / 'autograd_times.png'}" in figure_lines
+    assert all(os.path.exists(line[len("figure: "):]) for line in figure_lines)
+
+    results = {"gpt-block": {"minipar": [12.0, 13.0, 14.0], "PyTorch": [10.0, 10.0, 11.0]},
+               "tiny-mlp": {"minipar": [0.6, 0.7, 0.8], "PyTorch": [0.5, 0.5, 0.5]}}
+    charts = autograd.charts(results)
+    ax = charts["autograd_times"].axes[0]
+    assert legend(ax) == ["minipar", "PyTorch"] and ax.get_yscale() == "log"
+    assert [round(bar.get_height(), 6) for bar in ax.patches] == [13.0, 0.7, 10.0, 0.5]
+    ax = charts["autograd_ratio"].axes[0]
+    assert ax.get_ylabel() == "minipar / PyTorch (step time)"
+    assert legend(ax) == ["minipar / PyTorch", "goal (at most)"]
+    assert [round(bar.get_height(), 6) for bar in ax.patches] == [1.3, 1.4, 1.2, 2.0]
