@@ -30,16 +30,35 @@ def run(command, timeout=120):
     return done.returncode, done.stdout, done.stderr
 
 
+def script(name):
+    """A benchmark script's module (the scripts are files, not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("script_" + name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def legend(ax):
     return [t.get_text() for t in ax.get_legend().get_texts()]
 
 
-def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, capsys, tmp_path):
+def test_bench_plot_without_matplotlib_says_how_to_get_it(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(figures, "available", lambda: False)
     assert bench.plot([], 2, str(tmp_path / "b.png"), sys.stdout) is None
     out, err = capsys.readouterr()
     assert out == "" and err.strip() == figures.MISSING
     assert not (tmp_path / "b.png").exists()
+
+
+@pytest.mark.parametrize("name", ["bench_pipeline", "bench_dp", "bench_autograd"])
+def test_scripts_plot_without_matplotlib_says_how_to_get_it(name, monkeypatch, capsys, tmp_path):
+    """The scripts draw after their numbers are printed; without matplotlib, one line."""
+    module = script(name)
+    monkeypatch.setattr(figures, "available", lambda: False)
+    assert not module.draw(str(tmp_path), {})
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == figures.MISSING and not os.listdir(tmp_path)
 
 
 @pytest.mark.mpi
@@ -85,14 +104,6 @@ def test_busbw_chart_of_the_rows_and_the_script_plot_dir(tmp_path):
     assert lines["mpi (MPI's own)"].get_color() == "black"
     assert lines["ring model"].get_linestyle() == "--"
 
-
-def script(name):
-    """A benchmark script's module (the scripts are files, not a package)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("bench_" + name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.mpi
