@@ -25,7 +25,7 @@ With ``--repeats`` above 1 an added column and added lines give each figure's sp
 steps, median [min-max]. ``--plot DIR`` draws, after the tables (their paths printed last):
 
     pipeline_bubble.png     bubble against m for each schedule, measured (m = 4, 8, 16) beside
-                            the theory's curve
+                            the theory's curve (m = 4 and 16 are extra runs: about a minute more)
     pipeline_speedup.png    the K x M speed-up grid, measured beside K*M/(M+K-1)
     pipeline_1f1b.png       the measured timeline of one 1F1B step (p = 4, m = 8): a row per rank
 """
