@@ -31,7 +31,6 @@ steps, median [min-max]. ``--plot DIR`` draws, after the tables (their paths pri
 """
 import argparse
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
