@@ -48,7 +48,8 @@ for algo in ALGOS:
 # ---- Part 2: the comparison table, measured ------------------------------------------------
 n_bytes = (256 << 10) if args.quick else (4 << 20)
 model = fit.fit(world, sizes=(n_bytes // 8, n_bytes // 4, n_bytes // 2, n_bytes),
-                algorithms=ALGOS)  # each algorithm its own alpha (its Python per step)
+                algorithms=ALGOS,  # each algorithm its own alpha (its Python per step)
+                progress=lambda steps: progress(steps, "fitting the cost model"))
 exact = {}  # every algorithm's sum of p vectors of ones is p, exactly
 optimal = 2 * (p - 1) / p * n_bytes  # bytes a rank must send, at least (Patarasuk & Yuan 2009)
 most_sent = {}  # algorithm -> the bytes the busiest sender sent in one all-reduce
