@@ -100,6 +100,9 @@ def test_bubble_chart_simulated_beside_theory():
     lines = {line.get_label(): line for line in ax.lines}
     assert list(lines["zb-h1 simulated"].get_xdata()) == [4, 8, 16, 32]
     assert lines["1f1b simulated"].get_ydata() == pytest.approx(lines["1f1b theory"].get_ydata())
+    assert ax.get_xscale() == "log" and list(ax.get_xticks()) == [4, 8, 16, 32]
+    narrow = figures.bubble_chart([("gpipe", m, None, 3 / (m + 3)) for m in (2, 4, 6)]).axes[0]
+    assert narrow.get_xscale() == "linear" and list(narrow.get_xticks()) == [2, 4, 6]  # m whole
     assert ax.get_xscale() == "log"
 
 

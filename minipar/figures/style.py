@@ -50,15 +50,18 @@ def new_figure(height=6.5, width=WIDTH):
 
 
 def log2_axis(ax, values, axis="x"):
-    """Base-2 log scale with a tick at each value when the values span a factor of 8 or more."""
+    """Base-2 log scale with a tick at each value when the values span a factor of 8 or more;
+    a narrower span of whole numbers (m = 2, 4, 6) keeps a linear scale, ticked at each value."""
     values = sorted({v for v in values if v and v > 0})
-    if not values or values[-1] / values[0] < 8:
+    wide = bool(values) and values[-1] / values[0] >= 8
+    if not wide and not (values and all(float(v).is_integer() for v in values)):
         return
     from matplotlib.ticker import FixedLocator, NullLocator
-    (ax.set_xscale if axis == "x" else ax.set_yscale)("log", base=2)
     target = ax.xaxis if axis == "x" else ax.yaxis
+    if wide:
+        (ax.set_xscale if axis == "x" else ax.set_yscale)("log", base=2)
+        target.set_minor_locator(NullLocator())
     target.set_major_locator(FixedLocator(values))
-    target.set_minor_locator(NullLocator())
     target.set_major_formatter(_format_int)
 
 
