@@ -38,7 +38,14 @@ def equal(what, diff):
 
 
 def worst(a, b):
-    return world.mpi.allreduce(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))), op=max)
+    """The largest |a - b| over every rank, compared on the host (a GPU's arrays copied there)."""
+    diff = np.abs(minipar.to_numpy(a) - minipar.to_numpy(b))
+    return world.mpi.allreduce(float(diff.max()), op=max)
+
+
+def joined(pieces):
+    """Every rank's slice side by side along the last axis, on the host."""
+    return np.concatenate([minipar.to_numpy(piece) for piece in pieces], axis=-1)
 
 
 def part1_mlp(B, T, C):
@@ -49,7 +56,7 @@ def part1_mlp(B, T, C):
     gelu = lambda z: F.gelu(Tensor(z)).data  # noqa: E731
     # Column split: rank r keeps rows of A₁ (output features); its GeLU slice is final.
     mine = gelu(x @ tp.shard(a1, 0, rank, p).T)
-    whole = np.concatenate(world.all_gather(mine), axis=-1)
+    whole = joined(world.all_gather(mine))
     say(f"  A₁ by columns: concatenated GeLU(X A₁,ᵣᵀ) vs GeLU(X A₁ᵀ): max |diff| = "
         f"{worst(whole, gelu(x @ a1.T)):.1e}  (no communication before GeLU)")
     # Row split: rank r keeps columns of A₁ (input features): a partial sum per rank.
@@ -111,7 +118,7 @@ def part3_loss(N, V):
         loss = tp.vocab_parallel_cross_entropy(mine, targets, world)
     sent_vp = world.counters.bytes_sent
     world.counters.reset()
-    gathered = np.concatenate(world.all_gather(mine), axis=-1)
+    gathered = joined(world.all_gather(mine))
     sent_gather = world.counters.bytes_sent
     serial = F.cross_entropy(Tensor(logits), targets)
     equal("the vocab-parallel loss", worst(loss.data, serial.data))
