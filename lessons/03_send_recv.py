@@ -13,16 +13,19 @@ import time
 
 import numpy as np
 
+from minipar import backend
+
 from _kit import arguments, check, finish, mpi_world, say
 
 args = arguments(__doc__, quick="three message sizes, fewer round trips")
 world = mpi_world(__doc__, ranks=(2,))
 rank, peer = world.rank, 1 - world.rank
+xp = backend.xp()  # the messages live where training would put them: NumPy, or CuPy on a GPU
 
 
 def ping_pong(nbytes, iters):
     """Seconds for one message of n bytes: half the median round trip."""
-    buf = np.zeros(nbytes, np.uint8)
+    buf = xp.zeros(nbytes, xp.uint8)
     times = []
     for _ in range(iters):
         world.barrier()
@@ -46,8 +49,8 @@ world.counters.reset()
 
 # 2. The deadlock. A blocking send of a large message returns only once the receiver has posted
 # its receive. We start the send non-blocking and give it a second, as a blocking send would be.
-big = np.ones(8 << 20, np.uint8)
-got = np.empty_like(big)
+big = xp.ones(8 << 20, xp.uint8)
+got = xp.empty_like(big)
 request = world.isend(big, peer)
 deadline = time.perf_counter() + 1.0
 while not request.test() and time.perf_counter() < deadline:

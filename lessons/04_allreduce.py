@@ -14,8 +14,7 @@ import statistics
 import textwrap
 import time
 
-import numpy as np
-
+from minipar import backend
 from minipar.comm import ALGORITHMS, cost, fit
 from minipar.console import spread, terminal_width
 
@@ -26,10 +25,11 @@ world = mpi_world(__doc__, at_least=2)
 note_load()
 REPEATS = 5  # timed runs of each all-reduce: the median and [min-max] of the slowest rank's
 p, rank = world.size, world.rank
+xp = backend.xp()  # the vectors live where training would put them: NumPy, or CuPy on a GPU
 ALGOS = [a for a in ALGORITHMS["all_reduce"] if a not in ("mpi",)]
 
 # ---- Part 1: the steps, drawn from trace events --------------------------------------------
-x = np.full(p * 2, rank + 1, np.float32)  # 2 elements per rank: 8 bytes per chunk
+x = xp.full(p * 2, rank + 1, xp.float32)  # 2 elements per rank: 8 bytes per chunk
 say(f"Part 1. The messages of each algorithm, p = {p}, a vector of {x.nbytes} bytes",
     "        (s>k: send to k, r<k: receive from k, x: sendrecv, number = bytes)")
 for algo in ALGOS:
@@ -57,7 +57,7 @@ widest = 1.0  # the largest max/min of one algorithm's runs: how noisy a single 
 table, rows = [], []  # the lines at n; every size's row for the figure (minipar.bench's keys)
 sizes = (n_bytes // 8, n_bytes // 4, n_bytes // 2, n_bytes) if args.plot else (n_bytes,)
 for size, algo in progress([(m, a) for m in sizes for a in ALGOS + ["mpi"]], "all-reduces"):
-    x = np.ones(size // 4, np.float32)
+    x = xp.ones(size // 4, xp.float32)
     world.all_reduce(x, algorithm=algo)  # warm up
     times = []
     for _ in range(REPEATS):

@@ -69,7 +69,7 @@ def part1_equal_to_serial(world, x, y, epochs):
         say(f"  {epoch:5d}  {np.mean(losses):.4f}")
     diff = None
     if twin:
-        diff = max(float(np.abs(p.data - q.data).max())
+        diff = max(float(abs(p.data - q.data).max())  # abs(), not np.abs: arrays on any device
                    for p, q in zip(model.parameters(), twin.parameters()))
         print(f"  max |parameter difference| data-parallel vs serial after {epochs} epochs: "
               f"{diff:.2e} (float64 rounding; 0 would need the same summation order)")
