@@ -144,6 +144,9 @@ def test_loss_chart_draws_the_serial_reference_thick_underneath():
     serial, ring, zero = ax.lines
     assert serial.get_linewidth() > 2 * ring.get_linewidth() and serial.get_zorder() < ring.get_zorder()
     assert list(zero.get_xdata()) == [0, 10]
+    short = figures.loss_chart({"serial": [3.0, 2.5, 2.2, 2.0]}).axes[0]
+    short.figure.canvas.draw()
+    assert all(float(t).is_integer() for t in short.get_xticks())  # no step 0.5
 
 
 @needs_matplotlib

@@ -87,6 +87,8 @@ def loss_chart(curves, title=None, xlabel="step", ylabel="loss"):
             ax.plot(x, y, color=colour(i), linewidth=1.8, zorder=2, label=label,
                     marker=MARKERS[i % len(MARKERS)] if len(x) <= 30 else None, markersize=5)
             i += 1
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no step 0.5
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title or "loss: the serial reference against each parallel layout", wrap=True)
