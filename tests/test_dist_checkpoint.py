@@ -176,7 +176,7 @@ def trainer_run(folder, tp, pp, dropout, steps, load=False, save_at=None):
         minipar.set_rng_state(state["rng"])
     losses = []
     for ids, targets in batches()[state["step"]:state["step"] + steps]:
-        losses.append(trainer.step(ids, targets))
+        losses.append(float(trainer.step(ids, targets)))  # a device scalar until read
         state["step"] += 1
         if state["step"] == save_at:
             dcp.save({"trainer": trainer, "step": state["step"], "rng": minipar.get_rng_state()},
