@@ -303,8 +303,10 @@ def where(condition, a, b):
 
 def embedding(weight, ids):
     """Rows of ``weight`` picked by integer ``ids`` (any shape): out[..., :] = weight[ids[...]]."""
-    if isinstance(ids, backend.numpy.ndarray) and not backend.is_gpu_array(ids):
-        ops.check_ids(ids, weight.shape[0])  # host ids: checked before they go to the device
+    ids = ids.data if isinstance(ids, Tensor) else ids
+    # before _array moves host ids to the device: their range is read there for free, device
+    # ids' only under MINIPAR_DEBUG=1
+    ops.check_ids(ids, weight.shape[0], values=backend.check_values(ids))
     return apply(ops.embedding, weight, ids=_array(ids))
 
 

@@ -322,9 +322,12 @@ def split_slices(shape, split_size_or_sections, axis=0):
     return slices
 
 
-def check_ids(ids, n):
-    """IndexError unless every id lies in [0, n) (reads the ids: a host sync for device ids)."""
-    lo, hi = (int(ids.min()), int(ids.max())) if ids.size else (0, -1)
+def check_ids(ids, n, values=True):
+    """TypeError unless ``ids`` are integers; with ``values``, IndexError unless every id lies in
+    [0, n) (reading them is a host sync for device ids: see ``backend.check_values``)."""
+    if ids.dtype.kind not in "iu":
+        raise TypeError(f"embedding: ids must be integers, got dtype {ids.dtype}")
+    lo, hi = (int(ids.min()), int(ids.max())) if values and ids.size else (0, -1)
     if lo < 0 or hi >= n:
         raise IndexError(f"embedding: ids must lie in [0, {n}), got [{lo}, {hi}]")
 
@@ -332,12 +335,9 @@ def check_ids(ids, n):
 def embedding(weight, ids):
     """Rows of ``weight`` picked by integer ``ids`` (any shape): out[..., :] = weight[ids[...]].
 
-    Backward scatters-adds each output row's gradient into the row it came from.
+    Backward scatters-adds each output row's gradient into the row it came from. The caller
+    checks the ids (``check_ids``) where it still knows whether they were on the host.
     """
-    if ids.dtype.kind not in "iu":
-        raise TypeError(f"embedding: ids must be integers, got dtype {ids.dtype}")
-    if backend.check_values(ids):  # device ids: only under MINIPAR_DEBUG=1
-        check_ids(ids, weight.shape[0])
     xp, shape, dtype = backend.get_array_module(weight), weight.shape, weight.dtype
 
     def grad(g):

@@ -11,7 +11,7 @@ Both split by those rows, rank i holding tokens [i·V/p, (i+1)·V/p):
                                    exponentials, target logit), all-reduced, and its backward
                                    needs none
 """
-from ... import backend, nn
+from ... import backend, nn, ops
 from ... import functional as F
 from ...autograd import Tensor, as_tensor, embedding, make_result
 from ...nn import Module, Parameter
@@ -36,11 +36,11 @@ class VocabParallelEmbedding(Module):
         self.tp_split = {"weight": (0, 1)}
 
     def forward(self, ids):
-        ids = ids.data if isinstance(ids, Tensor) else backend.asarray(ids)
-        if ids.size and backend.check_values(ids):  # device ids: only under MINIPAR_DEBUG=1
-            lo, hi, n = int(ids.min()), int(ids.max()), self.num_embeddings
-            if lo < 0 or hi >= n:
-                raise IndexError(f"embedding: ids must lie in [0, {n}), got [{lo}, {hi}]")
+        ids = ids.data if isinstance(ids, Tensor) else ids
+        ids = ids if backend.is_gpu_array(ids) else backend.numpy.asarray(ids)
+        # checked before they go to the device (host ids for free, device ids under MINIPAR_DEBUG)
+        ops.check_ids(ids, self.num_embeddings, values=backend.check_values(ids))
+        ids = backend.asarray(ids)
         xp = backend.get_array_module(ids)
         local = ids - self.vocab_start
         mine = (local >= 0) & (local < self.per_rank)
