@@ -163,6 +163,4 @@ def figure(directory, name, draw):
             print(figures.MISSING, file=sys.stderr, flush=True)
             _said_missing = True
         return None
-    path = figures.save(draw(figures), figures.figure_path(directory, name))
-    print(f"figure: {path}", flush=True)
-    return path
+    return figures.write_figures(directory, lambda: {name: draw(figures)})[0]

@@ -236,16 +236,14 @@ def plot(rows, p, path, stream):
     """Draw ``rows`` (run_bench's) into ``path`` and print where; without matplotlib, say in one
     line how to get the picture. Returns the path written, or None."""
     from minipar import figures
-    if not figures.available():
-        print(figures.MISSING, file=sys.stderr, flush=True)
-        return None
     if os.path.isdir(path) or not os.path.splitext(path)[1]:
-        path = figures.figure_path(path, "allreduce_busbw")
+        path = os.path.join(path, "allreduce_busbw.png")
     title = (f"all-reduce bus bandwidth on {p} ranks ({backend.device()}, float32): measured, "
              f"and the cost model dashed")
-    written = figures.save(figures.busbw_chart(rows, p, title=title), path)
-    print(f"figure: {written}", file=stream, flush=True)
-    return written
+    folder, name = os.path.split(path)
+    written = figures.write_figures(
+        folder, lambda: {name: figures.busbw_chart(rows, p, title=title)}, stream)
+    return written[0] if written else None
 
 
 def launch(args):

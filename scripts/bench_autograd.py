@@ -96,11 +96,7 @@ def draw(directory, results):
     how to get them)."""
     from minipar import figures
 
-    if not figures.available():
-        print(figures.MISSING, file=sys.stderr, flush=True)
-        return
-    for name, fig in charts(results).items():
-        print(f"figure: {figures.save(fig, figures.figure_path(directory, name))}")
+    return figures.write_figures(directory, lambda: charts(results))
 
 
 # --- minipar ------------------------------------------------------------------------------------

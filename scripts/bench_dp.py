@@ -286,12 +286,9 @@ def draw(directory, per_batch):
     one line on how to get them)."""
     from minipar import figures
 
-    if not figures.available():
-        print(figures.MISSING, file=sys.stderr, flush=True)
-        return
-    for batch, repeats in per_batch.items():
-        path = figures.figure_path(directory, f"dp_throughput_b{batch}")
-        print(f"figure: {figures.save(throughput_chart(batch, repeats), path)}")
+    return figures.write_figures(directory, lambda: {
+        f"dp_throughput_b{batch}": throughput_chart(batch, repeats)
+        for batch, repeats in per_batch.items()})
 
 
 if __name__ == "__main__":

@@ -117,15 +117,11 @@ def charts(p, m, unit, rows, grid):
 
 
 def draw(directory, *measured):
-    """charts(*measured) saved into ``directory``; their paths (none without matplotlib, which
-    it says in one line)."""
+    """charts(*measured) saved into ``directory``, each path printed; their paths (none without
+    matplotlib, which it says in one line)."""
     from minipar import figures
 
-    if not figures.available():
-        print(figures.MISSING, file=sys.stderr, flush=True)
-        return []
-    return [figures.save(fig, figures.figure_path(directory, name))
-            for name, fig in charts(*measured).items()]
+    return figures.write_figures(directory, lambda: charts(*measured))
 
 
 def main():
@@ -184,8 +180,7 @@ def main():
         for k in ks:
             print(f"{k:<5}" + "  ".join(f"M={m} {spread(grid[k][m], '{:.2f}')}" for m in ms))
     if args.plot:
-        for path in draw(args.plot, p, m, args.unit, every, grid):
-            print(f"figure: {path}")
+        draw(args.plot, p, m, args.unit, every, grid)
     return 1 if missed else 0
 
 

@@ -170,6 +170,7 @@ def test_save_by_suffix_and_the_same_bytes_twice(tmp_path):
     assert open(first, "rb").read() == open(second, "rb").read()  # no date, no version stamp
     assert open(figures.save(fig, tmp_path / "a.svg")).read().lstrip().startswith("<?xml")
     assert figures.figure_path("out", "bubble") == "out/bubble.png"
+    assert figures.figure_path("out", "busbw.svg") == "out/busbw.svg"  # its own suffix kept
 
 
 @needs_matplotlib

@@ -4,6 +4,7 @@
     require()                       the matplotlib module, or FiguresUnavailable(MISSING)
     save(fig, path)                 a PNG (or .svg / .pdf by suffix), parent folders made
     figure_path(directory, name)    directory/name.png
+    write_figures(directory, draw)  what every --plot does: save, print each path, or say MISSING
 
     schedule_chart(events, ...)     ranks as rows, one labelled bar per F/B/W/R/optimizer step
     bubble_chart(points, ...)       bubble against micro-batches m per schedule, beside theory
@@ -19,6 +20,8 @@ title, axis labels and a legend. matplotlib is imported only inside these functi
 ``require()``, so ``import minipar.figures`` works without it and every command that draws says
 how to get the pictures (``MISSING``) instead of failing.
 """
+import sys
+
 from minipar.figures.base import (MISSING, FiguresUnavailable, available, figure_path, require,
                                   save)
 from minipar.figures.charts import bar_chart, busbw_chart, loss_chart, memory_chart
@@ -26,4 +29,19 @@ from minipar.figures.pipeline import bubble_chart, schedule_chart, speedup_chart
 
 __all__ = ["MISSING", "FiguresUnavailable", "available", "bar_chart", "bubble_chart", "busbw_chart",
            "figure_path", "loss_chart", "memory_chart", "require", "save", "schedule_chart",
-           "speedup_chart"]
+           "speedup_chart", "write_figures"]
+
+
+def write_figures(directory, draw, stream=None):
+    """Save the figures ``draw()`` returns ({name: Figure}) as ``directory/name.png`` (a name with
+    its own suffix keeps it), printing ``figure: PATH`` for each on ``stream`` (standard output);
+    returns the paths. Without matplotlib ``draw`` is not called and one line on standard error
+    says how to get the pictures (``MISSING``): the shape of every ``--plot``."""
+    if not available():
+        print(MISSING, file=sys.stderr, flush=True)
+        return []
+    paths = []
+    for name, fig in draw().items():
+        paths.append(save(fig, figure_path(directory, name)))
+        print(f"figure: {paths[-1]}", file=stream or sys.stdout, flush=True)
+    return paths

@@ -45,5 +45,7 @@ def save(fig, path, dpi=None):
 
 
 def figure_path(directory, name):
-    """``directory/name.png``: where a command that takes ``--plot DIR`` puts its figure ``name``."""
-    return os.path.join(directory, name + ".png")
+    """``directory/name.png``: where a command that takes ``--plot DIR`` puts its figure ``name``
+    (a name ending in .png, .svg or .pdf is kept as it is)."""
+    kept = name.lower().endswith(tuple(_NO_STAMP))
+    return os.path.join(directory, name if kept else name + ".png")
