@@ -254,8 +254,7 @@ def launch(args):
     except RuntimeError as err:
         raise SystemExit(f"minipar bench: {err}") from None
     env = {**os.environ, **RANK_ENV, "MALLOC_MMAP_MAX_": os.environ.get("MALLOC_MMAP_MAX_", "0")}
-    if sys.stderr.isatty():  # mpiexec pipes the ranks' standard error to this terminal
-        env.setdefault("MINIPAR_PROGRESS", "1")
+    env.update(console.terminal_env(env))  # mpiexec gives the ranks pipes, not this terminal
     return os.spawnve(os.P_WAIT, command[0], command + _forward(args), env)
 
 

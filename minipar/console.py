@@ -4,6 +4,7 @@
     spread([0.41, 0.38, 0.45])         '0.410 [0.380-0.450]'   (median [min-max])
     note_load()                         a line on standard error when the machine is busy
     terminal_width()                    columns to fit a text chart into
+    terminal_env(env)                   the terminal's settings for ranks mpiexec gives pipes
 
 Everything here writes to standard error, so the results on standard output stay clean (and
 pure JSON with ``--json``). Progress is shown on rank 0 only and only when standard error is a
@@ -88,6 +89,20 @@ def note_load(rank=0, stream=None):
     if note and rank == 0:
         print(note, file=stream or sys.stderr, flush=True)
     return note
+
+
+def terminal_env(env, stdout=None, stderr=None):
+    """What ranks started by mpiexec cannot see for themselves: mpiexec hands them pipes, not
+    this terminal. ``MINIPAR_PROGRESS=1`` when standard error is a terminal (progress bars,
+    rank 0), ``COLUMNS`` when standard output is one (text charts folded to its width); a value
+    already in ``env`` wins. Returns the variables to add."""
+    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
+    wanted = {}
+    if "MINIPAR_PROGRESS" not in env and stderr.isatty():
+        wanted["MINIPAR_PROGRESS"] = "1"
+    if "COLUMNS" not in env and stdout.isatty():
+        wanted["COLUMNS"] = str(shutil.get_terminal_size().columns)
+    return wanted
 
 
 def terminal_width(default=100):

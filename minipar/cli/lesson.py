@@ -14,13 +14,13 @@ the ranks are told so (progress bars, text charts at its width), since mpiexec g
 import argparse
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 
 from minipar.cli.args import UsageError, positive_int
 from minipar.cli.lessons import command, lessons
+from minipar.console import terminal_env
 
 
 def add_arguments(parser):
@@ -76,19 +76,6 @@ def build_command(path, run_line, nprocs, lesson_args):
     program = [sys.executable, str(path), *lesson_args]
     nprocs = nprocs or default_ranks(run_line)
     return program if nprocs is None else launch_command(nprocs, *program)
-
-
-def terminal_env(env, stdout=None, stderr=None):
-    """What the ranks cannot see for themselves: mpiexec hands them pipes, not this terminal.
-    ``MINIPAR_PROGRESS=1`` when standard error is a terminal (progress bars, rank 0), ``COLUMNS``
-    when standard output is one (text charts folded to its width); a value already set wins."""
-    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
-    wanted = {}
-    if "MINIPAR_PROGRESS" not in env and stderr.isatty():
-        wanted["MINIPAR_PROGRESS"] = "1"
-    if "COLUMNS" not in env and stdout.isatty():
-        wanted["COLUMNS"] = str(shutil.get_terminal_size().columns)
-    return wanted
 
 
 def run(args):
