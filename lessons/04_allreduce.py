@@ -15,6 +15,7 @@ import textwrap
 import time
 
 from minipar import backend
+from minipar.bench import busbw
 from minipar.comm import ALGORITHMS, cost, fit
 from minipar.console import spread, terminal_width
 
@@ -70,7 +71,7 @@ for size, algo in progress([(m, a) for m in sizes for a in ALGOS + ["mpi"]], "al
     seconds = statistics.median(times)  # of the slowest rank's
     predicted = cost.predict("all_reduce", algo, p, size, model) if algo != "mpi" else None
     rows.append({"bytes": size, "algorithm": algo, "time_us": seconds * 1e6,
-                 "busbw_GBps": size / seconds * 2 * (p - 1) / p / 1e9,
+                 "busbw_GBps": busbw(size, seconds, p),
                  "model_us": predicted and predicted * 1e6})
     if size != n_bytes:
         continue

@@ -44,6 +44,13 @@ MAX_BYTES = 1 << 30  # the largest vector the benchmark allocates (1 GiB per ran
 SLOW = ("sequential", "parallel", "parameter_server")  # O(p n) per link: only up to --slow-max
 
 
+def busbw(nbytes, seconds, p):
+    """Bus bandwidth in GB/s of an all-reduce of ``nbytes`` on p ranks taking ``seconds``:
+    n / t · 2(p-1)/p (nccl-tests), the rate each link of a ring carries, comparable with the
+    link speed whatever p is."""
+    return nbytes / seconds * 2 * (p - 1) / p / 1e9
+
+
 def memcpy_bandwidth(nbytes=64 << 20):
     """Bytes per second of one large array copy on this rank (read + write counted once)."""
     xp = backend.xp()
@@ -148,7 +155,7 @@ def run_bench(comm, sizes, algorithms, slow_max, as_json):
                 predicted = cost.predict("all_reduce", algorithm, p, x.nbytes, model)
             algbw = x.nbytes / seconds / 1e9
             row = {"bytes": x.nbytes, "algorithm": algorithm, "time_us": seconds * 1e6,
-                   "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (p - 1) / p,
+                   "algbw_GBps": algbw, "busbw_GBps": busbw(x.nbytes, seconds, p),
                    "vs_mpi": seconds / mpi_time, "model_us": predicted and predicted * 1e6,
                    "measured_over_model": predicted and seconds / predicted, "wrong": wrong}
             rows.append(row)

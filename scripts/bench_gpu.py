@@ -187,6 +187,8 @@ def launch(nprocs, args, env):
 
 
 def part_allreduce(device, args):
+    from minipar.bench import busbw  # nccl-tests' bus bandwidth, as minipar bench prints it
+
     p = args.ranks
     print(f"\nall-reduce on {p} ranks, {device} buffers: bus bandwidth GB/s (2(p-1)/p bytes / "
           f"time of the slowest rank, {args.repeats} calls); staged = MINIPAR_CUDA_AWARE=0")
@@ -203,8 +205,8 @@ def part_allreduce(device, args):
             print(f"  {mode}: not measured: {why}")
             continue
         for algorithm, nbytes, seconds, staged in result["rows"]:
-            busbw = 2 * (p - 1) / p * nbytes / seconds / 1e9
-            table.setdefault(nbytes, {})[f"{algorithm} {mode}"] = (busbw, staged)
+            table.setdefault(nbytes, {})[f"{algorithm} {mode}"] = (busbw(nbytes, seconds, p),
+                                                                   staged)
     columns = [f"{a} {m}" for m in ("aware", "staged") for a in ("ring", "mpi")]
     print(f"  {'bytes':>10s}" + "".join(f"{c:>14s}" for c in columns) + "   staged bytes/call")
     for nbytes, cells in sorted(table.items()):
