@@ -59,8 +59,9 @@ def part1_bubble(unit, ms, repeats):
             if m == 4:
                 shown = (measured[1], f"{formula.split(' if')[0]} = {num}/{den}", num / den)
     if rank == 0:  # the theory's line also through the powers of 2 that were not measured
-        points += [("GPipe", k, None, (p - 1) / (k + p - 1)) for k in (1, 2, 4, 8, 16)
-                   if k <= max(ms) and k not in ms]
+        for k in (k for k in (1, 2, 4, 8, 16) if k <= max(ms) and k not in ms):
+            _, num, den = bubble_theory(build("gpipe", p, k))
+            points.append(("GPipe", k, None, num / den))
     say("\nThe measured timeline of m = 4, one column per unit:",
         text_gantt(shown[0], p, unit=unit, width=terminal_width(), legend=True)
         if rank == 0 else "")
