@@ -11,7 +11,7 @@ registry (allreduce.py, trees.py, exchange.py, param_server.py, and MPI's own in
 
     all_reduce(x, op="sum", algorithm="auto", out=None, check=None)    iall_reduce(...) -> Work
     broadcast(x, root=0)   reduce(x, root=0, op=)   reduce_scatter(x, op=)   all_gather(x)
-    all_to_all(x)   gather(x, root=0)   scatter(x, root=0)
+    all_to_all(x)   all_to_all_v(x, send_counts)   gather(x, root=0)   scatter(x, root=0)
     all_gather_object(obj)   gather_object(obj, root=0)   broadcast_object(obj, root=0)
 
 Arrays go in, arrays come out (NumPy or CuPy: staging.py); collectives know nothing of tensors.
@@ -111,16 +111,13 @@ class Communicator:
         return None if new == MPI.COMM_NULL else Communicator(new)
 
     def dup(self, share_counters=False):
-        """A communicator over the same ranks whose messages never match this one's (counting
-        into this one's counters when ``share_counters``)."""
+        """The same ranks, messages never matching this one's (``share_counters``: counted here)."""
         return Communicator(self.mpi.Dup(), counters=self.counters if share_counters else None)
 
     # -- checks ------------------------------------------------------------------------------
     def check_peer(self, peer):
-        """``peer`` as an int (a NumPy integer is one too), or a CommError unless it is a rank
-        of this communicator."""
-        if isinstance(peer, numbers.Integral) and not isinstance(peer, bool) \
-                and 0 <= peer < self.size:
+        """``peer`` as an int (NumPy integers too), or a CommError unless it is a rank here."""
+        if isinstance(peer, numbers.Integral) and not isinstance(peer, bool) and 0 <= peer < self.size:
             return int(peer)
         raise CommError(f"rank {self.rank}: peer rank {peer!r} out of range for a "
                         f"communicator of size {self.size} (valid ranks 0..{self.size - 1})")
@@ -132,9 +129,8 @@ class Communicator:
                 raise CommError(f"rank {self.rank}: {agreement.describe(tag)} received a message "
                                 f"of rank {source}'s {agreement.describe(got)}: "
                                 f"{agreement.difference(tag, got)}")
-            raise CommError(f"rank {self.rank}: rank {source} sent "
-                            f"{tag_dtype(got)} data where {tag_dtype(tag)} was "
-                            f"expected: dtypes differ across ranks")
+            raise CommError(f"rank {self.rank}: rank {source} sent {tag_dtype(got)} data where "
+                            f"{tag_dtype(tag)} was expected: dtypes differ across ranks")
         got = status.Get_count(MPI.BYTE)
         if got != expected:
             raise CommError(f"rank {self.rank}: received {got} bytes from rank "
@@ -153,8 +149,7 @@ class Communicator:
 
     # -- buffers: NumPy straight through, CuPy direct (CUDA-aware) or staged through the host --
     def is_cuda_aware(self):
-        if self._cuda_aware is None:
-            self._cuda_aware = cuda_aware()[0]
+        self._cuda_aware = cuda_aware()[0] if self._cuda_aware is None else self._cuda_aware
         return self._cuda_aware
 
     def _send_buffer(self, x):
@@ -370,6 +365,11 @@ class Communicator:
     def all_to_all(self, x, algorithm="pairwise", out=None, check=None):
         """x of shape (p, ...): row j goes to rank j; rank r gets [x_0[r], ..., x_{p-1}[r]]."""
         return exchange.all_to_all(self, x, algorithm, out, check)
+
+    @_collective
+    def all_to_all_v(self, x, send_counts, recv_counts=None, algorithm="pairwise", check=None):
+        """Rows by peer: send_counts[j] rows go to rank j; returns those received, rank 0's first."""
+        return exchange.all_to_all_v(self, x, send_counts, recv_counts, algorithm, check)
 
     @_collective
     def gather(self, x, root=0, algorithm="linear", out=None, check=None):

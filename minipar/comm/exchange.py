@@ -5,11 +5,19 @@
     all_gather      ring                (p-1)(alpha + n/p beta(n/p))
                     recursive_doubling  sum over m = n/2 ... n/p of alpha + m beta(m)
     all_to_all      pairwise            (p-1)(alpha + n/p beta(n/p))
+    all_to_all_v    pairwise            (p-1)(alpha + n/p beta(n/p))      (n: the bytes a rank
+                                         sends, spread evenly; else each step costs its largest)
     gather, scatter linear              (p-1)(alpha + n/p beta(n/p))      (n: the whole stack)
 
 A reduce-scatter followed by an all-gather is an all-reduce (ring, or halving then doubling):
 ZeRO uses the two halves separately. Rank r's piece is chunk r of ``chunk_bounds``.
 """
+import collections
+import itertools
+import math
+import numbers
+
+from minipar import backend
 from minipar.comm.buffers import (bounds as chunks_of, check_same, contiguous, copy, finish,
                                   reducer, result_buffer, wait_all)
 from minipar.comm.errors import CommError
@@ -128,11 +136,12 @@ def all_to_all(comm, x, algorithm="pairwise", out=None, check=None):
 
 @algorithm("all_to_all", "pairwise", lambda p, n, a, b, g: (p - 1) * (a + n / p * b(n / p)))
 def _all_to_all_pairwise(c, x, result, tag):
-    """p-1 steps: in step s send row r+s to rank r+s and receive row r from rank r-s."""
+    """p-1 steps: in step s send row r+s to rank r+s and receive row r from rank r-s (rows as
+    slices: a row of a 1-D x is a scalar, not a buffer)."""
     r, p = c.rank, c.size
     for s in range(1, p):
         dst, src = (r + s) % p, (r - s) % p
-        c.sendrecv(x[dst], dst, result[src], src, tag)
+        c.sendrecv(x[dst:dst + 1], dst, result[src:src + 1], src, tag)
 
 
 def gather(comm, x, root=0, algorithm="linear", out=None, check=None):
@@ -187,3 +196,62 @@ def _scatter_linear(c, x, result, root, tag):
         wait_all([c.isend(x[j], j, tag) for j in range(c.size) if j != root])
     else:
         c.recv(result, root, tag)
+
+
+# -- all_to_all_v: a different number of rows for every peer (expert parallelism) ----------------
+
+def all_to_all_v(comm, x, send_counts, recv_counts=None, algorithm="pairwise", check=None):
+    """x's rows grouped by destination: the first ``send_counts[0]`` go to rank 0, the next
+    ``send_counts[1]`` to rank 1, ...; returns the rows received, rank 0's first (shape
+    (sum(recv_counts), *x.shape[1:])). ``recv_counts[j]`` is rank j's ``send_counts[me]``; when
+    None, the ranks first exchange their counts (an all_to_all of p integers, counted too)."""
+    run = pick("all_to_all_v", algorithm)
+    send = _counts(comm, "send_counts", send_counts)
+    if x.ndim == 0 or x.shape[0] != sum(send):
+        raise CommError(f"rank {comm.rank}: all_to_all_v: send_counts {send} add up to "
+                        f"{sum(send)} rows, but x has shape {tuple(x.shape)}")
+    check_same(comm, "all_to_all_v", x[:0], check)  # rows may differ; the row shape may not
+    if recv_counts is None:
+        recv = [int(n) for n in all_to_all(comm, backend.numpy.asarray(send, "int64"))]
+    else:
+        recv = _counts(comm, "recv_counts", recv_counts)
+    if recv[comm.rank] != send[comm.rank]:
+        raise CommError(f"rank {comm.rank}: all_to_all_v: keeps {send[comm.rank]} rows for "
+                        f"itself (send_counts) but expects {recv[comm.rank]} (recv_counts)")
+    width = math.prod(x.shape[1:])
+    rows = contiguous(x).reshape(len(x), width)
+    result = backend.get_array_module(x).empty((sum(recv), width), x.dtype)
+    sent, got = offsets(send), offsets(recv)
+    me = comm.rank
+    result[got[me]:got[me + 1]] = rows[sent[me]:sent[me + 1]]
+    like = _Like(x.dtype, width)  # the fingerprint's count: the row width, equal on every rank
+    run(comm.coll, rows, result, sent, got,
+        comm.collective_tag("all_to_all_v", algorithm, None, like, check=check))
+    return result.reshape((sum(recv),) + tuple(x.shape[1:]))
+
+
+_Like = collections.namedtuple("_Like", "dtype size")
+
+
+def offsets(counts):
+    """[0, c0, c0 + c1, ...]: where each peer's rows start."""
+    return [0, *itertools.accumulate(counts)]
+
+
+def _counts(comm, name, counts):
+    """``counts`` as p non-negative Python ints, or a CommError naming what is wrong."""
+    counts = [int(n) if isinstance(n, numbers.Integral) else n for n in counts]
+    if len(counts) != comm.size or any(not isinstance(n, int) or n < 0 for n in counts):
+        raise CommError(f"rank {comm.rank}: all_to_all_v: {name} must be {comm.size} "
+                        f"non-negative integers (one per rank), got {counts}")
+    return counts
+
+
+@algorithm("all_to_all_v", "pairwise", lambda p, n, a, b, g: (p - 1) * (a + n / p * b(n / p)))
+def _all_to_all_v_pairwise(c, rows, result, sent, got, tag):
+    """p-1 steps: in step s send my rows for rank r+s and receive rank r-s's rows for me (a
+    message of zero rows still goes: both sides know the counts, and it keeps the steps paired)."""
+    r, p = c.rank, c.size
+    for s in range(1, p):
+        dst, src = (r + s) % p, (r - s) % p
+        c.sendrecv(rows[sent[dst]:sent[dst + 1]], dst, result[got[src]:got[src + 1]], src, tag)

@@ -102,6 +102,16 @@ def _all_to_all(c, x, result, tag):
     _run(c, c.mpi.Alltoall, x, result)
 
 
+@algorithm("all_to_all_v", "mpi")
+def _all_to_all_v(c, rows, result, sent, got, tag):
+    """MPI_Alltoallv, counts and displacements in elements (rows times the row width)."""
+    agree(c, tag)
+    w = rows.shape[1]
+    send = ([w * (b - a) for a, b in zip(sent, sent[1:])], [w * a for a in sent[:-1]])
+    recv = ([w * (b - a) for a, b in zip(got, got[1:])], [w * a for a in got[:-1]])
+    _run(c, lambda s, r: c.mpi.Alltoallv([s, send], [r, recv]), rows, result)
+
+
 @algorithm("gather", "mpi")
 def _gather(c, x, result, root, tag):
     agree(c, tag)

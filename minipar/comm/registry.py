@@ -15,7 +15,7 @@ from minipar.comm.errors import CommError
 
 OPS = ("sum", "avg", "max", "min", "prod")
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "reduce_scatter", "all_gather", "all_to_all",
-               "gather", "scatter")
+               "gather", "scatter", "all_to_all_v")
 ALGORITHMS = {name: {} for name in COLLECTIVES}
 
 
