@@ -163,12 +163,17 @@ class MoE(Module):
             lo += int(n)
         return concat(outs, axis=0)
 
+    def apply_experts(self, flat, gates, routing):
+        """Every expert on its kept rows, here; weighted back per token (``combine``).
+        Expert parallelism replaces just this step (parallel/expert/layer.py)."""
+        rows = self.run_experts(flat[routing.order], routing.kept_per_expert)
+        return combine(rows, gates, routing)
+
     def forward(self, x):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         probs, gates, routing = self.gate(flat)
-        rows = self.run_experts(flat[routing.order], routing.kept_per_expert)
-        y = combine(rows, gates, routing)
+        y = self.apply_experts(flat, gates, routing)
         self.last_routing = routing
         aux = self.balance_loss(probs, routing)
         return aux_loss_autoscaler(y, aux, self.aux_coeff * self.aux_scale).reshape(shape)

@@ -1,0 +1,99 @@
+"""Dispatch and combine: each token travels to the rank that holds its expert, and back.
+
+The E experts are sharded over an expert group of ep ranks: rank r holds experts
+[r·E/ep, (r+1)·E/ep). Every rank routes its own tokens with the replicated router and lays its
+kept assignments out expert by expert (``nn.moe.Routing.order``). A rank's experts are
+consecutive, so that layout is already grouped by the rank each row must go to:
+
+    rank 0's rows   | e0 e0 e0 | e1 |  e2 e2 | e3 e3 e3 e3 |       E = 4 experts, ep = 2
+                    |- to rank 0 --|---------- to rank 1 -----|
+
+    counts[s, e]    rows that rank s sends to expert e: the counts matrix (``table``)
+
+  1. plan       an all_to_all of each rank's counts, cut (ep, E/ep): every rank learns how many
+                rows will arrive from each rank for each of its experts
+  2. dispatch   all_to_all_v of the rows: rank j gets send_counts[j] = Σ counts[me, j's experts];
+                they arrive by source rank, then expert; ``order`` puts each expert's together
+  3. experts    local expert i runs on its rows from every source at once
+  4. combine    the inverse order, all_to_all_v back (the counts swapped), and at home each token
+                sums its k expert outputs weighted by its gates (``nn.moe.combine``)
+
+Both all-to-alls are differentiable: the gradient of one is the other with the counts swapped.
+Rank r sends Σ_{j≠r} send_counts[j] rows of C numbers on each trip: dispatch and combine in the
+forward pass, the same two in backward. Kept rows only: dropped tokens never travel.
+"""
+import dataclasses
+
+from ... import backend
+from ...autograd import make_result
+from ...nn import moe
+
+
+def all_to_all_v(x, send_counts, recv_counts, group):
+    """Differentiable all_to_all_v of x's rows (``Communicator.all_to_all_v``); backward sends
+    the gradient rows back the way they came: the same exchange with the counts swapped."""
+    out = group.all_to_all_v(x.data, send_counts, recv_counts)
+    return make_result(out, (x,), lambda g: (group.all_to_all_v(g, recv_counts, send_counts),),
+                       "all_to_all_v")
+
+
+@dataclasses.dataclass
+class Plan:
+    """Who sends how many rows where, for one forward pass (host arrays):
+
+    sent (ep, E/ep)      rows this rank sends to each rank's each expert
+    received (ep, E/ep)  rows each rank sends to each of this rank's experts
+    order                arrival position of each row, expert-major (expert, then source)
+    """
+    sent: object
+    received: object
+    order: object
+
+    send_counts = property(lambda self: [int(n) for n in self.sent.sum(axis=1)])
+    recv_counts = property(lambda self: [int(n) for n in self.received.sum(axis=1)])
+    per_expert = property(lambda self: self.received.sum(axis=0))  # rows of each local expert
+
+
+def plan(kept_per_expert, group):
+    """The ``Plan`` of this rank's kept rows per expert (step 1: one all_to_all of counts)."""
+    host = backend.numpy
+    sent = host.asarray(kept_per_expert, dtype=host.int64).reshape(group.size, -1)
+    received = group.all_to_all(sent)  # row s: what rank s sends to my experts
+    start = host.concatenate([[0], host.cumsum(received.reshape(-1))[:-1]]).reshape(received.shape)
+    ranges = [host.arange(start[s, e], start[s, e] + received[s, e])
+              for e in range(received.shape[1]) for s in range(received.shape[0])]
+    order = host.concatenate(ranges) if ranges else host.zeros(0, host.int64)
+    return Plan(sent, received, order.astype(host.int64))
+
+
+def dispatch(rows, plan, group):
+    """This rank's kept rows (expert-major) -> the rows of its own experts, expert-major."""
+    return all_to_all_v(rows, plan.send_counts, plan.recv_counts, group)[plan.order]
+
+
+def combine(expert_rows, plan, group, gates, routing):
+    """The experts' outputs back to the ranks that sent them, then each token's gated sum."""
+    inverse = backend.numpy.argsort(plan.order)
+    home = all_to_all_v(expert_rows[inverse], plan.recv_counts, plan.send_counts, group)
+    return moe.combine(home, gates, routing)
+
+
+def counts_matrix(routing, group):
+    """counts[s, e]: kept rows rank s sends to expert e, on every rank (a gather of metadata)."""
+    return backend.numpy.array(group.all_gather_object(routing.kept_per_expert.tolist()))
+
+
+def table(counts, ep):
+    """The counts matrix as lines of text: one row per sending rank, one column per expert,
+    experts grouped under the rank that holds them."""
+    E = counts.shape[1]
+    per = E // ep
+    head = " | ".join(" ".join(f"e{e:<3d}" for e in range(r * per, (r + 1) * per))
+                      for r in range(ep))
+    owners = " | ".join(f"{'on rank ' + str(r):<{5 * per - 1}s}" for r in range(ep))
+    lines = [f"{'':12s}{owners}", f"{'':12s}{head}"]
+    for s, row in enumerate(counts):
+        cells = " | ".join(" ".join(f"{n:<4d}" for n in row[r * per:(r + 1) * per])
+                           for r in range(ep))
+        lines.append(f"from rank {s:<2d}{cells}")
+    return lines
