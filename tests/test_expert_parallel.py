@@ -77,11 +77,10 @@ def _ep_case(world, rng, failures, E, k, cf, B=2, T=5, C=6):
     diff = lambda a, b: np.abs(to_numpy(a) - to_numpy(b)).max(initial=0)  # noqa: E731
     errors = {"y": diff(y.data, y_ref), "dx": diff(x.grad, dx_ref),
               "aux": abs(layer.last_routing.aux_loss - routing.aux_loss)}
+    twin = dict(serial.named_parameters())
     for name, param in layer.named_parameters():
-        if name.startswith("experts."):
-            i, rest = name[len("experts."):].split(".", 1)
-            name = f"experts.{layer.expert_ids[int(i)]}.{rest}"
-        errors["d" + name] = diff(param.grad, dict(serial.named_parameters())[name].grad)
+        name = layer.serial_name(name)
+        errors["d" + name] = diff(param.grad, twin[name].grad)
     for name, a in built.state_dict().items():  # the constructor's seed gives the same shard
         errors["built " + name] = diff(a, layer.state_dict()[name])
     failures += [f"{case}: {what} differs by {e:.1e}" for what, e in errors.items() if not e < TOL]

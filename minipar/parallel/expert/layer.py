@@ -67,6 +67,13 @@ class ExpertParallelMoE(MoE):
         out = self.run_experts(rows, self.last_plan.per_expert)
         return combine(out, self.last_plan, self.group, gates, routing)
 
+    def serial_name(self, name):
+        """The serial MoE's name for this module's parameter ``name`` (experts renumbered)."""
+        if name.startswith("experts."):
+            i, rest = name[len("experts."):].split(".", 1)
+            return f"experts.{self.expert_ids[int(i)]}.{rest}"
+        return name
+
     def router_parameters(self):
         """The replicated parameters (the router's): their gradients need a sum over the group."""
         return list(self.router.parameters())
