@@ -9,12 +9,18 @@ One launch per rank count (1 to 4) runs the whole table and returns its failures
   and without drops, top-1 and top-2, float64 to 1e-10;
 - bad input raises the same clear error on every rank.
 
-A second launch gives inconsistent counts and must end the job with a clear error, not hang.
+A second launch gives inconsistent counts and must end the job with a clear error, not hang;
+a third is the benchmark's smoke run (its numbers are not judged here: timings are noisy).
 """
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
-from minipar.testing import run_on_ranks
+from minipar.testing import RANK_ENV, launch_command, run_on_ranks
 
 TOL = 1e-10
 DTYPES = ("float16", "float32", "float64", "int32", "int64")
@@ -162,3 +168,15 @@ def test_inconsistent_counts_end_the_job_with_a_clear_error():
         run_on_ranks(mismatch_body, 2, timeout=60)
     text = str(failure.value)
     assert "CommError" in text and "differ across ranks" in text, text
+
+
+@pytest.mark.mpi
+def test_benchmark_smoke_run_prints_its_ratios():
+    script = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "bench_expert.py"
+    done = subprocess.run(launch_command(2, sys.executable, script, "--quick"),
+                          capture_output=True, text=True, timeout=180,
+                          env={**os.environ, **RANK_ENV})
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert sum(line.split()[0] in ("balanced", "skewed") for line in lines if line.strip()) == 4
+    assert lines[-1].startswith("  expert parallel / serial: ")
