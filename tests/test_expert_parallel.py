@@ -14,6 +14,7 @@ a third is the benchmark's smoke run (its numbers are not judged here: timings a
 """
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -106,7 +107,7 @@ def _bad_input(world, failures):
             fn()
             seen[case] = "no error"
         except error as e:
-            seen[case] = str(e).replace(f"rank {world.rank}", "rank R")
+            seen[case] = re.sub(r"^rank \d+: ", "rank R: ", str(e))  # the rest: the same
 
     x = np.ones((4, 2))
     expect("length", comm.CommError, lambda: world.all_to_all_v(x, [4] + [0] * p))
@@ -115,12 +116,14 @@ def _bad_input(world, failures):
     expect("sum", comm.CommError, lambda: world.all_to_all_v(x, [5] + [0] * (p - 1)))
     expect("algorithm", comm.CommError, lambda: world.all_to_all_v(x, [4] + [0] * (p - 1),
                                                                    algorithm="ring"))
-    if p > 1:  # every count divides by 1
+    if p > 1:  # every count divides by 1; one rank is alone in its row shape
         expect("experts", ValueError, lambda: ExpertParallelMoE(4, 4 * p + 1, group=world))
+        wide = np.ones((p, 2 + (world.rank == 1)))
+        expect("row shape", comm.CommError, lambda: world.all_to_all_v(wide, [1] * p, check=True))
     expect("group", TypeError, lambda: ExpertParallelMoE(4, 4, group=None))
     words = {"length": f"{p} non-negative integers", "negative": "non-negative",
              "sum": "add up to", "algorithm": "pairwise", "experts": "divisible",
-             "group": "Communicator"}
+             "group": "Communicator", "row shape": "arrays differ across ranks"}
     for case, word in words.items() if p > 1 else list(words.items())[:4] + [("group", "")]:
         if word not in seen[case] or len(set(world.all_gather_object(seen[case]))) != 1:
             failures.append(f"p={p} rank {world.rank}: {case}: {seen[case]}")

@@ -210,7 +210,7 @@ def all_to_all_v(comm, x, send_counts, recv_counts=None, algorithm="pairwise", c
     if x.ndim == 0 or x.shape[0] != sum(send):
         raise CommError(f"rank {comm.rank}: all_to_all_v: send_counts {send} add up to "
                         f"{sum(send)} rows, but x has shape {tuple(x.shape)}")
-    check_same(comm, "all_to_all_v", x[:0], check)  # rows may differ; the row shape may not
+    check_same(comm, "all_to_all_v (row counts shown as 0)", x[:0], check)  # the row shape
     if recv_counts is None:
         recv = [int(n) for n in all_to_all(comm, backend.numpy.asarray(send, "int64"))]
     else:
