@@ -125,3 +125,111 @@ def test_describe_summarises_a_large_grid():
     assert "data groups (8 of 2048): [0,2,4,...,4094] [1,3,5,...,4095] " in text
     assert len(RankGrid(128, tp=2).describe(full=True).splitlines()) == 128 + 9
     assert "more" not in RankGrid(64, tp=4, pp=2).describe()
+
+
+# --- the expert dimension (4D: tp × ep × edp × pp, Megatron-core's expert grid) ---------------
+
+def megatron_expert_groups(world, tp, pp, ep, kind):
+    """Megatron-core's expert RankGenerator written out: order tp-ep-dp-pp over sizes
+    (tp, ep, edp, pp), rank = t + tp·(e + ep·(j + edp·s)); a group varies one coordinate."""
+    edp = world // (tp * ep * pp)
+    sizes = {"tp": tp, "ep": ep, "edp": edp, "pp": pp}
+    groups = {}
+    for t, e, j, s in itertools.product(range(tp), range(ep), range(edp), range(pp)):
+        c = {"tp": t, "ep": e, "edp": j, "pp": s}
+        key = tuple(v for k, v in c.items() if k != kind)
+        groups.setdefault(key, []).append(t + tp * (e + ep * (j + edp * s)))
+    assert all(len(g) == sizes[kind] for g in groups.values())
+    return sorted(sorted(g) for g in groups.values())
+
+
+@pytest.mark.parametrize("world,tp,pp,ep", [(8, 2, 1, 2), (8, 1, 2, 2), (8, 1, 1, 4), (16, 2, 2, 2),
+                                            (24, 2, 3, 2), (32, 2, 2, 4), (8, 2, 2, 1)])
+def test_expert_groups_are_megatrons(world, tp, pp, ep):
+    """Both orders Megatron documents for the expert grid give its groups; ep splits dp."""
+    for order in ("tp-dp-pp", "tp-ep-dp-pp"):
+        grid = RankGrid(world, tp=tp, pp=pp, ep=ep, order=order)
+        assert grid.check() and (grid.ep, grid.edp) == (ep, grid.dp // ep)
+        for kind in ("ep", "edp"):
+            assert grid.groups(kind) == megatron_expert_groups(world, tp, pp, ep, kind)
+        for kind in ("tp", "pp"):  # the dense and the expert grid share these (Megatron asserts pp)
+            assert grid.groups(kind) == megatron_expert_groups(world, tp, pp, ep, kind)
+
+
+def test_documented_eight_rank_expert_example(capsys):
+    grid = RankGrid(8, tp=2, ep=2)
+    assert grid.groups("dp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert grid.groups("ep") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert grid.groups("edp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert grid.expert_coords(6) == {"tp": 0, "ep": 1, "edp": 1, "pp": 0}
+    assert grid.order_name == "tp-ep-dp-pp"
+    after = RankGrid(8, tp=2, ep=2, order="tp-dp-ep-pp")  # ep after dp: d = j + edp·e
+    assert after.groups("ep") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert after.groups("edp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert main(["groups", "--world", "8", "--tp", "2", "--ep", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "world 8 = tp 2 × dp 4 × pp 1, dp 4 = ep 2 × edp 2  (order tp-ep-dp-pp" in text
+    assert " rank   tp   dp   pp   ep  edp\n    0    0    0    0    0    0" in text
+    assert "expert groups (4 of 2): [0,2] [1,3] [4,6] [5,7]" in text
+    assert "expert-data groups (4 of 2): [0,4] [1,5] [2,6] [3,7]" in text
+
+
+@pytest.mark.parametrize("world,tp,pp,ep", [(8, 1, 1, 2), (16, 2, 2, 2), (48, 2, 3, 4),
+                                            (24, 3, 1, 8)])
+@pytest.mark.parametrize("order", ["tp-ep-dp-pp", "tp-dp-ep-pp", "pp-ep-dp-tp", "dp-ep-tp-pp",
+                                   "tp-pp-dp"])
+def test_expert_and_expert_data_groups_tile_each_data_group(world, tp, pp, ep, order):
+    grid = RankGrid(world, tp=tp, pp=pp, ep=ep, order=order)
+    assert grid.check()
+    for r in range(world):
+        data, expert, edp = (set(grid.group_of(r, k)) for k in ("dp", "ep", "edp"))
+        assert expert & edp == {r} and expert <= data and edp <= data
+        assert set().union(*(grid.group_of(x, "ep") for x in edp)) == data  # ep × edp = dp
+        assert grid.group_of(r, "ep") in grid.groups("ep")
+        assert grid.group_of(r, "edp") in grid.groups("edp")
+        assert set(grid.group_of(r, "tp")) & expert == {r} == set(grid.group_of(r, "pp")) & edp
+
+
+def test_expert_bad_input_is_a_clear_error(capsys):
+    with pytest.raises(ValueError, match=r"dp = 12/\(tp·pp\) = 6 is not divisible by ep = 4"):
+        RankGrid(12, tp=2, ep=4)
+    with pytest.raises(ValueError, match="ep must be a positive integer, got 0"):
+        RankGrid(8, ep=0)
+    with pytest.raises(ValueError, match=r"may name ep once, beside dp"):
+        RankGrid(8, ep=2, order="ep-tp-dp-pp")
+    with pytest.raises(ValueError, match=r"may name ep once, beside dp"):
+        RankGrid(8, ep=2, order="tp-ep-dp-ep-pp")
+    with pytest.raises(SystemExit, match="2"):
+        main(["groups", "--world", "12", "--tp", "2", "--ep", "4"])
+    assert "argument --ep: the data-parallel size dp = 12/(tp·pp) = 6 is not divisible by ep = 4" \
+        in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["groups", "--world", "8", "--ep", "2", "--order", "ep-tp-dp-pp"])
+    assert "argument --order: invalid choice" in capsys.readouterr().err
+
+
+def test_cli_json_and_one_rank_with_experts(capsys):
+    assert main(["groups", "--world", "16", "--tp", "2", "--pp", "2", "--ep", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["ep"], out["edp"], out["order"]) == (2, 2, "tp-ep-dp-pp")
+    assert out["expert"][:2] == [[0, 2], [1, 3]] and out["expert_data"][:2] == [[0, 4], [1, 5]]
+    assert out["coords"][5] == {"tp": 1, "dp": 2, "pp": 0, "ep": 0, "edp": 1}
+    assert main(["groups", "--world", "16", "--tp", "2", "--pp", "2", "--ep", "2",
+                 "--rank", "5"]) == 0
+    text = capsys.readouterr().out
+    assert "rank 5: tp 1 dp 2 pp 0 ep 0 edp 1" in text
+    assert "expert group (2 ranks): [5,7]\nexpert-data group (2 ranks): [1,5]" in text
+    assert main(["groups", "--world", "16", "--tp", "2", "--pp", "2", "--ep", "2",
+                 "--rank", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["expert"] == [5, 7] and out["expert_data"] == [1, 5] and out["data"] == [1, 3, 5, 7]
+
+
+def test_check_names_an_expert_group_outside_its_data_group():
+    class Straddling(RankGrid):
+        def groups(self, kind):  # complete and orthogonal, but [0, 5] mixes two data groups
+            return [[0, 5], [1, 4], [2, 7], [3, 6]] if kind == "ep" else super().groups(kind)
+
+    with pytest.raises(AssertionError, match=r"expert group \[0, 5\] spans more than one data "
+                                             r"group"):
+        Straddling(8, pp=2, ep=2).check()

@@ -1,21 +1,21 @@
-"""``minipar groups``: print the rank grid of data × tensor × pipeline parallelism.
+"""``minipar groups``: print the rank grid of data × tensor × pipeline (× expert) parallelism.
 
     minipar groups --world 16 --tp 2 --pp 4            each rank's coordinates and every group
     minipar groups --world 16 --tp 2 --pp 4 --json     {"tensor": [[...]], "pipeline": ..., "data": ...}
+    minipar groups --world 16 --tp 2 --pp 2 --ep 2     + expert and expert-data groups (ep | dp)
     minipar groups --world 16384 --tp 8 --pp 16 --rank 5000     one rank's coordinates and groups
 
 Above 64 ranks the text shows the first and last ranks and groups (``--full`` prints them all);
 ``--json`` always gives every group. Up to 131,072 ranks (2^17, about a second; RankGrid itself
 has no limit); a larger --world is an argparse error, as is every other bad size.
 """
-import itertools
 import json
 
 from minipar.cli.args import UsageError, nonnegative_int, positive_int
-from minipar.parallel.groups import KINDS, NAMES, RankGrid
+from minipar.parallel.groups import EXPERT_KINDS, NAMES, RankGrid, orders
 
 MAX_WORLD = 1 << 17  # 131,072 ranks: more than today's largest training jobs; ~1 s, 8 MB of JSON
-ORDERS = ["-".join(axes) for axes in itertools.permutations(KINDS)]
+ORDERS = orders()
 
 
 def add_arguments(parser):
@@ -23,9 +23,12 @@ def add_arguments(parser):
                         help=f"number of ranks W (at most {MAX_WORLD})")
     parser.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size")
     parser.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel size")
+    parser.add_argument("--ep", type=positive_int, default=1,
+                        help="expert-parallel size: splits each data group (must divide dp)")
     parser.add_argument("--order", default="tp-dp-pp", choices=ORDERS, metavar="ORDER",
-                        help="fastest-varying coordinate first: one of "
-                             f"{', '.join(ORDERS)} (default Megatron's tp-dp-pp)")
+                        help="fastest-varying coordinate first: tp, dp and pp in any order, "
+                             "ep (if named) beside dp (default Megatron's tp-dp-pp, which puts "
+                             "ep just before dp: tp-ep-dp-pp)")
     parser.add_argument("--rank", type=nonnegative_int, default=None,
                         help="show only this rank's coordinates and groups")
     parser.add_argument("--full", action="store_true",
@@ -41,9 +44,10 @@ def run(args):
         raise UsageError(f"argument --rank: rank {args.rank} is outside the world of "
                          f"{args.world} ranks (0..{args.world - 1})")
     try:
-        grid = RankGrid(args.world, tp=args.tp, pp=args.pp, order=args.order)
+        grid = RankGrid(args.world, tp=args.tp, pp=args.pp, order=args.order, ep=args.ep)
     except ValueError as err:  # sizes and order are checked by the parser: W % (tp·pp) is left
-        raise UsageError(f"argument --world: {err}") from None
+        which = "--ep" if args.world % (args.tp * args.pp) == 0 else "--world"  # and dp % ep
+        raise UsageError(f"argument {which}: {err}") from None
     grid.check()
     if args.rank is not None:
         print(json.dumps(one_rank(grid, args.rank)) if args.json
@@ -54,17 +58,19 @@ def run(args):
 
 
 def one_rank(grid, rank):
-    """{'rank': r, 'coords': {...}, 'tensor': [...], 'pipeline': [...], 'data': [...]}."""
-    return {"rank": rank, "coords": grid.coords(rank),
-            **{NAMES[kind]: grid.group_of(rank, kind) for kind in ("tp", "pp", "dp")}}
+    """{'rank': r, 'coords': {...}, 'tensor': [...], 'pipeline': [...], 'data': [...]}, and
+    'expert': [...], 'expert_data': [...] when ep > 1."""
+    kinds = ("tp", "pp", "dp") + (EXPERT_KINDS if grid.ep > 1 else ())
+    return {"rank": rank, "coords": grid.all_coords(rank),
+            **{NAMES[kind].replace("-", "_"): grid.group_of(rank, kind) for kind in kinds}}
 
 
 def describe_rank(grid, rank):
-    c = grid.coords(rank)
-    lines = [f"world {grid.world} = tp {grid.tp} × dp {grid.dp} × pp {grid.pp}  "
-             f"(order {'-'.join(grid.order)}, fastest first)",
-             f"rank {rank}: tp {c['tp']} dp {c['dp']} pp {c['pp']}"]
-    for kind in ("tp", "pp", "dp"):
+    c = grid.all_coords(rank)
+    kinds = ("tp", "pp", "dp") + (EXPERT_KINDS if grid.ep > 1 else ())
+    shown = ("tp", "dp", "pp") + kinds[3:]
+    lines = [grid.title(), f"rank {rank}: " + " ".join(f"{k} {c[k]}" for k in shown)]
+    for kind in kinds:
         group = grid.group_of(rank, kind)
         lines.append(f"{NAMES[kind]} group ({len(group)} ranks): " + str(group).replace(" ", ""))
     return "\n".join(lines)
