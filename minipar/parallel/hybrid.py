@@ -67,13 +67,20 @@ class Trainer3D:
                              f"{f' x {chunks} chunks' if chunks else ''})")
         self.config, self.groups = config, groups
         random.manual_seed(seed)
-        self.model = TensorParallelGPT(config, groups.tensor).astype(dtype)
+        self.model = self.build_model(config, groups).astype(dtype)
         make_optimizer = make_optimizer or default_optimizer
         self.schedule = build(schedule, groups.grid.pp, microbatches or groups.grid.pp, chunks)
         self.pipe = Pipeline(
             self.model.to_sequential(), self.schedule, groups.pipeline, self.model.loss,
-            optimizer=lambda ps: AllReduceOptimizer(ps, make_optimizer, groups.data, algorithm),
-            trace=trace)
+            optimizer=lambda ps: self.reducer(ps, make_optimizer, algorithm), trace=trace)
+
+    def build_model(self, config, groups):
+        """This rank's tensor slices of the serial GPT drawn from the random stream."""
+        return TensorParallelGPT(config, groups.tensor)
+
+    def reducer(self, params, make_optimizer, algorithm):
+        """The optimizer of this rank's stages, stepping on gradients averaged over dp."""
+        return AllReduceOptimizer(params, make_optimizer, self.groups.data, algorithm)
 
     def local_shard(self, array):
         """This rank's rows of the global batch: the dp-th of dp equal shards."""
@@ -107,9 +114,14 @@ class Trainer3D:
         specs = split_specs(self.model)
         return [(names[id(p)], p, specs.get(names[id(p)])) for p in self.pipe.params]
 
-    def _sharded(self, local, spec):
-        """``local`` (this rank's slice) as a piece of the serial tensor."""
-        tp, dp0 = self.groups.tensor, self.groups.coords["dp"] == 0
+    def _writes(self, p):
+        """Whether this rank writes ``p`` among the ranks holding copies of it: data rank 0."""
+        return self.groups.coords["dp"] == 0
+
+    def _sharded(self, local, spec, dp0):
+        """``local`` (this rank's slice) as a piece of the serial tensor; ``dp0``: this rank
+        writes it among its data-parallel copies."""
+        tp = self.groups.tensor
         if spec is None:  # replicated over the tensor group
             return ShardedTensor(local.shape, local.dtype, [(box(local.shape), local)],
                                  write=dp0 and tp.rank == 0)
@@ -136,9 +148,11 @@ class Trainer3D:
         state = {}
         for i, (name, p, spec) in enumerate(held):
             if opt is not None and i in opt.state:
-                state[name] = {key: self._sharded(value, spec) if hasattr(value, "shape")
+                state[name] = {key: self._sharded(value, spec, self._writes(p))
+                               if hasattr(value, "shape")
                                else value for key, value in opt.state[i].items()}
-        return {"model": {name: self._sharded(p.data, spec) for name, p, spec in held},
+        return {"model": {name: self._sharded(p.data, spec, self._writes(p))
+                          for name, p, spec in held},
                 "optimizer": {"state": state,
                               "hyperparameters": opt.hyperparameters() if opt else {}}}
 
