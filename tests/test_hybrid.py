@@ -63,16 +63,20 @@ def bad_input_body():
     from minipar.parallel.hybrid import ParallelGroups, Trainer3D
 
     world = comm.world()
-    errors = []
-    for make in (
+    return value_errors(
         lambda: ParallelGroups(world, tp=3),
         lambda: Trainer3D(nn.GPTConfig(vocab_size=16, n_head=3, n_embd=18, n_layer=1),
                           ParallelGroups(world, tp=2)),
         lambda: Trainer3D(nn.GPTConfig(vocab_size=15, n_head=2, n_embd=16, n_layer=1),
                           ParallelGroups(world, tp=2)),
         lambda: Trainer3D(nn.GPTConfig(vocab_size=16, n_head=2, n_embd=16, n_layer=1),
-                          ParallelGroups(world, pp=2), schedule="interleaved", chunks=3),
-    ):
+                          ParallelGroups(world, pp=2), schedule="interleaved", chunks=3))
+
+
+def value_errors(*makes):
+    """The ValueError message each call raises, or "no error"."""
+    errors = []
+    for make in makes:
         try:
             make()
             errors.append("no error")

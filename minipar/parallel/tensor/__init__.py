@@ -11,6 +11,8 @@ all-gather and a reduce-scatter). One file per idea, as in Megatron's ``tensor_p
     embedding.py   the vocabulary split: token table and cross-entropy, logits never gathered
     gpt.py         TensorParallelGPT, the mirror of nn.GPT, and the copies to and from its twin
     report.py      the traffic a CollectiveLog recorded, tabulated beside Megatron's count
+    moe.py         mixture-of-experts blocks: experts over an expert group, each a ParallelMLP
+                   (imported from ``minipar.parallel.tensor.moe``: the 4D trainer's model)
 
 In outline (lesson 10 runs it against the serial model):
 

@@ -1,0 +1,141 @@
+"""The mixture of experts split two ways: experts over an expert group, each expert over the
+tensor group (Megatron-core with expert tensor parallelism ETP = TP).
+
+A GPT whose blocks are ``nn.moe.MoEBlock``s (``moe_gpt``, the serial twin) becomes, on a rank
+with tensor group T (size tp) and expert group X (size ep):
+
+    blocks.i.ln_1, ln_2          replicated
+    blocks.i.attn                ParallelSelfAttention over T, as in the dense GPT
+    blocks.i.mlp.router          replicated: every rank routes its own tokens
+    blocks.i.mlp.experts         this expert rank's E/ep experts (``expert_ids``), each a
+                                 ParallelMLP over T: c_fc by rows, c_proj by columns
+
+The tp ranks of a tensor group hold the same tokens and route them alike, so each runs the
+same all-to-all inside its own expert group (the ranks with its tensor coordinate): the rows
+that reach an expert are the same on all tp ranks, which is what ParallelMLP needs (its input
+whole, its output summed by one all-reduce over T). Local expert i is serial expert
+expert_ids[i]: ``serial_names`` maps every parameter to its serial name, so the serial twin's
+weights load into the parallel model (``load_serial``) and its gradients compare to it.
+"""
+import dataclasses
+
+from ... import backend, nn, random
+from ...nn import ModuleList, Sequential
+from ...nn.moe import MoEBlock
+from ..expert import ExpertParallelMoE
+from .gpt import ParallelBlock, TensorParallelGPT, local_slices
+from .layers import ParallelMLP
+
+
+@dataclasses.dataclass
+class MoEConfig:
+    """The mixture of experts in every block (nn.moe.MoE's arguments)."""
+    n_experts: int = 4
+    top_k: int = 2
+    capacity_factor: float = 1.25  # None: an expert takes every token, nothing is dropped
+    aux_coeff: float = 0.01
+    hidden: int = None  # each expert's MLP width; 4·n_embd by default
+
+
+def moe_gpt(config, moe):
+    """The serial twin: ``nn.GPT(config)`` with every block an ``MoEBlock`` (experts as wide
+    as ``moe.hidden``), GPT-2's initialisation over all of it."""
+    model = nn.GPT(config)
+    model.blocks = Sequential(*[
+        MoEBlock(config.n_embd, config.n_head, moe.n_experts, moe.top_k, moe.capacity_factor,
+                 config.dropout, moe.hidden, moe.aux_coeff) for _ in range(config.n_layer)])
+    model._init_gpt2()
+    return model
+
+
+class TensorExpertParallelMoE(ExpertParallelMoE):
+    """``ExpertParallelMoE`` over ``group`` whose experts are ``ParallelMLP``s over
+    ``tensor_group``; routing, dispatch and combine are ExpertParallelMoE's."""
+
+    def __init__(self, n_embd, n_experts, top_k=2, capacity_factor=1.25, hidden=None,
+                 aux_coeff=0.01, dropout=0.0, *, group, tensor_group):
+        super().__init__(n_embd, n_experts, top_k, capacity_factor, hidden, aux_coeff, dropout,
+                         group=group)
+        self.experts = ModuleList(*[ParallelMLP(n_embd, tensor_group, dropout, hidden)
+                                    for _ in self.expert_ids])
+
+
+class ParallelMoEBlock(ParallelBlock):
+    """ParallelBlock whose MLP is a TensorExpertParallelMoE: x + attn(ln_1(x)); x + moe(ln_2(x))."""
+
+    def __init__(self, n_embd, n_head, moe, tensor_group, expert_group, dropout=0.0):
+        super().__init__(n_embd, n_head, tensor_group, dropout)
+        self.mlp = TensorExpertParallelMoE(
+            n_embd, moe.n_experts, moe.top_k, moe.capacity_factor, moe.hidden, moe.aux_coeff,
+            dropout, group=expert_group, tensor_group=tensor_group)
+
+
+def check_moe(config, moe, tp, ep):
+    """Every split of the experts must be whole; one clear error on every rank."""
+    if moe.n_experts % ep:
+        raise ValueError(f"n_experts {moe.n_experts} is not divisible by the expert-parallel "
+                         f"size ep {ep}: each expert rank holds E/ep whole experts")
+    hidden = moe.hidden or 4 * config.n_embd
+    if hidden % tp:
+        raise ValueError(f"expert hidden size {hidden} is not divisible by the tensor-parallel "
+                         f"size {tp}: each expert's MLP is split over the tensor group")
+
+
+class TensorParallelMoEGPT(TensorParallelGPT):
+    """``TensorParallelGPT`` with MoE blocks: this rank's part of ``moe_gpt(config, moe)``
+    drawn from the random stream (which it leaves where the serial twin does)."""
+
+    def __init__(self, config, moe, tensor_group, expert_group):
+        check_moe(config, moe, tensor_group.size, expert_group.size)
+        serial = moe_gpt(config, moe)
+        with random.fork_rng():  # the parallel layers' own draws are overwritten below
+            super().__init__(config, tensor_group)
+            self.blocks = Sequential(*[
+                ParallelMoEBlock(config.n_embd, config.n_head, moe, tensor_group, expert_group,
+                                 config.dropout) for _ in range(config.n_layer)])
+        self.moe = moe
+        load_serial(self, serial, tensor_group)
+        for name, module in self.named_modules():  # accounting labels, as TensorParallelGPT's
+            if hasattr(module, "where"):
+                module.where = name
+
+    def moe_layers(self):
+        return [block.mlp for block in self.blocks]
+
+    def expert_parameters(self):
+        """Every parameter of this rank's experts: reduced over the expert-data group."""
+        return [p for layer in self.moe_layers() for p in layer.expert_parameters()]
+
+
+def serial_names(model):
+    """{parameter name in ``model``: its name in the serial twin}: the local expert i of an
+    ExpertParallelMoE at ``prefix`` is the serial ``prefix.experts.{expert_ids[i]}``."""
+    renames = {}
+    for prefix, m in model.named_modules():
+        if isinstance(m, ExpertParallelMoE):
+            head = f"{prefix}." if prefix else ""
+            renames.update({f"{head}experts.{i}.": f"{head}experts.{e}."
+                            for i, e in enumerate(m.expert_ids)})
+    out = {}
+    for name, _ in model.named_parameters():
+        old = next((k for k in renames if name.startswith(k)), None)
+        out[name] = name if old is None else renames[old] + name[len(old):]
+    return out
+
+
+def serial_slices(model, full, tensor_group):
+    """{parameter name in ``model``: this rank's slice} of arrays ``full`` keyed by the serial
+    twin's names (weights or gradients): its expert, its tensor slice."""
+    names = serial_names(model)
+    missing = sorted(set(names.values()) - set(full))
+    if missing:
+        raise KeyError(f"the serial model has no parameters {missing}")
+    return local_slices(model, {name: full[names[name]] for name in names}, tensor_group)
+
+
+def load_serial(model, serial, tensor_group):
+    """Load every parameter of ``model`` with its slice of the serial twin's parameter."""
+    parts = serial_slices(model, {n: p.data for n, p in serial.named_parameters()}, tensor_group)
+    for name, p in model.named_parameters():
+        p.data[...] = backend.get_array_module(p.data).asarray(parts[name], dtype=p.dtype)
+    return model
