@@ -106,12 +106,14 @@ def check(results, drops):
 @pytest.mark.mpi
 def test_eight_ranks_4d_equal_serial(tmp_path):
     """Every dimension at 2 (edp = 1: each expert on one rank), then dp 4 = ep 2 × edp 2 with
-    pp or with tp (expert gradients reduced over the expert-data group). Capacity factor 1.0
-    drops tokens (checked: the serial twin drops some); None drops none. The checkpoint of the
+    pp or with tp (expert gradients reduced over the expert-data group); the split backward of
+    zb-h1 and two chunks per rank. Capacity factor 1.0 drops tokens (checked: the serial twin
+    drops some); None drops none. The checkpoint of the
     first layout, saved after step 2, loads into the serial twin, which then takes step 3 as
     the first layout did, and as the second did after loading it."""
     cases = [((2, 2, 2, 2), "1f1b", 1.0), ((4, 1, 2, 2), "gpipe", 1.0),
-             ((4, 2, 1, 2), "1f1b", None)]
+             ((4, 2, 1, 2), "1f1b", None), ((2, 2, 2, 2), "zb-h1", 1.0),
+             ((4, 1, 2, 2), "interleaved", 1.0)]
     folder = os.path.join(str(tmp_path), "4d")
     results = run_on_ranks(layouts_body, 8, args=(cases, folder), timeout=400, heavy_yield=True)
     drops = {f"dp{dp} tp{tp} pp{pp} ep{ep} {s} cf={cf}": cf is not None
