@@ -65,6 +65,11 @@ def main():
     example = RankGrid(16, tp=2, pp=4)
     say(f"  tensor {example.groups('tp')}", f"  pipeline {example.groups('pp')}",
         f"  data {example.groups('dp')}")
+    four = RankGrid(16, tp=2, pp=2, ep=2)  # 4D: experts (lesson 12) on the same ranks
+    say(f"4D, 16 GPUs with T = 2, P = 2, ep = 2: data group {four.group_of(0, 'dp')} = expert "
+        f"groups {four.group_of(0, 'ep')} {four.group_of(4, 'ep')} (tokens' all-to-all)",
+        f"  × expert-data groups {four.group_of(0, 'edp')} {four.group_of(2, 'edp')} (expert "
+        f"gradients): minipar groups --ep, minipar.parallel.hybrid4d.Trainer4D")
 
     text = load_text("pydoc")
     tok = CharTokenizer(text)
