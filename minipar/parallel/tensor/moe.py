@@ -13,7 +13,10 @@ with tensor group T (size tp) and expert group X (size ep):
 The tp ranks of a tensor group hold the same tokens and route them alike, so each runs the
 same all-to-all inside its own expert group (the ranks with its tensor coordinate): the rows
 that reach an expert are the same on all tp ranks, which is what ParallelMLP needs (its input
-whole, its output summed by one all-reduce over T). Local expert i is serial expert
+whole, its output summed by one all-reduce over T). The price: every tensor rank sends the
+same rows, so the all-to-alls move tp times the bytes of one copy. Megatron-core refuses MoE
+with tp > 1 unless sequence parallelism is on, so that each tensor rank dispatches only its 1/tp
+of the tokens; this module keeps the tokens whole for clarity. Local expert i is serial expert
 expert_ids[i]: ``serial_names`` maps every parameter to its serial name, so the serial twin's
 weights load into the parallel model (``load_serial``) and its gradients compare to it.
 """
