@@ -22,6 +22,10 @@ def check_communicators(world, groups):
         if members != groups.grid.group_of(world.rank, kind) or \
                 comm.rank != groups.coords[kind]:
             wrong.append(f"{kind}: {members}, rank {comm.rank}")
+    c, r = groups.coords, world.rank
+    said = f"ep {c['ep']} edp {c['edp']}  expert {groups.grid.group_of(r, 'ep')}"
+    if groups.grid.ep > 1 and said not in groups.describe():
+        wrong.append(groups.describe())
     return wrong
 
 
