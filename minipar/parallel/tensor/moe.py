@@ -112,17 +112,13 @@ class TensorParallelMoEGPT(TensorParallelGPT):
 
 def serial_names(model):
     """{parameter name in ``model``: its name in the serial twin}: the local expert i of an
-    ExpertParallelMoE at ``prefix`` is the serial ``prefix.experts.{expert_ids[i]}``."""
-    renames = {}
+    ExpertParallelMoE is the serial ``experts.{expert_ids[i]}`` (its ``serial_name``)."""
+    out = {name: name for name, _ in model.named_parameters()}
     for prefix, m in model.named_modules():
         if isinstance(m, ExpertParallelMoE):
             head = f"{prefix}." if prefix else ""
-            renames.update({f"{head}experts.{i}.": f"{head}experts.{e}."
-                            for i, e in enumerate(m.expert_ids)})
-    out = {}
-    for name, _ in model.named_parameters():
-        old = next((k for k in renames if name.startswith(k)), None)
-        out[name] = name if old is None else renames[old] + name[len(old):]
+            out.update({head + name: head + m.serial_name(name)
+                        for name, _ in m.named_parameters()})
     return out
 
 
