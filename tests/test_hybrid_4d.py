@@ -43,8 +43,8 @@ def layouts_body(cases, folder):
 
     world = comm.world()
     results = {}
-    for (dp, tp, pp, ep), schedule, capacity_factor in cases:
-        groups = ParallelGroups(world, tp=tp, pp=pp, ep=ep)
+    for (dp, tp, pp, ep), schedule, capacity_factor, order in cases:
+        groups = ParallelGroups(world, tp=tp, pp=pp, ep=ep, order=order)
         assert (groups.grid.dp, groups.grid.ep) == (dp, ep)
         moe = MoEConfig(n_experts=4, top_k=2, capacity_factor=capacity_factor, hidden=32)
         serial, optimizer = serial_model(config(), moe, dtype="float64")
@@ -63,10 +63,10 @@ def layouts_body(cases, folder):
                                                           expected[name]).max()))
             if not results and len(losses) == SAVE_AT:
                 dcp.save({"trainer": trainer, "step": SAVE_AT}, checkpoint_id=folder)
-        results[f"dp{dp} tp{tp} pp{pp} ep{ep} {schedule} cf={capacity_factor}"] = {
+        results[f"dp{dp} tp{tp} pp{pp} ep{ep} {order} {schedule} cf={capacity_factor}"] = {
             "losses": losses, "reference": reference, "grad_error": grad_error,
             "dropped": dropped, "wrong_groups": check_communicators(world, groups)}
-    (dp, tp, pp, ep), schedule, capacity_factor = cases[1]
+    (dp, tp, pp, ep), schedule, capacity_factor, _ = cases[1]
     moe = MoEConfig(n_experts=4, top_k=2, capacity_factor=capacity_factor, hidden=32)
     trainer = Trainer4D(config(), moe, ParallelGroups(world, tp=tp, pp=pp, ep=ep),
                         schedule=schedule, microbatches=MICROBATCHES, dtype="float64", seed=99)
@@ -84,7 +84,7 @@ def serial_after_load(folder, cases):
     from minipar.parallel.hybrid4d import MoEConfig, serial_model, train_serial_4d
 
     losses = []
-    for (dp, _, _, _), _, capacity_factor in cases[:2]:
+    for (dp, _, _, _), _, capacity_factor, _ in cases[:2]:
         moe = MoEConfig(n_experts=4, top_k=2, capacity_factor=capacity_factor, hidden=32)
         model, optimizer = serial_model(config(), moe, seed=7, dtype="float64")
         state = {"trainer": AppState(model, optimizer), "step": None}
@@ -111,17 +111,18 @@ def check(results, drops):
 def test_eight_ranks_4d_equal_serial(tmp_path):
     """Every dimension at 2 (edp = 1: each expert on one rank), then dp 4 = ep 2 × edp 2 with
     pp or with tp (expert gradients reduced over the expert-data group); the split backward of
-    zb-h1 and two chunks per rank. Capacity factor 1.0 drops tokens (checked: the serial twin
-    drops some); None drops none. The checkpoint of the
-    first layout, saved after step 2, loads into the serial twin, which then takes step 3 as
-    the first layout did, and as the second did after loading it."""
-    cases = [((2, 2, 2, 2), "1f1b", 1.0), ((4, 1, 2, 2), "gpipe", 1.0),
-             ((4, 2, 1, 2), "1f1b", None), ((2, 2, 2, 2), "zb-h1", 1.0),
-             ((4, 1, 2, 2), "interleaved", 1.0)]
+    zb-h1, two chunks per rank, and ep after dp in the order (expert groups strided). Capacity
+    factor 1.0 drops tokens (checked: the serial twin drops some); None drops none. The
+    checkpoint of the first layout, saved after step 2, loads into the serial twin, which then
+    takes step 3 as the first layout did, and as the second did after loading it."""
+    megatron, after = "tp-ep-dp-pp", "tp-dp-ep-pp"  # ep beside dp: before it, or after it
+    cases = [((2, 2, 2, 2), "1f1b", 1.0, megatron), ((4, 1, 2, 2), "gpipe", 1.0, megatron),
+             ((4, 2, 1, 2), "1f1b", None, megatron), ((2, 2, 2, 2), "zb-h1", 1.0, megatron),
+             ((4, 1, 2, 2), "interleaved", 1.0, megatron), ((4, 2, 1, 2), "1f1b", 1.0, after)]
     folder = os.path.join(str(tmp_path), "4d")
     results = run_on_ranks(layouts_body, 8, args=(cases, folder), timeout=400, heavy_yield=True)
-    drops = {f"dp{dp} tp{tp} pp{pp} ep{ep} {s} cf={cf}": cf is not None
-             for (dp, tp, pp, ep), s, cf in cases}
+    drops = {f"dp{dp} tp{tp} pp{pp} ep{ep} {order} {s} cf={cf}": cf is not None
+             for (dp, tp, pp, ep), s, cf, order in cases}
     check(results, drops)
     first = next(iter(results[0].values()))["losses"][SAVE_AT]
     serial = serial_after_load(folder, cases)
