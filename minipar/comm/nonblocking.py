@@ -1,8 +1,11 @@
-"""Non-blocking all-reduce: start it, compute, wait (how gradient buckets overlap backward).
+"""Non-blocking collectives: start one, compute, wait (how gradient buckets overlap backward,
+and how fully sharded data parallelism gathers the next layer while this one computes).
 
     work = comm.iall_reduce(bucket, out=bucket)     # returns at once
     ...                                              # backward goes on
     work.wait()                                      # the bucket now holds the sum
+
+    work = iall_gather(comm, shard, out=full)       # the same for all_gather and reduce_scatter
 
 ``algorithm="mpi"`` is MPI_Iallreduce, progressed by MPI. A hand-coded algorithm runs on a
 background thread of the communicator (``AsyncWorker``), on a duplicate communicator
@@ -13,6 +16,9 @@ all-reduces in the same order, as for blocking ones.
 On a GPU the thread first makes the caller's GPU its own: CuPy's current device is per thread,
 and a new thread starts on GPU 0, so without this every rank but those on GPU 0 would run the
 reduction's kernels (and its copies) on the wrong GPU.
+
+The worker runs the queued collectives one at a time, in the order they were started, so a
+hand-coded ``iall_gather`` started after an ``ireduce_scatter`` on every rank also runs after it.
 """
 import queue
 import threading
@@ -57,7 +63,7 @@ def current_gpu():
 
 
 class AsyncWorker:
-    """One background thread running queued all-reduces in call order on a duplicate of
+    """One background thread running queued collectives in call order on a duplicate of
     ``comm`` that shares its counters (the bytes still count as this communicator's), each on
     the GPU its caller was using."""
 
@@ -67,19 +73,45 @@ class AsyncWorker:
         threading.Thread(target=self._loop, daemon=True, name="minipar-iall_reduce").start()
 
     def submit(self, x, op, algorithm, out):
+        """Queue ``all_reduce(x, op, algorithm, out)``."""
+        return self.start("all_reduce", x, op=op, algorithm=algorithm, out=out)
+
+    def start(self, collective, x, **options):
+        """Queue ``comm.<collective>(x, **options)``; its ``Work`` returns the result."""
         work = Work()
-        self.queue.put((work, current_gpu(), (x, op, algorithm, out)))
+        self.queue.put((work, current_gpu(), collective, x, options))
         return work
 
     def _loop(self):
         while True:
-            work, gpu, (x, op, algorithm, out) = self.queue.get()
+            work, gpu, collective, x, options = self.queue.get()
             try:
                 if gpu is not None:
                     gpu.use()  # CuPy's current device is per thread: the caller's, here too
-                work.set(self.comm.all_reduce(x, op=op, algorithm=algorithm, out=out))
+                work.set(getattr(self.comm, collective)(x, **options))
             except BaseException as error:  # handed to the waiting caller
                 work.set(error=error)
+
+
+def worker(comm):
+    """``comm``'s background thread (made on first use; ``iall_reduce`` shares it)."""
+    if comm._worker is None:
+        comm._worker = AsyncWorker(comm)
+    return comm._worker
+
+
+def iall_gather(comm, x, algorithm="ring", out=None):
+    """Start ``comm.all_gather(x, algorithm, out)`` on the background thread; x must not change
+    until ``wait()``, which returns the stack of shape (p, *x.shape)."""
+    pick("all_gather", algorithm)
+    return worker(comm).start("all_gather", x, algorithm=algorithm, out=out)
+
+
+def ireduce_scatter(comm, x, op="sum", algorithm="ring", out=None):
+    """Start ``comm.reduce_scatter(x, op, algorithm, out)`` on the background thread; ``wait()``
+    returns this rank's chunk of the reduced vector."""
+    pick("reduce_scatter", algorithm, op)
+    return worker(comm).start("reduce_scatter", x, op=op, algorithm=algorithm, out=out)
 
 
 def iall_reduce_mpi(comm, x, op="sum", out=None):

@@ -14,6 +14,9 @@ gives ``named_parameters()`` = fc1.weight, fc1.bias, fc2.weight, fc2.bias, in th
 rank. A parameter shared by two modules (tied weights) is listed once, under its first name.
 Only attributes are searched: keep layers in a ``ModuleList`` or ``Sequential``, not a plain list.
 
+Forward hooks (torch's ``register_forward_pre_hook`` / ``register_forward_hook``) run around
+every call of the module; fully sharded data parallelism gathers a layer's parameters in them.
+
 Buffers are state that is not trained but is saved (BatchNorm's running statistics): plain
 backend arrays registered with ``register_buffer`` and updated in place.
 
@@ -49,7 +52,26 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} must define forward()")
 
     def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        hooks = self.__dict__.get("_forward_hooks")
+        if hooks is None:
+            return self.forward(*args, **kwargs)
+        for hook in hooks[0]:
+            args = hook(self, args) or args
+        out = self.forward(*args, **kwargs)
+        for hook in hooks[1]:
+            new = hook(self, args, out)
+            out = out if new is None else new
+        return out
+
+    def register_forward_pre_hook(self, hook):
+        """``hook(module, args) -> None or new args`` runs before each forward (torch's)."""
+        self.__dict__.setdefault("_forward_hooks", ([], []))[0].append(hook)
+        return hook
+
+    def register_forward_hook(self, hook):
+        """``hook(module, args, output) -> None or new output`` runs after each forward."""
+        self.__dict__.setdefault("_forward_hooks", ([], []))[1].append(hook)
+        return hook
 
     # --- the tree ---------------------------------------------------------------------------
     def _members(self):

@@ -1,12 +1,13 @@
 """Data parallelism: every rank holds the model and sees 1/N of the batch.
 
 ddp.py (all-reduce of bucketed gradients, overlapped with backward), sampler.py (each rank's
-shard of the data), zero.py (optimizer state and gradients sharded), param_server.py (push,
+shard of the data), zero.py (optimizer state and gradients sharded), zero3.py (parameters
+too: fully sharded, each layer gathered while it computes), param_server.py (push,
 update, pull), allreduce_optimizer.py (the 3D trainer's data-parallel step), and buckets.py,
 the pieces they share.
 
 DDP wraps the module, as torch's does: ``DistributedDataParallel(module, comm, bucket_cap_mb=...)``,
-then backward and the plain optimizer. The other three wrap the optimizer and share one shape,
+then backward and the plain optimizer. The others wrap the optimizer and share one shape,
 ``Wrapper(module, make_optimizer, comm, ...)`` with ``step()``, ``zero_grad()`` and
 ``memory_bytes()`` (parameters, gradients, optimizer state held on this rank).
 """
@@ -17,8 +18,9 @@ from .ddp import DistributedDataParallel
 from .param_server import ParameterServer, busiest_link
 from .sampler import DistributedSampler, local_batch_size
 from .zero import ZeRO
+from .zero3 import ZeRO3
 
-__all__ = ["DistributedDataParallel", "DistributedSampler", "local_batch_size", "ZeRO",
+__all__ = ["DistributedDataParallel", "DistributedSampler", "local_batch_size", "ZeRO", "ZeRO3",
            "ParameterServer", "busiest_link", "AllReduceOptimizer",
            # the shared pieces (buckets.py)
            "broadcast_parameters", "make_buckets", "offsets", "flatten_parameters",

@@ -12,7 +12,8 @@ every element: N-fold redundant. ZeRO splits the work by element instead:
                                           full gradients are freed: a rank keeps n/N gradients
 
 A reduce-scatter plus an all-gather moves the same bytes as one ring all-reduce (which is that
-pair), so stage 1 and 2 cost no extra communication. Stage 3 (parameters sharded) is not here.
+pair), so stage 1 and 2 cost no extra communication. Stage 3 (parameters sharded too, 1.5x the
+traffic) is ``ZeRO3`` in zero3.py.
 
 Layout. Parameters are grouped in reverse order into buckets (``bucket_cap_mb``; None: one bucket
 of everything, the textbook picture). Each bucket is one flat vector, padded with zeros to a
@@ -44,7 +45,7 @@ from .buckets import (ReadyQueue, broadcast_parameters, flatten_grads, flatten_p
                       gradient_bytes, make_buckets, offsets)
 
 # the all-gather that completes each reduce-scatter algorithm (the other half of its all-reduce)
-_ALL_GATHER_TWIN = {"recursive_halving": "recursive_doubling", "pairwise": "ring"}
+ALL_GATHER_TWIN = {"recursive_halving": "recursive_doubling", "pairwise": "ring"}
 
 
 class ZeRO:
@@ -53,7 +54,8 @@ class ZeRO:
     def __init__(self, module, make_optimizer, comm=None, stage=1, bucket_cap_mb=None,
                  algorithm="ring", on_mismatch="warn"):
         if stage not in (1, 2):
-            raise ValueError(f"ZeRO stage {stage} is not implemented: choose 1 or 2")
+            raise ValueError(f"ZeRO stage {stage} is not here: choose 1 or 2 (stage 3, parameters "
+                             f"sharded too, is minipar.parallel.data.ZeRO3)")
         self.module, self.comm = module, comm or world()
         self.stage, self.algorithm = stage, algorithm
         self.mismatched = broadcast_parameters(module, self.comm, on_mismatch)
@@ -89,7 +91,7 @@ class ZeRO:
         else:
             self.queue.flush()  # buckets whose parameters got no gradient
         self.optimizer.step()
-        gather = _ALL_GATHER_TWIN.get(self.algorithm, self.algorithm)
+        gather = ALL_GATHER_TWIN.get(self.algorithm, self.algorithm)
         for flat, shard in zip(self.flats, self.shards):
             self.comm.all_gather(shard.data.copy(), algorithm=gather,
                                  out=flat.reshape(self.comm.size, -1))

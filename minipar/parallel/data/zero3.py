@@ -1,0 +1,295 @@
+"""ZeRO stage 3 (Rajbhandari et al. 2020), PyTorch's fully sharded data parallel (Zhao et al.
+2023): the parameters are sharded too, so a rank keeps 1/N of parameters, gradients and
+optimizer state, and gathers each layer whole only while that layer computes.
+
+    zero = ZeRO3(model, lambda params: optim.AdamW(params, lr=1e-3), comm)
+    loss = loss_fn(model(x_local), y_local); loss.backward(); zero.step(); zero.zero_grad()
+
+Units. A unit is one layer: by default every module that holds parameters of its own (a Linear,
+a LayerNorm, an Embedding); ``units=[...]`` names coarser ones (say each GPT Block), each taking
+every parameter below it. A unit's parameters lie end to end in one flat vector padded to a
+multiple of N (``buckets.flatten_parameters``); rank r keeps chunk r as a Parameter, the only
+one the optimizer sees (updates are elementwise, so a flat shard updates exactly as the layers
+would). Between uses a parameter's ``.data`` is a zero-stride placeholder of its shape.
+
+One step, per unit, in the order the model calls them (recorded on the first forward):
+
+    before its forward   wait for its all-gather (started one unit earlier), start the next
+                         unit's all-gather (prefetch), point the parameters into the gathered copy
+    after its forward    free it: the parameters go back to placeholders
+    before its backward  (a hook on its output's gradient) all-gather it again, start the
+                         gather of the unit before it
+    after its backward   (its parameters' gradients are final) reduce-scatter the flat gradient
+                         (average); this rank keeps its chunk as the shard's gradient
+    end of backward      wait for the reduce-scatters: the shards' gradients are there
+    step()               update the shards
+
+Where "free" is real. The backward closures of a layer keep views of the arrays it read, so a
+layer's gathered copy cannot simply be dropped and made anew for backward. The gathered copies
+live in two slots of ``max unit`` elements each, unit i in slot i mod 2 at the same place every
+time: while unit i computes, unit i+1 is gathered into the other slot, over unit i-1's copy
+(forward) or unit i+1's (backward, already done). Re-gathering unit i writes into the very
+memory its closures read (PyTorch frees and re-allocates the storage under its tensors instead).
+So a rank holds at most two units whole, and none between steps (the slots are dropped after
+backward). This needs the units' backward in the reverse order of their forward, as in a stack
+of layers; a gather that would overwrite a unit still in backward is a RuntimeError, never a
+wrong answer.
+
+Traffic, per rank and step, with Psi elements: all-gather (forward) + all-gather (backward) +
+reduce-scatter, (N-1)/N Psi each: 3 (N-1)/N Psi, against the 2 (N-1)/N Psi of plain data
+parallelism's all-reduce (a reduce-scatter and an all-gather): 1.5x, the price of holding 1/N.
+
+All collectives run on the communicator's background thread in the order they are started,
+the same on every rank. Each unit's module must be called once per forward, with its parameters
+used inside that call only; no gradient accumulation (``step()`` between backwards) and no
+gradient clipping (both would need the full gradient).
+"""
+import contextlib
+
+from ... import backend
+from ...autograd import Tensor, is_grad_enabled
+from ...comm import chunk_bounds, world
+from ...comm.nonblocking import iall_gather, ireduce_scatter
+from ...nn.module import Parameter
+from .buckets import broadcast_parameters, flatten_grads, flatten_parameters, offsets
+from .zero import ALL_GATHER_TWIN
+
+SLOTS = 2  # gathered copies a rank holds at once: the unit computing and the one prefetched
+
+
+def layer_units(module):
+    """(module, its own trainable parameters) for every module that holds some, in module
+    order: the default units."""
+    pairs = [(m, [v for _, v in m._members() if isinstance(v, Parameter) and v.requires_grad])
+             for m in module.modules()]
+    return [(m, params) for m, params in pairs if params]
+
+
+def placeholder(p):
+    """A read-only array of p's shape and dtype holding one element: p between its uses."""
+    xp = backend.get_array_module(p.data)
+    return xp.broadcast_to(xp.zeros((), p.dtype), p.shape)
+
+
+class _Unit:
+    """One layer: its parameters, their place in the flat vector, this rank's shard."""
+
+    def __init__(self, name, module, params, comm):
+        self.name, self.module, self.params = name, module, params
+        self.starts, n = offsets(params)
+        self.numel = -(-n // comm.size) * comm.size  # padded to a multiple of N
+        flat = flatten_parameters(params, self.numel)
+        lo, hi = chunk_bounds(self.numel, comm.size)[comm.rank:comm.rank + 2]
+        self.shard = Parameter(flat[lo:hi].copy())
+        self.slot = self.work = self.grad_work = None
+        self.state, self.missing = "sharded", len(params)
+        self.release()
+
+    def release(self):
+        for p in self.params:
+            p.data = placeholder(p)
+
+
+class ZeRO3:
+    """Fully sharded data parallel training; ``step()`` after ``backward()`` replaces
+    optimizer.step(). ``units``: the modules gathered as one (default ``layer_units``);
+    ``prefetch``: start the next unit's gather before it is needed."""
+
+    def __init__(self, module, make_optimizer, comm=None, units=None, algorithm="ring",
+                 prefetch=True, on_mismatch="warn"):
+        self.module, self.comm = module, comm or world()
+        self.algorithm, self.prefetch = algorithm, prefetch  # the reduce-scatter's algorithm
+        self.gather_algorithm = ALL_GATHER_TWIN.get(algorithm, algorithm)
+        self.mismatched = broadcast_parameters(module, self.comm, on_mismatch)
+        self.units = self._make_units(module, layer_units(module) if units is None else
+                                      [(m, [p for p in m.parameters() if p.requires_grad])
+                                       for m in units])
+        self.unit_of = {id(p): u for u in self.units for p in u.params}
+        self.optimizer = make_optimizer([u.shard for u in self.units])
+        self.order, self.slots, self.holder = [], [None] * SLOTS, [None] * SLOTS
+        self.peak_gathered_bytes, self.waiting, self.expect_backward = 0, [], False
+        module.register_forward_pre_hook(self._start_forward)
+        for u in self.units:
+            u.module.register_forward_pre_hook(lambda m, args, u=u: self._before_forward(u))
+            u.module.register_forward_hook(lambda m, args, out, u=u: self._after_forward(u, out))
+            for p in u.params:
+                p.register_post_accumulate_grad_hook(self._gradient_ready)
+        module.register_forward_hook(self._end_forward)
+
+    def _make_units(self, module, pairs):
+        """One _Unit per (module, parameters); every trainable parameter in exactly one."""
+        names = {id(m): name or type(m).__name__ for name, m in module.named_modules()}
+        owner = {}
+        for m, params in pairs:
+            if id(m) not in names:
+                raise ValueError(f"ZeRO3: unit {type(m).__name__} is not a module of the model")
+            for p in params:
+                if id(p) in owner:
+                    raise ValueError(f"ZeRO3: a parameter of {names[id(m)]!r} also belongs to "
+                                     f"{owner[id(p)]!r} (shared or nested units): each parameter "
+                                     f"must be in exactly one unit")
+                owner[id(p)] = names[id(m)]
+        left = [n for n, p in module.named_parameters() if p.requires_grad and id(p) not in owner]
+        if left:
+            raise ValueError(f"ZeRO3: parameters in no unit: {', '.join(left)}; list their "
+                             f"modules in units=")
+        return [_Unit(names[id(m)], m, params, self.comm) for m, params in pairs if params]
+
+    # --- gathering into the slots ----------------------------------------------------------------
+    def _gather(self, u):
+        """Start the all-gather of unit u into its slot (allocated on first use)."""
+        s = u.slot
+        holder = self.holder[s]
+        if holder is not None and holder is not u and holder.state in ("gathered", "backward"):
+            raise RuntimeError(f"ZeRO3: unit {u.name!r} needs slot {s}, still held by "
+                               f"{holder.name!r}: the units' backward is not the reverse of "
+                               f"their forward; choose coarser units=")
+        if self.slots[s] is None:
+            size = max(v.numel for v in self.units)
+            self.slots[s] = backend.get_array_module(u.shard.data).empty(size, u.shard.dtype)
+            self.peak_gathered_bytes = max(self.peak_gathered_bytes, self.gathered_bytes())
+        self.holder[s] = u
+        full = self.slots[s][:u.numel].reshape(self.comm.size, -1)
+        u.work = iall_gather(self.comm, u.shard.data, self.gather_algorithm, out=full)
+
+    def _use(self, u, state):
+        """Wait for unit u's gather (starting it if nobody did) and point its parameters in."""
+        if u.work is None:
+            self._gather(u)
+        u.work.wait()
+        u.work, u.state = None, state
+        flat = self.slots[u.slot]
+        for p, o in zip(u.params, u.starts):
+            p.data = flat[o:o + p.size].reshape(p.shape)
+
+    def _neighbour(self, u, step):
+        i = self.order.index(u) + step
+        return self.order[i] if 0 <= i < len(self.order) else None
+
+    def _prefetch(self, u):
+        """Start u's gather now, or once its slot's holder has finished its backward."""
+        if not self.prefetch or u is None or u.work is not None or u.state != "resharded":
+            return
+        holder = self.holder[u.slot]
+        if holder is not None and holder is not u and holder.state == "backward":
+            self.waiting.append(u)
+        else:
+            self._gather(u)
+
+    # --- the hooks -------------------------------------------------------------------------------
+    def _start_forward(self, module, args):
+        if is_grad_enabled() and any(u.state == "done" for u in self.units):
+            raise RuntimeError("ZeRO3: a second forward before step(): gradients are already "
+                               "reduce-scattered, so they cannot accumulate; call step() first")
+        for u in self.units:
+            u.state, u.missing = "sharded", len(u.params)
+        self.waiting, self.expect_backward = [], False
+        self._drop_slots()  # a graph never backpropagated keeps its copies, not this wrapper
+
+    def _before_forward(self, u):
+        if u.state != "sharded":
+            raise RuntimeError(f"ZeRO3: unit {u.name!r} was called twice in one forward; each "
+                               f"unit's module must run once per forward")
+        if u.slot is None:  # the first forward records the order
+            u.slot = len(self.order) % SLOTS
+            self.order.append(u)
+        self._use(u, "gathered")
+        nxt = self._neighbour(u, 1)
+        if self.prefetch and nxt is not None and nxt.work is None and nxt.state == "sharded":
+            self._gather(nxt)
+
+    def _after_forward(self, u, out):
+        u.release()
+        u.state = "resharded"
+        outputs = out if isinstance(out, (tuple, list)) else (out,)
+        for t in outputs:
+            if isinstance(t, Tensor) and t.requires_grad:
+                t.register_hook(lambda g, u=u: self._before_backward(u))
+                self.expect_backward = True
+
+    def _end_forward(self, module, args, out):
+        if not self.expect_backward:
+            self._drop_slots()  # no graph recorded (no_grad): no backward will follow
+
+    def _before_backward(self, u):
+        if u.state != "resharded":
+            return  # a second output of the unit, or its backward already under way
+        self._use(u, "backward")
+        self._prefetch(self._neighbour(u, -1))
+
+    def _gradient_ready(self, p):
+        u = self.unit_of[id(p)]
+        u.missing -= 1
+        if u.missing == 0:
+            self._reduce_scatter(u)
+
+    def _reduce_scatter(self, u):
+        """Average unit u's flat gradient; this rank's chunk comes back to its shard."""
+        xp = backend.get_array_module(u.shard.data)
+        grad = flatten_grads(u.params, xp.zeros(u.numel, u.shard.dtype))
+        for p in u.params:
+            p.grad = None
+        u.grad_work = ireduce_scatter(self.comm, grad, op="avg", algorithm=self.algorithm)
+        u.release()
+        u.state = "done"
+        for w in [w for w in self.waiting if self.holder[w.slot] is u]:
+            self.waiting.remove(w)
+            self._gather(w)
+        if all(v.state in ("done", "sharded") for v in self.units):
+            self._finish()
+
+    def _finish(self):
+        """Backward is over: wait for the reduce-scatters, drop the gathered copies."""
+        for u in self.units:
+            if u.grad_work is not None:
+                u.shard.grad, u.grad_work = u.grad_work.wait(), None
+        self._drop_slots()
+
+    def _drop_slots(self):
+        self.slots, self.holder = [None] * SLOTS, [None] * SLOTS
+
+    # --- the step --------------------------------------------------------------------------------
+    def step(self):
+        """Reduce-scatter what backward did not (units that got no gradient: zeros, in unit order
+        on every rank), then update the shards."""
+        for u in self.units:
+            if u.state != "done":
+                self._reduce_scatter(u)
+        self._finish()
+        self.optimizer.step()
+        for u in self.units:
+            u.state = "sharded"
+
+    def zero_grad(self):
+        for u in self.units:
+            u.shard.grad = None
+            for p in u.params:
+                p.grad = None
+
+    def gathered_bytes(self):
+        return sum(int(s.nbytes) for s in self.slots if s is not None)
+
+    def memory_bytes(self):
+        """Bytes this rank holds now: parameter shards, gradients (shards and any whole ones),
+        optimizer state, and the gathered copies (the slots; none between steps)."""
+        grads = [u.shard.grad for u in self.units] + [p.grad for u in self.units for p in u.params]
+        frozen = [p for p in self.module.parameters() if not p.requires_grad]
+        return {"parameters": sum(int(u.shard.data.nbytes) for u in self.units)
+                + sum(int(p.data.nbytes) for p in frozen),
+                "gradients": sum(int(g.nbytes) for g in grads if g is not None),
+                "optimizer_state": self.optimizer.state_bytes(),
+                "gathered": self.gathered_bytes()}
+
+    @contextlib.contextmanager
+    def summon_full_params(self):
+        """Inside the block every parameter holds its whole value (torch's name); writes to them
+        are not kept. Collective: every rank enters it."""
+        for u in self.units:
+            full = self.comm.all_gather(u.shard.data, self.gather_algorithm).reshape(-1)
+            for p, o in zip(u.params, u.starts):
+                p.data = full[o:o + p.size].reshape(p.shape)
+        try:
+            yield self.module
+        finally:
+            for u in self.units:
+                u.release()

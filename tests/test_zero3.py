@@ -1,0 +1,195 @@
+"""ZeRO-3 (fully sharded data parallel), on 2, 3 and 4 ranks:
+
+- after 3 steps the parameters equal serial training on the global batch (float64, 1e-10):
+  MLP and tiny GPT, SGD with momentum and AdamW, layer units and coarser units (GPT blocks),
+  prefetch on and off;
+- a rank holds 1/N of parameters, gradients and optimizer state (exactly: each unit's padded
+  vector / N), and no gathered copy between steps; at most two units' copies during a step;
+- the bytes one rank sends per step are exactly 3 (N-1)/N of the padded parameters (all-gather
+  for forward, again for backward, reduce-scatter), 1.5x what plain data parallelism's ring
+  all-reduce sends, both measured by the comm counters;
+- each unit's gather for forward is started before the unit runs (prefetch): when a unit's
+  forward begins, the next unit's gather is already queued;
+- bad input is the same clear error on every rank.
+One mpiexec launch per rank count runs every case.
+"""
+import pytest
+
+from minipar.testing import run_on_ranks
+
+TOL = 1e-10
+CASES = [("mlp", "sgd", {}), ("mlp", "adamw", dict(prefetch=False)), ("gpt", "adamw", {}),
+         ("gpt", "sgd", dict(units="blocks")),
+         ("gpt", "adamw", dict(algorithm="recursive_halving"))]
+
+
+def train_zero3(kind, opt, comm, steps, **options):
+    """Parameters (host arrays) after ``steps`` ZeRO-3 steps on this rank's share of the data."""
+    import minipar
+    from minipar.parallel.data import DistributedSampler, ZeRO3
+    from test_dp_helpers import GLOBAL_BATCH, OPTIMIZERS, loss_of, make_data, make_model
+
+    model = make_model(kind, "float64")
+    x, y = make_data(kind, "float64")
+    if options.get("units") == "blocks":  # each Block one unit; the rest one layer each
+        blocks = list(model.blocks)
+        options["units"] = blocks + [model.embed.wte, model.embed.wpe, model.ln_f, model.lm_head]
+    zero = ZeRO3(model, OPTIMIZERS[opt], comm, **options)
+    batches = DistributedSampler(len(x), comm.size, comm.rank, seed=5).batches(GLOBAL_BATCH)
+    for idx in batches[:steps]:
+        zero.zero_grad()
+        loss_of(kind, model, x[idx], y[idx]).backward()
+        zero.step()
+    with zero.summon_full_params():
+        return [minipar.to_numpy(p.data).copy() for p in model.parameters()]
+
+
+def equivalence_body():
+    from minipar import comm
+    from test_dp_helpers import STEPS, max_difference, train
+
+    world = comm.world()
+    report, serial = [], {}
+    for kind, opt, options in CASES:
+        if (kind, opt) not in serial:
+            serial[kind, opt] = train(kind, "float64", opt)
+        got = train_zero3(kind, opt, world, STEPS, **dict(options))
+        report.append((f"{kind} {opt} {options}", max_difference(serial[kind, opt], got)))
+    return report
+
+
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
+def test_zero3_equals_serial(nprocs):
+    per_rank = run_on_ranks(equivalence_body, nprocs, timeout=240)
+    failures = [f"rank {r}: {name}: max |difference| {diff:.3g} > {TOL:g}"
+                for r, report in enumerate(per_rank) for name, diff in report if diff > TOL]
+    assert not failures, "\n".join(failures)
+    assert all(len(report) == len(CASES) for report in per_rank)
+
+
+def measure_body():
+    """Memory, traffic and the order of gathers, on one tiny GPT (float64, Adam)."""
+    from minipar import comm
+    from minipar.parallel.data import DistributedDataParallel, ZeRO3
+    from test_dp_helpers import OPTIMIZERS, loss_of, make_data, make_model
+
+    world = comm.world()
+    x, y = make_data("gpt", "float64")
+    mine = slice(world.rank * 2, world.rank * 2 + 2)
+    model = make_model("gpt", "float64")
+    zero = ZeRO3(model, OPTIMIZERS["adam"], world)
+    events = []
+    for name in ("_gather", "_use", "_after_forward", "_reduce_scatter"):
+        def spy(u, *rest, name=name, real=getattr(zero, name)):
+            events.append((name, u.name))
+            return real(u, *rest)
+        setattr(zero, name, spy)
+    sent = []
+    for _ in range(2):
+        events.clear()
+        zero.zero_grad()
+        before = world.counters.bytes_sent
+        loss_of("gpt", model, x[mine], y[mine]).backward()
+        held = zero.memory_bytes()
+        zero.step()
+        sent.append(world.counters.bytes_sent - before)
+    padded = sum(u.numel for u in zero.units)
+    order = [u.name for u in zero.order]
+    plain = make_model("gpt", "float64")
+    ddp = DistributedDataParallel(plain, world, bucket_cap_mb=25.0)
+    before = world.counters.bytes_sent
+    loss_of("gpt", ddp, x[mine], y[mine]).backward()
+    dp_sent = world.counters.bytes_sent - before
+    psi = sum(p.size for p in plain.parameters())
+    return dict(held=held, peak=zero.peak_gathered_bytes, sent=sent, dp_sent=dp_sent, psi=psi,
+                padded=padded, largest=max(u.numel for u in zero.units), events=events,
+                order=order, units=len(zero.units))
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_zero3_memory_traffic_and_prefetch(nprocs):
+    N, item = nprocs, 8
+    for r, m in enumerate(run_on_ranks(measure_body, nprocs, timeout=120)):
+        shard = m["padded"] // N * item  # each unit's padded vector / N, summed
+        assert m["held"] == {"parameters": shard, "gradients": shard, "optimizer_state": 2 * shard,
+                             "gathered": 0}, (r, m["held"], shard)  # after backward: slots dropped
+        assert shard <= (m["psi"] / N + m["units"]) * item  # ~1/N: at most 1 padding element/unit
+        assert 0 < m["peak"] <= 2 * m["largest"] * item  # two units whole at most
+        # traffic: all-gather twice + reduce-scatter, exactly; 1.5x DP's ring all-reduce
+        assert m["sent"] == [3 * (N - 1) * m["padded"] // N * item] * 2, (r, m["sent"])
+        assert m["sent"][1] / m["dp_sent"] == pytest.approx(1.5, rel=0.01), (r, m)
+        # prefetch (second step): unit k+1's gather starts before unit k's forward ends, and in
+        # backward unit k-1's before unit k's reduce-scatter
+        ev, order = [tuple(e) for e in m["events"]], m["order"]
+        fwd = ev[:ev.index(("_after_forward", order[-1])) + 1]
+        bwd = ev[len(fwd):]
+        for a, b in zip(order, order[1:]):
+            assert fwd.index(("_gather", b)) < fwd.index(("_after_forward", a)), (a, b, fwd)
+        gathered = [name for what, name in bwd if what == "_gather"]
+        assert sorted(gathered) == sorted(order), bwd  # each unit gathered again for backward
+        for a, b in zip(order, order[1:]):
+            assert bwd.index(("_gather", a)) < bwd.index(("_reduce_scatter", b)), (a, b, bwd)
+
+
+def bad_input_body():
+    """Each misuse, caught: (case, exception type, message) on this rank."""
+    import minipar
+    import minipar.nn as nn
+    from minipar import comm
+    from minipar.parallel.data import ZeRO, ZeRO3
+    from test_dp_helpers import OPTIMIZERS, make_model
+
+    world = comm.world()
+    sgd = OPTIMIZERS["sgd"]
+
+    def tied():
+        minipar.manual_seed(0)
+        ZeRO3(nn.GPT(nn.GPTConfig(vocab_size=11, block_size=6, n_layer=1, n_head=2, n_embd=8,
+                                  tie_weights=True)), sgd, world)
+
+    def missing():
+        model = make_model("gpt", "float64")
+        ZeRO3(model, sgd, world, units=list(model.blocks))
+
+    def foreign():
+        ZeRO3(make_model("mlp", "float64"), sgd, world, units=[nn.Linear(2, 2)])
+
+    def twice():
+        minipar.manual_seed(0)
+        layer = nn.Linear(4, 4).astype("float64")
+        model = nn.Sequential(layer, nn.ReLU(), layer)
+        ZeRO3(model, sgd, world)
+        model(minipar.tensor([[1.0, 2.0, 3.0, 4.0]], dtype="float64"))
+
+    def no_step():
+        model = make_model("mlp", "float64")
+        ZeRO3(model, sgd, world)
+        x = minipar.tensor([[1.0] * 6], dtype="float64")
+        model(x).sum().backward()
+        model(x).sum().backward()
+
+    def stage3():
+        ZeRO(make_model("mlp", "float64"), sgd, world, stage=3)
+
+    caught = []
+    for case in (tied, missing, foreign, twice, no_step, stage3):
+        try:
+            case()
+            caught.append((case.__name__, None, "no error"))
+        except Exception as error:  # noqa: BLE001  (what each rank raised is the result)
+            caught.append((case.__name__, type(error).__name__, str(error)))
+    return caught
+
+
+def test_zero3_bad_input_is_the_same_clear_error_on_every_rank():
+    per_rank = run_on_ranks(bad_input_body, 2, timeout=60)
+    assert per_rank[0] == per_rank[1]
+    got = {case: (kind, message) for case, kind, message in per_rank[0]}
+    expected = {"tied": ("ValueError", "'lm_head' also belongs to 'embed.wte'"),
+                "missing": ("ValueError", "parameters in no unit: embed.wte.weight"),
+                "foreign": ("ValueError", "unit Linear is not a module of the model"),
+                "twice": ("RuntimeError", "was called twice in one forward"),
+                "no_step": ("RuntimeError", "a second forward before step()"),
+                "stage3": ("ValueError", "minipar.parallel.data.ZeRO3")}
+    for case, (kind, words) in expected.items():
+        assert got[case][0] == kind and words in got[case][1], (case, got[case])
