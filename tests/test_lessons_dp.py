@@ -23,9 +23,13 @@ def test_lesson_05_data_parallel(nprocs):
 def test_lesson_06_zero():
     out = run_lesson("06_zero.py", 2)
     cell = r"\s+(\d+)/(\d+)/(\d+)"
-    rows = re.findall(r"^\s+2" + cell * 3, out, re.M)
-    dp_state, z1_state, z2_grads = int(rows[0][2]), int(rows[0][5]), int(rows[0][7])
-    assert abs(z1_state - dp_state / 2) <= 1 and abs(z2_grads - int(rows[0][1]) / 2) <= 1, out
+    row = [int(v) for v in re.findall(r"^\s+2" + cell * 4 + r"\s+(\S+)", out, re.M)[0][:12]]
+    dp, z1, z2, z3 = row[0:3], row[3:6], row[6:9], row[9:12]
+    assert abs(z1[2] - dp[2] / 2) <= 1 and abs(z2[1] - dp[1] / 2) <= 1, out
+    assert all(abs(z - d / 2) <= 1 for z, d in zip(z3, dp)), out  # ZeRO-3: half of everything
+    sent = dict(re.findall(r"^\s+(DP|ZeRO-\d)\s+\S+\s+\S+\s+(\S+)$", out, re.M))
+    ratios = [float(sent[k]) for k in ("ZeRO-1", "ZeRO-2", "ZeRO-3")]
+    assert ratios == pytest.approx([1.0, 1.0, 1.5], abs=0.005), out  # traffic: x DP's
     gap = float(re.search(r"largest loss difference from plain DP over \d+ steps: (\S+)", out)
                 .group(1))
     assert gap < 1e-5, out
