@@ -1,17 +1,16 @@
-"""ZeRO-3 (fully sharded data parallel), on 2, 3 and 4 ranks:
+"""ZeRO-3 (fully sharded data parallel):
 
-- after 3 steps the parameters equal serial training on the global batch (float64, 1e-10):
-  MLP and tiny GPT, SGD with momentum and AdamW, layer units and coarser units (GPT blocks),
-  prefetch on and off;
-- a rank holds 1/N of parameters, gradients and optimizer state (exactly: each unit's padded
-  vector / N), and no gathered copy between steps; at most two units' copies during a step;
-- the bytes one rank sends per step are exactly 3 (N-1)/N of the padded parameters (all-gather
-  for forward, again for backward, reduce-scatter), 1.5x what plain data parallelism's ring
-  all-reduce sends, both measured by the comm counters;
-- each unit's gather for forward is started before the unit runs (prefetch): when a unit's
-  forward begins, the next unit's gather is already queued;
-- bad input is the same clear error on every rank.
-One mpiexec launch per rank count runs every case.
+- on 2, 3 and 4 ranks, after 3 steps the parameters equal serial training on the global batch
+  (float64, 1e-10): MLP and tiny GPT, SGD with momentum and AdamW, layer units and coarser
+  units (GPT blocks), prefetch on and off, ring and halving/doubling collectives;
+- on 2 and 4 ranks, a rank holds 1/N of parameters, gradients and optimizer state (exactly:
+  each unit's padded vector / N) and no gathered copy after backward, two units' copies at most
+  during it; it sends exactly 3 (N-1)/N of the padded parameters per step (all-gather for
+  forward, again for backward, reduce-scatter), 1.5x what plain data parallelism's ring
+  all-reduce sends, both measured by the comm counters; the next unit's gather starts before
+  this unit's forward ends, and in backward before this unit's gradient goes out (prefetch);
+- bad input is the same clear error on every rank (2 ranks).
+One mpiexec launch per test and rank count runs all its cases.
 """
 import pytest
 
@@ -168,11 +167,26 @@ def bad_input_body():
         model(x).sum().backward()
         model(x).sum().backward()
 
+    class Scaled(nn.Module):  # y = inner(x * s) * s: s is used before and after the inner unit
+        def __init__(self, inner):
+            super().__init__()
+            self.s = nn.Parameter(minipar.tensor([1.5], dtype="float64"))
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x * self.s) * self.s
+
+    def nested():  # slots: outer 0, middle 1, innermost 0, still needed by the outer one
+        minipar.manual_seed(0)
+        model = Scaled(Scaled(nn.Linear(3, 3).astype("float64")))
+        ZeRO3(model, sgd, world)
+        model(minipar.tensor([[1.0, 2.0, 3.0]], dtype="float64")).sum().backward()
+
     def stage3():
         ZeRO(make_model("mlp", "float64"), sgd, world, stage=3)
 
     caught = []
-    for case in (tied, missing, foreign, twice, no_step, stage3):
+    for case in (tied, missing, foreign, twice, no_step, nested, stage3):
         try:
             case()
             caught.append((case.__name__, None, "no error"))
@@ -190,6 +204,8 @@ def test_zero3_bad_input_is_the_same_clear_error_on_every_rank():
                 "foreign": ("ValueError", "unit Linear is not a module of the model"),
                 "twice": ("RuntimeError", "was called twice in one forward"),
                 "no_step": ("RuntimeError", "a second forward before step()"),
+                "nested": ("RuntimeError",
+                           "'inner.inner' needs slot 0, held by 'Scaled', which is still"),
                 "stage3": ("ValueError", "minipar.parallel.data.ZeRO3")}
     for case, (kind, words) in expected.items():
         assert got[case][0] == kind and words in got[case][1], (case, got[case])

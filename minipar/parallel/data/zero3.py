@@ -141,9 +141,10 @@ class ZeRO3:
         s = u.slot
         holder = self.holder[s]
         if holder is not None and holder is not u and holder.state in ("gathered", "backward"):
-            raise RuntimeError(f"ZeRO3: unit {u.name!r} needs slot {s}, still held by "
-                               f"{holder.name!r}: the units' backward is not the reverse of "
-                               f"their forward; choose coarser units=")
+            raise RuntimeError(f"ZeRO3: unit {u.name!r} needs slot {s}, held by {holder.name!r}, "
+                               f"which is still computing: units may nest two deep at most, and "
+                               f"their backward must run in the reverse order of their forward; "
+                               f"choose other units=")
         if self.slots[s] is None:
             size = max(v.numel for v in self.units)
             self.slots[s] = backend.get_array_module(u.shard.data).empty(size, u.shard.dtype)
