@@ -9,6 +9,8 @@
   forward, again for backward, reduce-scatter), 1.5x what plain data parallelism's ring
   all-reduce sends, both measured by the comm counters; the next unit's gather starts before
   this unit's forward ends, and in backward before this unit's gradient goes out (prefetch);
+- a checkpoint (``distributed.checkpoint``, ZeRO's format with the parameters in pieces) resumes
+  bit for bit, and loads into ZeRO-2 and into a serial model and its optimizer (2 ranks);
 - bad input is the same clear error on every rank (2 ranks).
 One mpiexec launch per test and rank count runs all its cases.
 """
@@ -209,3 +211,66 @@ def test_zero3_bad_input_is_the_same_clear_error_on_every_rank():
                 "stage3": ("ValueError", "minipar.parallel.data.ZeRO3")}
     for case, (kind, words) in expected.items():
         assert got[case][0] == kind and words in got[case][1], (case, got[case])
+
+
+def checkpoint_body(folder):
+    """Losses and parameters: ZeRO-3 for 2 steps, saved, 2 more; then, from the checkpoint,
+    ZeRO-3 (another seed: everything must come from disk) and ZeRO-2 for the same 2 steps."""
+    import contextlib
+
+    import minipar
+    from minipar import comm
+    from minipar.distributed import checkpoint as dcp
+    from minipar.parallel.data import ZeRO, ZeRO3
+    from test_dp_helpers import OPTIMIZERS, loss_of, make_data, make_model
+
+    world = comm.world()
+    x, y = make_data("gpt", "float64")
+
+    def run(kind, seed, steps, start=0, save_at=None, load=False):
+        model = make_model("gpt", "float64", seed=seed)
+        app = (ZeRO3(model, OPTIMIZERS["adamw"], world) if kind == 3 else
+               ZeRO(model, OPTIMIZERS["adamw"], world, stage=2))
+        if load:
+            dcp.load({"app": app}, checkpoint_id=folder)
+        losses, saved = [], None
+        for s in range(start, start + steps):
+            rows = slice(s * 4 + world.rank * 2, s * 4 + world.rank * 2 + 2)
+            app.zero_grad()
+            loss = loss_of("gpt", model, x[rows], y[rows])
+            loss.backward()
+            app.step()
+            losses.append(loss.item())
+            if s + 1 == save_at:
+                dcp.save({"app": app}, checkpoint_id=folder)
+                saved = whole(app, model)
+        return losses, whole(app, model), saved
+
+    def whole(app, model):
+        with app.summon_full_params() if isinstance(app, ZeRO3) else contextlib.nullcontext():
+            return [minipar.to_numpy(p.data).tolist() for p in model.parameters()]
+
+    reference, final, saved = run(3, 0, 4, save_at=2)
+    return {"reference": (reference[2:], final), "saved": saved,
+            "zero3": run(3, 99, 2, start=2, load=True)[:2],
+            "zero2": run(2, 99, 2, start=2, load=True)[:2]}
+
+
+def test_zero3_checkpoint_resumes_and_reshards(tmp_path):
+    import numpy as np
+
+    import minipar
+    from minipar import optim
+    from minipar.distributed import AppState, checkpoint as dcp
+    from test_dp_helpers import make_model
+
+    folder = str(tmp_path / "zero3")
+    out = run_on_ranks(checkpoint_body, 2, args=(folder,), timeout=120)[0]
+    assert out["zero3"] == list(out["reference"])  # bit for bit
+    for got, want in zip(out["zero2"][1], out["reference"][1]):
+        assert np.max(np.abs(np.array(got) - np.array(want))) < TOL
+    serial = make_model("gpt", "float64", seed=99)  # a plain process reads the whole checkpoint
+    app = AppState(serial, optim.AdamW(serial.parameters(), lr=1e-2, weight_decay=0.1))
+    dcp.load({"app": app}, checkpoint_id=folder)
+    assert [minipar.to_numpy(p.data).tolist() for p in serial.parameters()] == out["saved"]
+    assert len(app.optimizer.state) == len(out["saved"])  # every parameter's moments came back

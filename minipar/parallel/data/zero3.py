@@ -5,12 +5,11 @@ optimizer state, and gathers each layer whole only while that layer computes.
     zero = ZeRO3(model, lambda params: optim.AdamW(params, lr=1e-3), comm)
     loss = loss_fn(model(x_local), y_local); loss.backward(); zero.step(); zero.zero_grad()
 
-Units. A unit is one layer: by default every module that holds parameters of its own (a Linear,
-a LayerNorm, an Embedding); ``units=[...]`` names coarser ones (say each GPT Block), each taking
-every parameter below it. A unit's parameters lie end to end in one flat vector padded to a
-multiple of N (``buckets.flatten_parameters``); rank r keeps chunk r as a Parameter, the only
-one the optimizer sees (updates are elementwise, so a flat shard updates exactly as the layers
-would). Between uses a parameter's ``.data`` is a zero-stride placeholder of its shape.
+Units. A unit is one layer: by default each module holding parameters of its own (Linear,
+LayerNorm, Embedding); ``units=[...]`` names coarser ones (each GPT Block), each taking every
+parameter below it. A unit's parameters lie end to end in one flat vector padded to a multiple
+of N; rank r keeps chunk r as a Parameter, the only one the optimizer sees (updates are
+elementwise). Between uses a parameter's ``.data`` is a zero-stride placeholder of its shape.
 
 One step, per unit, in the order the model calls them (recorded on the first forward):
 
@@ -21,28 +20,24 @@ One step, per unit, in the order the model calls them (recorded on the first for
                          gather of the unit before it
     after its backward   (its parameters' gradients are final) reduce-scatter the flat gradient
                          (average); this rank keeps its chunk as the shard's gradient
-    end of backward      wait for the reduce-scatters: the shards' gradients are there
-    step()               update the shards
+    step()               update the shards (their gradients came at the end of backward)
 
-Where "free" is real. The backward closures of a layer keep views of the arrays it read, so a
-layer's gathered copy cannot simply be dropped and made anew for backward. The gathered copies
-live in two slots of ``max unit`` elements each, unit i in slot i mod 2 at the same place every
-time: while unit i computes, unit i+1 is gathered into the other slot, over unit i-1's copy
-(forward) or unit i+1's (backward, already done). Re-gathering unit i writes into the very
-memory its closures read (PyTorch frees and re-allocates the storage under its tensors instead).
-So a rank holds at most two units whole, and none between steps (the slots are dropped after
-backward). This needs the units' backward in the reverse order of their forward, as in a stack
-of layers; a gather that would overwrite a unit still in backward is a RuntimeError, never a
-wrong answer.
+Where "free" is real. A layer's backward closures keep views of the arrays it read, so its
+gathered copy cannot be dropped and made anew for backward. The copies live in two slots of
+``max unit`` elements, unit i in slot i mod 2, always at the same place: while unit i computes,
+unit i+1 is gathered into the other slot, over unit i-1's copy (forward) or unit i+1's
+(backward, done). Re-gathering unit i writes into the very memory its closures read (PyTorch
+frees and re-allocates the storage under its tensors instead). So a rank holds two units whole
+at most, none after backward. This needs the units' backward in the reverse order of their
+forward (a stack of layers); a gather over a unit still computing is a RuntimeError.
 
-Traffic, per rank and step, with Psi elements: all-gather (forward) + all-gather (backward) +
-reduce-scatter, (N-1)/N Psi each: 3 (N-1)/N Psi, against the 2 (N-1)/N Psi of plain data
-parallelism's all-reduce (a reduce-scatter and an all-gather): 1.5x, the price of holding 1/N.
+Traffic per rank and step, Psi elements: all-gather (forward), all-gather (backward) and
+reduce-scatter, (N-1)/N Psi each: 3 (N-1)/N Psi, 1.5x plain data parallelism's all-reduce.
 
-All collectives run on the communicator's background thread in the order they are started,
-the same on every rank. Each unit's module must be called once per forward, with its parameters
-used inside that call only; no gradient accumulation (``step()`` between backwards) and no
-gradient clipping (both would need the full gradient).
+All collectives run on the communicator's background thread in the order they are started, the
+same on every rank. Each unit's module runs once per forward and its parameters are used in that
+call only; no gradient accumulation or clipping (both need the whole gradient). Checkpoints:
+ZeRO's format (``state_dict``), the parameters in ``ShardedTensor`` pieces too.
 """
 import contextlib
 
@@ -52,7 +47,7 @@ from ...comm import chunk_bounds, world
 from ...comm.nonblocking import iall_gather, ireduce_scatter
 from ...nn.module import Parameter
 from .buckets import broadcast_parameters, flatten_grads, flatten_parameters, offsets
-from .zero import ALL_GATHER_TWIN
+from .zero import ALL_GATHER_TWIN, load_sharded_state_dict, sharded_state_dict
 
 SLOTS = 2  # gathered copies a rank holds at once: the unit computing and the one prefetched
 
@@ -84,6 +79,11 @@ class _Unit:
         self.slot = self.work = self.grad_work = None
         self.state, self.missing = "sharded", len(params)
         self.release()
+
+    def point(self, flat):
+        """Every parameter a view of its place in ``flat``, the unit's whole flat vector."""
+        for p, o in zip(self.params, self.starts):
+            p.data = flat[o:o + p.size].reshape(p.shape)
 
     def release(self):
         for p in self.params:
@@ -148,7 +148,8 @@ class ZeRO3:
         if self.slots[s] is None:
             size = max(v.numel for v in self.units)
             self.slots[s] = backend.get_array_module(u.shard.data).empty(size, u.shard.dtype)
-            self.peak_gathered_bytes = max(self.peak_gathered_bytes, self.gathered_bytes())
+            peak = self.memory_bytes()["gathered"]
+            self.peak_gathered_bytes = max(self.peak_gathered_bytes, peak)
         self.holder[s] = u
         full = self.slots[s][:u.numel].reshape(self.comm.size, -1)
         u.work = iall_gather(self.comm, u.shard.data, self.gather_algorithm, out=full)
@@ -159,11 +160,9 @@ class ZeRO3:
             self._gather(u)
         u.work.wait()
         u.work, u.state = None, state
-        flat = self.slots[u.slot]
-        for p, o in zip(u.params, u.starts):
-            p.data = flat[o:o + p.size].reshape(p.shape)
+        u.point(self.slots[u.slot])
 
-    def _neighbour(self, u, step):
+    def _neighbour(self, u, step):  # the unit ``step`` places after u in forward order
         i = self.order.index(u) + step
         return self.order[i] if 0 <= i < len(self.order) else None
 
@@ -185,7 +184,7 @@ class ZeRO3:
         for u in self.units:
             u.state, u.missing = "sharded", len(u.params)
         self.waiting, self.expect_backward = [], False
-        self._drop_slots()  # a graph never backpropagated keeps its copies, not this wrapper
+        self._drop_slots()
 
     def _before_forward(self, u):
         if u.state != "sharded":
@@ -209,8 +208,8 @@ class ZeRO3:
                 self.expect_backward = True
 
     def _end_forward(self, module, args, out):
-        if not self.expect_backward:
-            self._drop_slots()  # no graph recorded (no_grad): no backward will follow
+        if not self.expect_backward:  # no graph recorded (no_grad): no backward will follow
+            self._drop_slots()
 
     def _before_backward(self, u):
         if u.state != "resharded":
@@ -246,7 +245,7 @@ class ZeRO3:
                 u.shard.grad, u.grad_work = u.grad_work.wait(), None
         self._drop_slots()
 
-    def _drop_slots(self):
+    def _drop_slots(self):  # the slots' memory goes once the graph holding views of it does
         self.slots, self.holder = [None] * SLOTS, [None] * SLOTS
 
     # --- the step --------------------------------------------------------------------------------
@@ -262,33 +261,38 @@ class ZeRO3:
             u.state = "sharded"
 
     def zero_grad(self):
-        for u in self.units:
-            u.shard.grad = None
-            for p in u.params:
-                p.grad = None
-
-    def gathered_bytes(self):
-        return sum(int(s.nbytes) for s in self.slots if s is not None)
+        for p in [u.shard for u in self.units] + [p for u in self.units for p in u.params]:
+            p.grad = None
 
     def memory_bytes(self):
         """Bytes this rank holds now: parameter shards, gradients (shards and any whole ones),
         optimizer state, and the gathered copies (the slots; none between steps)."""
         grads = [u.shard.grad for u in self.units] + [p.grad for u in self.units for p in u.params]
-        frozen = [p for p in self.module.parameters() if not p.requires_grad]
-        return {"parameters": sum(int(u.shard.data.nbytes) for u in self.units)
-                + sum(int(p.data.nbytes) for p in frozen),
+        kept = [u.shard for u in self.units] + [p for p in self.module.parameters()
+                                                 if not p.requires_grad]  # frozen: whole
+        return {"parameters": sum(int(p.data.nbytes) for p in kept),
                 "gradients": sum(int(g.nbytes) for g in grads if g is not None),
                 "optimizer_state": self.optimizer.state_bytes(),
-                "gathered": self.gathered_bytes()}
+                "gathered": sum(int(s.nbytes) for s in self.slots if s is not None)}
+
+    # --- checkpoints ---------------------------------------------------------------------------
+    def _layout(self):
+        return self.module, [(u.params, u.numel) for u in self.units], self.optimizer, self.comm
+
+    def state_dict(self):
+        """{"model": {name: ShardedTensor}, "optimizer": ...}: serial names, this rank's pieces."""
+        return sharded_state_dict(*self._layout(), [u.shard.data for u in self.units])
+
+    def load_state_dict(self, state_dict):
+        """Whole arrays (``dcp.load`` builds them); this rank keeps its chunks."""
+        load_sharded_state_dict(*self._layout(), state_dict, [u.shard.data for u in self.units])
 
     @contextlib.contextmanager
     def summon_full_params(self):
         """Inside the block every parameter holds its whole value (torch's name); writes to them
         are not kept. Collective: every rank enters it."""
         for u in self.units:
-            full = self.comm.all_gather(u.shard.data, self.gather_algorithm).reshape(-1)
-            for p, o in zip(u.params, u.starts):
-                p.data = full[o:o + p.size].reshape(p.shape)
+            u.point(self.comm.all_gather(u.shard.data, self.gather_algorithm).reshape(-1))
         try:
             yield self.module
         finally:
