@@ -12,7 +12,8 @@
     exchange.py       reduce-scatter, all-gather, all-to-all, gather, scatter
     patterns.py       the ring and recursive halving/doubling steps they share, MPICH's fold
     mpi.py            MPI's own collectives: the reference
-    nonblocking.py    iall_reduce (overlapping gradient buckets with backward)
+    nonblocking.py    iall_reduce (overlapping gradient buckets with backward), iall_gather and
+                      ireduce_scatter (ZeRO-3 gathering the next layer while this one computes)
     cost.py, fit.py   the alpha-beta-gamma model; measuring its constants on this machine
     node.py           the node-local rank (MPI_COMM_TYPE_SHARED): which GPU a rank uses
     buffers.py, staging.py, errors.py, watch.py   arrays, GPU staging, errors, who waits on whom
