@@ -184,11 +184,28 @@ def bad_input_body():
         ZeRO3(model, sgd, world)
         model(minipar.tensor([[1.0, 2.0, 3.0]], dtype="float64")).sum().backward()
 
+    def two_deep():  # a unit inside a unit is fine: no error, the serial model's outputs
+        def build():
+            minipar.manual_seed(0)
+            return nn.Sequential(Scaled(nn.Linear(3, 3)), nn.Linear(3, 2)).astype("float64")
+        twin, model = build(), build()
+        opt, zero = sgd(twin.parameters()), ZeRO3(model, sgd, world)
+        x = minipar.tensor([[1.0, 2.0, 3.0]], dtype="float64")  # every rank: the average is it
+        for _ in range(3):  # the later steps prefetch
+            want, got = twin(x), model(x)
+            assert abs(got.numpy() - want.numpy()).max() < 1e-12
+            for y, clear, update in ((want, opt.zero_grad, opt.step),
+                                     (got, zero.zero_grad, zero.step)):
+                clear()
+                (y * y).sum().backward()
+                update()
+        assert len(zero.units) == 3 and zero.memory_bytes()["gathered"] == 0
+
     def stage3():
         ZeRO(make_model("mlp", "float64"), sgd, world, stage=3)
 
     caught = []
-    for case in (tied, missing, foreign, twice, no_step, nested, stage3):
+    for case in (tied, missing, foreign, twice, no_step, nested, two_deep, stage3):
         try:
             case()
             caught.append((case.__name__, None, "no error"))
@@ -208,6 +225,7 @@ def test_zero3_bad_input_is_the_same_clear_error_on_every_rank():
                 "no_step": ("RuntimeError", "a second forward before step()"),
                 "nested": ("RuntimeError",
                            "'inner.inner' needs slot 0, held by 'Scaled', which is still"),
+                "two_deep": (None, "no error"),
                 "stage3": ("ValueError", "minipar.parallel.data.ZeRO3")}
     for case, (kind, words) in expected.items():
         assert got[case][0] == kind and words in got[case][1], (case, got[case])

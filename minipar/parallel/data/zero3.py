@@ -107,7 +107,7 @@ class ZeRO3:
         self.unit_of = {id(p): u for u in self.units for p in u.params}
         self.optimizer = make_optimizer([u.shard for u in self.units])
         self.order, self.slots, self.holder = [], [None] * SLOTS, [None] * SLOTS
-        self.peak_gathered_bytes, self.waiting, self.expect_backward = 0, [], False
+        self.peak_gathered_bytes, self.expect_backward = 0, False
         module.register_forward_pre_hook(self._start_forward)
         for u in self.units:
             u.module.register_forward_pre_hook(lambda m, args, u=u: self._before_forward(u))
@@ -138,9 +138,8 @@ class ZeRO3:
     # --- gathering into the slots ----------------------------------------------------------------
     def _gather(self, u):
         """Start the all-gather of unit u into its slot (allocated on first use)."""
-        s = u.slot
-        holder = self.holder[s]
-        if holder is not None and holder is not u and holder.state in ("gathered", "backward"):
+        s, holder = u.slot, self.holder[u.slot]
+        if self._busy(u):
             raise RuntimeError(f"ZeRO3: unit {u.name!r} needs slot {s}, held by {holder.name!r}, "
                                f"which is still computing: units may nest two deep at most, and "
                                f"their backward must run in the reverse order of their forward; "
@@ -166,14 +165,16 @@ class ZeRO3:
         i = self.order.index(u) + step
         return self.order[i] if 0 <= i < len(self.order) else None
 
-    def _prefetch(self, u):
-        """Start u's gather now, or once its slot's holder has finished its backward."""
-        if not self.prefetch or u is None or u.work is not None or u.state != "resharded":
-            return
+    def _busy(self, u):
+        """Is u's slot held by another unit still computing?"""
         holder = self.holder[u.slot]
-        if holder is not None and holder is not u and holder.state == "backward":
-            self.waiting.append(u)
-        else:
+        return holder is not None and holder is not u and holder.state in ("gathered", "backward")
+
+    def _prefetch(self, u, state):
+        """Start u's gather early (u is in ``state``), unless its slot is busy: then u's own
+        hook gathers it."""
+        if self.prefetch and u is not None and u.work is None and u.state == state \
+                and not self._busy(u):
             self._gather(u)
 
     # --- the hooks -------------------------------------------------------------------------------
@@ -183,7 +184,7 @@ class ZeRO3:
                                "reduce-scattered, so they cannot accumulate; call step() first")
         for u in self.units:
             u.state, u.missing = "sharded", len(u.params)
-        self.waiting, self.expect_backward = [], False
+        self.expect_backward = False
         self._drop_slots()
 
     def _before_forward(self, u):
@@ -194,9 +195,7 @@ class ZeRO3:
             u.slot = len(self.order) % SLOTS
             self.order.append(u)
         self._use(u, "gathered")
-        nxt = self._neighbour(u, 1)
-        if self.prefetch and nxt is not None and nxt.work is None and nxt.state == "sharded":
-            self._gather(nxt)
+        self._prefetch(self._neighbour(u, 1), "sharded")
 
     def _after_forward(self, u, out):
         u.release()
@@ -215,7 +214,7 @@ class ZeRO3:
         if u.state != "resharded":
             return  # a second output of the unit, or its backward already under way
         self._use(u, "backward")
-        self._prefetch(self._neighbour(u, -1))
+        self._prefetch(self._neighbour(u, -1), "resharded")
 
     def _gradient_ready(self, p):
         u = self.unit_of[id(p)]
@@ -232,9 +231,6 @@ class ZeRO3:
         u.grad_work = ireduce_scatter(self.comm, grad, op="avg", algorithm=self.algorithm)
         u.release()
         u.state = "done"
-        for w in [w for w in self.waiting if self.holder[w.slot] is u]:
-            self.waiting.remove(w)
-            self._gather(w)
         if all(v.state in ("done", "sharded") for v in self.units):
             self._finish()
 
