@@ -194,18 +194,28 @@ def bad_input_body():
         for _ in range(3):  # the later steps prefetch
             want, got = twin(x), model(x)
             assert abs(got.numpy() - want.numpy()).max() < 1e-12
-            for y, clear, update in ((want, opt.zero_grad, opt.step),
-                                     (got, zero.zero_grad, zero.step)):
+            for y, net, clear, update in ((want, twin, opt.zero_grad, opt.step),
+                                          (got, model, zero.zero_grad, zero.step)):
                 clear()
                 (y * y).sum().backward()
+                with minipar.no_grad():  # a look between backward and step changes nothing
+                    net(x)
                 update()
         assert len(zero.units) == 3 and zero.memory_bytes()["gathered"] == 0
+
+    def stale():  # backward through an older forward's graph
+        model = make_model("mlp", "float64")
+        ZeRO3(model, sgd, world)
+        x = minipar.tensor([[1.0] * 6], dtype="float64")
+        first = model(x).sum()
+        model(x)
+        first.backward()
 
     def stage3():
         ZeRO(make_model("mlp", "float64"), sgd, world, stage=3)
 
     caught = []
-    for case in (tied, missing, foreign, twice, no_step, nested, two_deep, stage3):
+    for case in (tied, missing, foreign, twice, no_step, nested, two_deep, stale, stage3):
         try:
             case()
             caught.append((case.__name__, None, "no error"))
@@ -226,6 +236,7 @@ def test_zero3_bad_input_is_the_same_clear_error_on_every_rank():
                 "nested": ("RuntimeError",
                            "'inner.inner' needs slot 0, held by 'Scaled', which is still"),
                 "two_deep": (None, "no error"),
+                "stale": ("RuntimeError", "backward through forward 1 after forward 2 began"),
                 "stage3": ("ValueError", "minipar.parallel.data.ZeRO3")}
     for case, (kind, words) in expected.items():
         assert got[case][0] == kind and words in got[case][1], (case, got[case])

@@ -35,9 +35,9 @@ Traffic per rank and step, Psi elements: all-gather (forward), all-gather (backw
 reduce-scatter, (N-1)/N Psi each: 3 (N-1)/N Psi, 1.5x plain data parallelism's all-reduce.
 
 All collectives run on the communicator's background thread in the order they are started, the
-same on every rank. Each unit's module runs once per forward and its parameters are used in that
-call only; no gradient accumulation or clipping (both need the whole gradient). Checkpoints:
-ZeRO's format (``state_dict``), the parameters in ``ShardedTensor`` pieces too.
+same on every rank. Each unit's module runs once per forward, its parameters used in that call
+only; a forward's backward comes before the next forward; no gradient accumulation or clipping
+(both need the whole gradient). Checkpoints: ZeRO's format, the parameters in pieces too.
 """
 import contextlib
 
@@ -77,7 +77,7 @@ class _Unit:
         lo, hi = chunk_bounds(self.numel, comm.size)[comm.rank:comm.rank + 2]
         self.shard = Parameter(flat[lo:hi].copy())
         self.slot = self.work = self.grad_work = None
-        self.state, self.missing = "sharded", len(params)
+        self.state, self.missing, self.reduced = "sharded", len(params), False
         self.release()
 
     def point(self, flat):
@@ -107,7 +107,7 @@ class ZeRO3:
         self.unit_of = {id(p): u for u in self.units for p in u.params}
         self.optimizer = make_optimizer([u.shard for u in self.units])
         self.order, self.slots, self.holder = [], [None] * SLOTS, [None] * SLOTS
-        self.peak_gathered_bytes, self.expect_backward = 0, False
+        self.peak_gathered_bytes, self.expect_backward, self.forwards = 0, False, 0
         module.register_forward_pre_hook(self._start_forward)
         for u in self.units:
             u.module.register_forward_pre_hook(lambda m, args, u=u: self._before_forward(u))
@@ -179,12 +179,12 @@ class ZeRO3:
 
     # --- the hooks -------------------------------------------------------------------------------
     def _start_forward(self, module, args):
-        if is_grad_enabled() and any(u.state == "done" for u in self.units):
+        if is_grad_enabled() and any(u.reduced for u in self.units):
             raise RuntimeError("ZeRO3: a second forward before step(): gradients are already "
                                "reduce-scattered, so they cannot accumulate; call step() first")
         for u in self.units:
             u.state, u.missing = "sharded", len(u.params)
-        self.expect_backward = False
+        self.expect_backward, self.forwards = False, self.forwards + 1
         self._drop_slots()
 
     def _before_forward(self, u):
@@ -200,17 +200,20 @@ class ZeRO3:
     def _after_forward(self, u, out):
         u.release()
         u.state = "resharded"
-        outputs = out if isinstance(out, (tuple, list)) else (out,)
-        for t in outputs:
-            if isinstance(t, Tensor) and t.requires_grad:
-                t.register_hook(lambda g, u=u: self._before_backward(u))
-                self.expect_backward = True
+        hooked = [t for t in (out if isinstance(out, (tuple, list)) else (out,))
+                  if isinstance(t, Tensor) and t.requires_grad]
+        for t in hooked:
+            t.register_hook(lambda g, u=u, n=self.forwards: self._before_backward(u, n))
+        self.expect_backward = self.expect_backward or bool(hooked)
 
     def _end_forward(self, module, args, out):
         if not self.expect_backward:  # no graph recorded (no_grad): no backward will follow
             self._drop_slots()
 
-    def _before_backward(self, u):
+    def _before_backward(self, u, forward):
+        if forward != self.forwards:
+            raise RuntimeError(f"ZeRO3: backward through forward {forward} after forward "
+                               f"{self.forwards} began: backward each forward before the next")
         if u.state != "resharded":
             return  # a second output of the unit, or its backward already under way
         self._use(u, "backward")
@@ -230,7 +233,7 @@ class ZeRO3:
             p.grad = None
         u.grad_work = ireduce_scatter(self.comm, grad, op="avg", algorithm=self.algorithm)
         u.release()
-        u.state = "done"
+        u.state, u.reduced = "done", True
         if all(v.state in ("done", "sharded") for v in self.units):
             self._finish()
 
@@ -249,12 +252,12 @@ class ZeRO3:
         """Reduce-scatter what backward did not (units that got no gradient: zeros, in unit order
         on every rank), then update the shards."""
         for u in self.units:
-            if u.state != "done":
+            if not u.reduced:
                 self._reduce_scatter(u)
         self._finish()
         self.optimizer.step()
         for u in self.units:
-            u.state = "sharded"
+            u.state, u.reduced = "sharded", False
 
     def zero_grad(self):
         for p in [u.shard for u in self.units] + [p for u in self.units for p in u.params]:
