@@ -11,7 +11,8 @@
   this unit's forward ends, and in backward before this unit's gradient goes out (prefetch);
 - a checkpoint (``distributed.checkpoint``, ZeRO's format with the parameters in pieces) resumes
   bit for bit, and loads into ZeRO-2 and into a serial model and its optimizer (2 ranks);
-- bad input is the same clear error on every rank (2 ranks).
+- bad input is the same clear error on every rank; a layer inside a layer, and a no_grad
+  forward between backward and step, train as the serial model does (2 ranks).
 One mpiexec launch per test and rank count runs all its cases.
 """
 import pytest
