@@ -179,6 +179,15 @@ def bad_input_body():
         def forward(self, x):
             return self.inner(x * self.s) * self.s
 
+    def dropped():  # zero_grad() drops a backward's gradients: the next forward may come
+        model = make_model("mlp", "float64")
+        zero = ZeRO3(model, sgd, world)
+        x = minipar.tensor([[1.0] * 6], dtype="float64")
+        model(x).sum().backward()
+        zero.zero_grad()
+        model(x).sum().backward()
+        zero.step()
+
     def nested():  # slots: outer 0, middle 1, innermost 0, still needed by the outer one
         minipar.manual_seed(0)
         model = Scaled(Scaled(nn.Linear(3, 3).astype("float64")))
@@ -216,7 +225,8 @@ def bad_input_body():
         ZeRO(make_model("mlp", "float64"), sgd, world, stage=3)
 
     caught = []
-    for case in (tied, missing, foreign, twice, no_step, nested, two_deep, stale, stage3):
+    for case in (tied, missing, foreign, twice, no_step, dropped, nested, two_deep, stale,
+                 stage3):
         try:
             case()
             caught.append((case.__name__, None, "no error"))
@@ -236,7 +246,7 @@ def test_zero3_bad_input_is_the_same_clear_error_on_every_rank():
                 "no_step": ("RuntimeError", "a second forward before step()"),
                 "nested": ("RuntimeError",
                            "'inner.inner' needs slot 0, held by 'Scaled', which is still"),
-                "two_deep": (None, "no error"),
+                "two_deep": (None, "no error"), "dropped": (None, "no error"),
                 "stale": ("RuntimeError", "backward through forward 1 after forward 2 began"),
                 "stage3": ("ValueError", "minipar.parallel.data.ZeRO3")}
     for case, (kind, words) in expected.items():

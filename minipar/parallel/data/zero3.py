@@ -33,7 +33,6 @@ forward (a stack of layers); a gather over a unit still computing is a RuntimeEr
 
 Traffic per rank and step, Psi elements: all-gather (forward), all-gather (backward) and
 reduce-scatter, (N-1)/N Psi each: 3 (N-1)/N Psi, 1.5x plain data parallelism's all-reduce.
-
 All collectives run on the communicator's background thread in the order they are started, the
 same on every rank. Each unit's module runs once per forward, its parameters used in that call
 only; a forward's backward comes before the next forward; no gradient accumulation or clipping
@@ -53,8 +52,7 @@ SLOTS = 2  # gathered copies a rank holds at once: the unit computing and the on
 
 
 def layer_units(module):
-    """(module, its own trainable parameters) for every module that holds some, in module
-    order: the default units."""
+    """The default units: (module, its own trainable parameters) for each module holding some."""
     pairs = [(m, [v for _, v in m._members() if isinstance(v, Parameter) and v.requires_grad])
              for m in module.modules()]
     return [(m, params) for m, params in pairs if params]
@@ -141,9 +139,8 @@ class ZeRO3:
         s, holder = u.slot, self.holder[u.slot]
         if self._busy(u):
             raise RuntimeError(f"ZeRO3: unit {u.name!r} needs slot {s}, held by {holder.name!r}, "
-                               f"which is still computing: units may nest two deep at most, and "
-                               f"their backward must run in the reverse order of their forward; "
-                               f"choose other units=")
+                               f"which is still computing: units nest two deep at most, their "
+                               f"backward in the reverse order of their forward; choose units=")
         if self.slots[s] is None:
             size = max(v.numel for v in self.units)
             self.slots[s] = backend.get_array_module(u.shard.data).empty(size, u.shard.dtype)
@@ -165,8 +162,7 @@ class ZeRO3:
         i = self.order.index(u) + step
         return self.order[i] if 0 <= i < len(self.order) else None
 
-    def _busy(self, u):
-        """Is u's slot held by another unit still computing?"""
+    def _busy(self, u):  # is u's slot held by another unit still computing?
         holder = self.holder[u.slot]
         return holder is not None and holder is not u and holder.state in ("gathered", "backward")
 
@@ -180,8 +176,8 @@ class ZeRO3:
     # --- the hooks -------------------------------------------------------------------------------
     def _start_forward(self, module, args):
         if is_grad_enabled() and any(u.reduced for u in self.units):
-            raise RuntimeError("ZeRO3: a second forward before step(): gradients are already "
-                               "reduce-scattered, so they cannot accumulate; call step() first")
+            raise RuntimeError("ZeRO3: a second forward before step(): gradients reduce-scattered "
+                               "cannot accumulate; call step() (or zero_grad() to drop them)")
         for u in self.units:
             u.state, u.missing = "sharded", len(u.params)
         self.expect_backward, self.forwards = False, self.forwards + 1
@@ -251,17 +247,20 @@ class ZeRO3:
     def step(self):
         """Reduce-scatter what backward did not (units that got no gradient: zeros, in unit order
         on every rank), then update the shards."""
-        for u in self.units:
-            if not u.reduced:
-                self._reduce_scatter(u)
+        for u in [u for u in self.units if not u.reduced]:
+            self._reduce_scatter(u)
         self._finish()
         self.optimizer.step()
         for u in self.units:
             u.state, u.reduced = "sharded", False
 
     def zero_grad(self):
-        for p in [u.shard for u in self.units] + [p for u in self.units for p in u.params]:
-            p.grad = None
+        """Drop the gradients (a backward's without step too, so a new forward may come)."""
+        for u in self.units:
+            if u.grad_work is not None:  # reduce-scatters under way end first, in order
+                u.grad_work.wait()
+            u.shard.grad, u.grad_work, u.reduced = None, None, False
+        self.module.zero_grad()
 
     def memory_bytes(self):
         """Bytes this rank holds now: parameter shards, gradients (shards and any whole ones),
