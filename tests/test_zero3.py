@@ -314,3 +314,19 @@ def test_zero3_checkpoint_resumes_and_reshards(tmp_path):
     dcp.load({"app": app}, checkpoint_id=folder)
     assert [minipar.to_numpy(p.data).tolist() for p in serial.parameters()] == out["saved"]
     assert len(app.optimizer.state) == len(out["saved"])  # every parameter's moments came back
+
+
+@pytest.mark.mpi
+def test_bench_zero3_smoke_run_prints_its_ratios():
+    """The benchmark's quick run: its table, and the bytes ratio the formula gives (1.5)."""
+    import pathlib
+    import subprocess
+    import sys
+
+    script = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "bench_zero3.py"
+    done = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ZeRO-3 / DDP: time " in done.stdout and "bytes 1.500 (formula 1.5)" in done.stdout, \
+        done.stdout
+    assert "ZeRO-3 without / with prefetch: time " in done.stdout, done.stdout
