@@ -220,7 +220,8 @@ def edge_cases():
     return problems + errors(world)
 
 
-def gpt_and_resnet(comm):
+def gpt_and_resnet_models():
+    """[(make_model, batch, loss_fn)]: a GPT cut into its layers, a ResNet in eval mode."""
     import numpy as np
 
     from minipar import functional as F
@@ -237,11 +238,16 @@ def gpt_and_resnet(comm):
 
     rng = np.random.default_rng(3)
     ids = rng.integers(0, 11, (5, 6))
-    gpt_batch = (ids, np.roll(ids, -1, axis=1))
     images = (rng.standard_normal((5, 1, 8, 8)), rng.integers(0, 5, 5))
+    return [(gpt, (ids, np.roll(ids, -1, axis=1)), F.cross_entropy),
+            (resnet, images, F.cross_entropy)]
+
+
+def gpt_and_resnet(comm):
+    (gpt, gpt_batch, loss), (resnet, images, _) = gpt_and_resnet_models()
     some = [("gpipe", {"remat": True}), ("1f1b", {}), ("zb-h1", {}), ("interleaved", {"v": 2})]
-    problems = run_sync_cases(comm, 2, [2, 4], gpt, gpt_batch, F.cross_entropy, some)
-    problems += run_sync_cases(comm, 2, [3], resnet, images, F.cross_entropy, some[:3])
+    problems = run_sync_cases(comm, 2, [2, 4], gpt, gpt_batch, loss, some)
+    problems += run_sync_cases(comm, 2, [3], resnet, images, loss, some[:3])
     return problems + remat_replays_dropout(comm, gpt_batch) + remat_batchnorm(comm, images)
 
 
@@ -317,14 +323,18 @@ def errors(comm):
     return problems
 
 
+def assert_none(problems_per_rank):
+    """Each rank returned its list of failures: all must be empty."""
+    for rank, problems in enumerate(problems_per_rank):
+        assert not problems, f"rank {rank}:\n" + "\n".join(problems)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("p", [2, 3, 4])
 def test_sync_schedules_equal_serial_and_pipedream_its_rule(p):
-    for rank, problems in enumerate(run_on_ranks(sync_equivalence, p, timeout=120, args=(p,))):
-        assert not problems, f"rank {rank}:\n" + "\n".join(problems)
+    assert_none(run_on_ranks(sync_equivalence, p, timeout=120, args=(p,)))
 
 
 @pytest.mark.mpi
 def test_edge_cases_gpt_resnet_and_refusals():
-    for rank, problems in enumerate(run_on_ranks(edge_cases, 2, timeout=120)):
-        assert not problems, f"rank {rank}:\n" + "\n".join(problems)
+    assert_none(run_on_ranks(edge_cases, 2, timeout=120))

@@ -9,24 +9,30 @@ from minipar.parallel.pipeline import (BUILDERS, bubble_fraction, bubble_theory,
 from minipar.parallel.pipeline.schedules import (B, F, OPT_STEP, RECVS, SENDS, W, message_key,
                                                  message_tag, weight_versions)
 
+def refused(name, p, m):
+    """Sizes a builder refuses by design: interleaved 1F1B needs p | m, interleaved zero bubble
+    (as torch's) m a multiple of its number of rounds max(1, m // p)."""
+    return (name == "interleaved" and m % p) or (name == "zb-interleaved" and m % max(1, m // p))
+
+
 def grid():
     for p in (1, 2, 3, 4):
-        for m in sorted({1, max(1, p - 1), p, 2 * p + 1}):
+        for m in sorted({1, max(1, p - 1), p, 2 * p, 2 * p + 1}):
             for name in BUILDERS:
-                if name == "interleaved" and m % p:
-                    continue
-                yield name, p, m
+                if not refused(name, p, m):
+                    yield name, p, m
 
 
 @pytest.mark.parametrize("name,p,m", list(grid()))
 def test_every_schedule_is_valid_and_complete(name, p, m):
     s = validate(build(name, p, m))
     counts = Counter((a.kind, a.stage, a.mb) for acts in s.actions for a in acts)
-    kinds = (F, B, W) if name == "zb-h1" else (F, B)
+    kinds = (F, B, W) if s.split_backward else (F, B)
+    assert s.split_backward == name.startswith("zb")
     for stage in range(s.n_stages):
         for mb in range(m):
             assert [counts[(k, stage, mb)] for k in kinds] == [1] * len(kinds)
-    if name != "zb-h1":
+    if not s.split_backward:
         assert not any(kind == W for kind, _, _ in counts)
     opt = [sum(a.kind == OPT_STEP for a in acts) for acts in s.actions]
     assert opt == ([m] * p if name == "pipedream" else [1] * p)
@@ -36,7 +42,7 @@ def test_every_schedule_is_valid_and_complete(name, p, m):
 def test_simulated_bubble_equals_theory_on_a_grid(name):
     for p in range(1, 6):
         for m in range(1, 11):
-            if name == "interleaved" and m % p:
+            if refused(name, p, m):
                 continue
             s = build(name, p, m)
             _, num, den = bubble_theory(s)
@@ -77,6 +83,8 @@ def test_interleaved_needs_m_multiple_of_p_and_chunks_only_there():
         build("interleaved", 4, 6)
     with pytest.raises(ValueError, match="only the interleaved"):
         build("1f1b", 4, 8, v=2)
+    with pytest.raises(ValueError, match="zb-v holds exactly two chunks"):
+        build("zb-v", 4, 8, v=3)
     with pytest.raises(ValueError, match="unknown schedule"):
         build("dualpipe", 4, 8)
     with pytest.raises(ValueError, match="at least 1"):

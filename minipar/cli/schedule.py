@@ -3,6 +3,7 @@
     minipar schedule --schedule 1f1b --stages 4 --microbatches 8
     minipar schedule --schedule interleaved --stages 4 --microbatches 8 --chunks 2 --png il.png
     minipar schedule --schedule zb-h1 --stages 4 --microbatches 8 --json
+    minipar schedule --schedule zb-v --stages 4 --microbatches 8 --png zbv.png
 
 ``--png FILE`` draws the schedule chart of ``minipar.figures`` (ranks as rows, each action a bar
 labelled with its micro-batch, the bubble and its formula in the title); it needs matplotlib (the
@@ -10,8 +11,10 @@ labelled with its micro-batch, the bubble and its formula in the title); it need
 error naming the extra, and exits with status 1: the file that was asked for is not there.
 
 Costs per stage: F = 1, B = 2 (an input-gradient B of 1 plus a weight-gradient W of 1, split for
-zb-h1), a chunk of an interleaved rank 1/v of that, messages free. Peak in-flight counts the
-micro-batches whose activations a rank holds at once (per chunk for interleaved).
+the zero-bubble schedules zb-h1, zb-v and zb-interleaved), a chunk of a rank holding v chunks 1/v
+of that (interleaved, zb-interleaved: v = 2 by default; zb-v: always 2, in a V), messages free.
+Peak in-flight counts the micro-batches whose activations a rank holds at once (per chunk when
+ranks hold several).
 
 The command draws up to MAX_STAGES = 64 stages and MAX_WORK = stages × micro-batches × chunks =
 4096 forward steps (8 × 512, 64 × 64: a second or two to build, validate, simulate and draw,
@@ -22,6 +25,7 @@ import errno
 import json
 import os
 import sys
+import textwrap
 
 from minipar.cli.args import UsageError, positive_int
 from minipar.console import terminal_width
@@ -29,6 +33,7 @@ from minipar.figures import FiguresUnavailable
 from minipar.parallel.pipeline import (BUILDERS, ScheduleError, bubble_fraction, bubble_theory, build,
                                        makespan, peak_inflight, simulate, text_gantt, validate,
                                        write_chrome_trace)
+from minipar.parallel.pipeline.schedules import CHUNKED
 
 
 MAX_STAGES, MAX_WORK = 64, 4096  # stages; stages × micro-batches × chunks (a second or two)
@@ -43,7 +48,7 @@ def add_arguments(parser):
     parser.add_argument("--microbatches", type=positive_int, required=True,
                         help="micro-batches m per step")
     parser.add_argument("--chunks", type=positive_int, default=None,
-                        help="chunks v per rank (interleaved, default 2)")
+                        help="chunks v per rank (interleaved, zb-interleaved: default 2; zb-v: 2)")
     parser.add_argument("--remat", action="store_true", help="gpipe: re-compute forwards before backwards")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON (open in Perfetto)")
@@ -67,9 +72,13 @@ def check(args):
     """The combinations the parser cannot see, each named by the argument that breaks it."""
     p, m, v = args.stages, args.microbatches, args.chunks
     interleaved = args.schedule == "interleaved"
-    if v not in (None, 1) and not interleaved:
-        raise UsageError(f"argument --chunks: only the interleaved schedule takes chunks "
-                         f"(got --chunks {v} with --schedule {args.schedule})")
+    if args.schedule == "zb-v" and v not in (None, 2):
+        raise UsageError(f"argument --chunks: zb-v holds exactly two chunks per rank, a V "
+                         f"(got --chunks {v})")
+    if v not in (None, 1) and args.schedule not in CHUNKED + ("zb-v",):
+        raise UsageError(f"argument --chunks: only the interleaved schedules "
+                         f"({', '.join(CHUNKED)}) take chunks (got --chunks {v} with "
+                         f"--schedule {args.schedule})")
     if args.remat and args.schedule != "gpipe":
         raise UsageError(f"argument --remat: re-materialisation is an option of the gpipe "
                          f"schedule (got --schedule {args.schedule})")
@@ -79,7 +88,7 @@ def check(args):
     if p > MAX_STAGES:
         raise UsageError(f"argument --stages: {p} stages is above this command's limit of "
                          f"{MAX_STAGES}")
-    v = (v or 2) if interleaved else 1
+    v = (v or 2) if args.schedule in CHUNKED + ("zb-v",) else 1
     if p * m * v > MAX_WORK:
         raise UsageError(f"argument --microbatches: stages × micro-batches × chunks = {p} × {m} × "
                          f"{v} = {p * m * v} is above this command's limit of {MAX_WORK}")
@@ -130,8 +139,9 @@ def run(args):
         formula, num, den = bubble_theory(schedule)
         print(describe(schedule))
         print(text_gantt(events, schedule.ranks, width=terminal_width(), legend=True))
-        print(f"bubble: theory {formula} = {num}/{den} = {num / den:.4f}, "
-              f"simulated {figures['bubble_simulated']:.4f}")
+        print(textwrap.fill(f"bubble: theory {formula} = {num}/{den} = {num / den:.4f}, "
+                            f"simulated {figures['bubble_simulated']:.4f}",
+                            terminal_width(), subsequent_indent="  "))
         what = "micro-batches" if schedule.chunks == 1 else f"micro-batch chunks (each 1/{schedule.chunks})"
         print(f"peak in-flight {what} per rank: " + " ".join(map(str, figures["peak_inflight"])))
         for path in written:

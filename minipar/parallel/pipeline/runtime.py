@@ -5,7 +5,8 @@
 
 Stages. ``model`` is a ``Sequential`` built the same way on every rank (same seed); it is cut into
 S = p*v contiguous stages (``bounds``, default equal layer counts, see partition.py) and rank r
-keeps stages r, r+p, ... as its chunks 0, 1, ... (schedules.py). ``Pipeline.action_table`` gives
+keeps the stages the schedule places there (r, r+p, ...; ZB-V's r and 2p-1-r: actions.py) as its
+chunks 0, 1, .... ``Pipeline.action_table`` gives
 each kind of action the method that runs it on the step's ``StepState`` (x_in, dy_in, ...):
 
     RECV_F  receive a header (dtype, shape), then the activation of (stage, mb) into x_in
@@ -19,8 +20,8 @@ each kind of action the method that runs it on the step's ``StepState`` (x_in, d
     SEND_B  isend dL/dx from dx_out
     OPT_STEP   complete the pending sends, then optimizer.step()
 
-When two consecutive stages share a rank (p = 1), F puts y straight into the next stage's x_in and
-B puts dL/dx into the previous stage's dy_in: no message.
+When two consecutive stages share a rank (p = 1; stages p-1 and p of ZB-V), F puts y straight
+into the next stage's x_in and B puts dL/dx into the previous stage's dy_in: no message.
 
 Sends are posted with ``isend`` and completed at the OPT_STEP (or the end of the step), receives
 block: the contract of schedules.py, which ``validate`` (run before anything else, once the
@@ -124,7 +125,7 @@ class Pipeline:
         if len(self.bounds) != self.n_stages:
             raise ValueError(f"{len(self.bounds)} stage bounds for {self.n_stages} stages")
         stages = split_layers(layers, self.bounds)
-        mine = range(self.rank, self.n_stages, comm.size)  # stage s lives on rank s % p
+        mine = schedule.stages_of(self.rank)  # stage s % p, or in a V r and 2p-1-r
         self.stages = {s: Sequential(*stages[s]) for s in mine}
         self.params = [q for stage in self.stages.values() for q in stage.parameters()]
         self.optimizer = optimizer(self.params) if optimizer and self.params else None
