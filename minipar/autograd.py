@@ -222,7 +222,8 @@ def apply(op, *inputs, **options):
     Python numbers stay numbers (NumPy's weak scalar typing); arrays and lists become constant
     tensors. ``op(*arrays, **options)`` returns the output array and one gradient function per
     input; backward keeps and calls only those of inputs that require grad, each result summed
-    down to its input's shape (``ops.unbroadcast``). An output that is not floating point
+    down to its input's shape (``ops.unbroadcast``), or only those ``only`` names (the split
+    backward of zero-bubble pipelines, graph.py). An output that is not floating point
     carries no gradient (``x.astype("int64")``).
     """
     arrays, parents, slots, needed = [], [], [], False  # (one loop: this runs for every op)
@@ -243,8 +244,11 @@ def apply(op, *inputs, **options):
     wanted = [(grad_fns[i], p.data.shape) if p.requires_grad else None
               for i, p in zip(slots, parents)]
 
-    def backward(g):
-        return [None if w is None else ops.unbroadcast(w[0](g), w[1]) for w in wanted]
+    def backward(g, only=None):  # only: which parents' gradients to compute (None: all wanted)
+        if only is None:
+            return [None if w is None else ops.unbroadcast(w[0](g), w[1]) for w in wanted]
+        return [None if w is None or not o else ops.unbroadcast(w[0](g), w[1])
+                for w, o in zip(wanted, only)]
 
     return _result(out, parents, backward, name)
 

@@ -288,14 +288,14 @@ def linear(x, weight, bias=None):
     if bias is not None:
         y += bias.data
     parents = (x, weight) if bias is None else (x, weight, bias)
-    needs = [p.requires_grad for p in parents]
+    needs = tuple(p.requires_grad for p in parents)
 
-    def backward(g):
+    def backward(g, only=needs):  # a split backward (graph.py): dx in B, dW and db in W
         g2 = g.reshape(-1, g.shape[-1])
-        grads = [(g2 @ wd).reshape(xd.shape) if needs[0] else None,
-                 g2.T @ x2 if needs[1] else None]
-        if len(needs) == 3:
-            grads.append(g2.sum(axis=0) if needs[2] else None)
+        grads = [(g2 @ wd).reshape(xd.shape) if only[0] else None,
+                 g2.T @ x2 if only[1] else None]
+        if len(only) == 3:
+            grads.append(g2.sum(axis=0) if only[2] else None)
         return grads
 
     return make_result(y, parents, backward, "linear")

@@ -9,6 +9,21 @@ and add each node's contribution into its parents (the chain rule, summed over u
 (tensors made by the user, e.g. parameters) keep ``.grad``; like PyTorch, the graph is released as
 it is consumed, so a second backward through it is an error unless the first one passed
 ``retain_graph=True``.
+
+Split backward (Zero Bubble, Qi et al. 2023). A node's backward is a sum of independent parts,
+one gradient function per parent (``autograd.apply``), so the chain rule can run in two passes:
+
+    B   run_backward(roots, grads, defer=w)   w = WeightPass(weights): every gradient except the
+                                              weights' -- the input gradient the previous
+                                              pipeline stage waits for; each node that feeds a
+                                              weight keeps its output gradient g in w
+    W   w.run()                               each kept node's weight gradient functions on its g,
+                                              summed into the weights' .grad; nothing else
+
+B + W is one backward's arithmetic, as in the paper (dW = g^T x from the kept g and the layer's
+input x). A node computes a chosen few of its parents' gradients when its backward takes
+``only`` (a tuple of booleans, one per parent: ``splits``); one that cannot (a fused function
+that computes all at once, as layer_norm) runs whole in B, its weight gradients held for W.
 """
 import contextlib
 
@@ -62,12 +77,33 @@ def released_backward(g):
         "the first backward(); pass retain_graph=True to the first call if you need to do this")
 
 
-def run_backward(roots, grads, retain_graph=False):
+def splits(backward):
+    """Whether ``backward(g, only)`` computes just the parents' gradients ``only`` names: its
+    second parameter is called ``only`` (apply's ops; linear, conv2d). Read off the code object,
+    so marking costs the ops nothing."""
+    code = getattr(backward, "__code__", None)
+    return code is not None and code.co_argcount == 2 and code.co_varnames[1] == "only"
+
+
+_deferring = [None]  # the WeightPass of the split backward running now, if any
+
+
+def run_backward(roots, grads, retain_graph=False, defer=None):
     """Propagate ``grads`` (arrays, one per root) back through the graph below ``roots``.
 
     A leaf's gradient is final once every node that uses it has run, so each leaf is finished
     (``.grad`` set, post-accumulate hooks called) right then, while backward goes on, not at its
-    place in the topological order (which may be the very end)."""
+    place in the topological order (which may be the very end).
+
+    ``defer`` (a ``WeightPass``): the B of a split backward (module docstring); backwards run
+    inside it (a checkpointed segment's) defer to it too."""
+    if defer is not None:
+        previous, _deferring[0] = _deferring[0], defer
+        try:
+            return run_backward(roots, grads, retain_graph)
+        finally:
+            _deferring[0] = previous
+    weights = _deferring[0]
     order = _topological_order(roots)
     uses = {}  # leaf id -> how many (node, parent) edges still have to deliver a gradient
     for node in order:
@@ -87,7 +123,7 @@ def run_backward(roots, grads, retain_graph=False):
             continue
         if node._retain:
             node.grad = g if node.grad is None else node.grad + g
-        parent_grads = node._backward(g)
+        parent_grads = node._backward(g) if weights is None else weights.split(node, g)
         for parent, pg in zip(node._parents, parent_grads):
             if pg is not None and parent.requires_grad:
                 _accumulate(pending, parent, pg)
@@ -95,8 +131,50 @@ def run_backward(roots, grads, retain_graph=False):
                 uses[id(parent)] -= 1
                 if uses[id(parent)] == 0 and id(parent) in pending:
                     _finish_leaf(parent, _apply_hooks(parent, pending.pop(id(parent))))
-        if not retain_graph:
+        if not retain_graph and (weights is None or id(node) not in weights.kept):
             release(node)
+
+
+class WeightPass:
+    """The W of a split backward: ``weights``' gradients, owed by the B that deferred them.
+
+    B calls ``split`` on each node; ``run`` then finishes what it left (module docstring)."""
+
+    def __init__(self, weights):
+        self.weights = {id(w): w for w in weights}
+        self.work = []   # (node, g, only): a node's weight gradient functions still to call
+        self.kept = set()  # ids of the nodes in work: B does not release them
+        self.held = {}   # id(weight) -> gradient computed in B by a node that cannot split
+
+    def split(self, node, g):
+        """B's share of ``node``'s backward: its parents' gradients with the weights' left out
+        (None); theirs kept for W, as (node, g), or as gradients held if it cannot split."""
+        weight = tuple(id(p) in self.weights for p in node._parents)
+        if not any(weight):
+            return node._backward(g)
+        if splits(node._backward):
+            self.work.append((node, g, weight))
+            self.kept.add(id(node))
+            return node._backward(g, tuple(p.requires_grad and not w
+                                           for p, w in zip(node._parents, weight)))
+        grads = node._backward(g)
+        for parent, pg, w in zip(node._parents, grads, weight):
+            if w and pg is not None:
+                _accumulate(self.held, parent, pg)
+        return [None if w else pg for pg, w in zip(grads, weight)]
+
+    def run(self):
+        """The weight gradients: each kept node's weight functions on its g, summed per weight,
+        then set as ``.grad`` (hooks called) once per weight, as one whole backward would."""
+        pending, work = self.held, self.work
+        self.held, self.work, self.kept = {}, [], set()
+        for node, g, only in work:
+            for parent, pg, w in zip(node._parents, node._backward(g, only), only):
+                if w and pg is not None:
+                    _accumulate(pending, parent, pg)
+            release(node)
+        for i, g in pending.items():
+            _finish_leaf(self.weights[i], _apply_hooks(self.weights[i], g))
 
 
 def _apply_hooks(node, g):

@@ -1,8 +1,10 @@
-"""Zero-bubble pipelines: ZB-V and interleaved zero bubble as data, run by the runtime.
+"""Zero-bubble pipelines: ZB-V and interleaved zero bubble as data, and the split backward.
 
 The schedules: the same per-rank order as torch.distributed.pipelining's ScheduleZBVZeroBubble
 and ScheduleInterleavedZeroBubble (so, with F = B = W, the same makespan), valid, and their
-simulated bubble equal to theory.py's formula. The runtime: zb-v, zb-interleaved and zb-h1
+simulated bubble equal to theory.py's formula. The split backward (graph.WeightPass): B computes
+every gradient but the weights', W only the weights', each gradient function called once, and
+the two together give a whole backward's numbers. The runtime: zb-v, zb-interleaved and zb-h1
 on 1 to 4 ranks equal the serial model (float64, 1e-10).
 """
 import numpy as np
@@ -114,6 +116,124 @@ def test_refusals_name_the_rule():
     s.actions[0] = [a for a in s.actions[0] if a.kind != W or a.mb]
     with pytest.raises(ScheduleError, match=r"W\(stage 0, mb 0\) appears 0 times"):
         validate(s)
+
+
+# --- the split backward, in one process -------------------------------------------------------
+
+def device(a):
+    from minipar import backend
+
+    return backend.xp().asarray(a)
+
+
+def host(a):
+    from minipar import backend
+
+    return backend.to_numpy(a)
+
+
+def _mlp(conv=False):
+    import minipar
+    from minipar import nn
+
+    minipar.manual_seed(3)
+    if conv:
+        return nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), nn.Conv2d(3, 2, 3)).double()
+    return nn.Sequential(nn.Linear(5, 6), nn.GELU(), nn.LayerNorm(6), nn.Linear(6, 4), nn.ReLU(),
+                         nn.Linear(4, 3)).double()
+
+
+def _split(model, x, dy):
+    from minipar import Tensor
+    from minipar.graph import WeightPass, run_backward
+
+    xt = Tensor(x, requires_grad=True)
+    weights = WeightPass(model.parameters())
+    run_backward([model(xt)], [dy], defer=weights)
+    return xt, weights
+
+
+@pytest.mark.parametrize("conv", [False, True])
+def test_b_then_w_equals_one_backward(conv):
+    from minipar import Tensor
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 2, 5, 5) if conv else (4, 5))
+    full = _mlp(conv)
+    xt = Tensor(x, requires_grad=True)
+    y = full(xt)
+    dy = device(rng.standard_normal(y.shape))
+    y.backward(dy)
+    split = _mlp(conv)
+    xs, weights = _split(split, x, dy)
+    assert np.array_equal(host(xs.grad), host(xt.grad))  # B: the input gradient, final
+    assert all(q.grad is None for q in split.parameters())  # ... and no weight gradient yet
+    # convolutions and Linears split (W calls their weight functions), LayerNorm's are held
+    assert (len(weights.work), len(weights.held)) == ((2, 0) if conv else (3, 2))
+    weights.run()
+    for q, ref in zip(split.parameters(), full.parameters()):
+        assert np.allclose(host(q.grad), host(ref.grad), rtol=0, atol=1e-14)
+    assert not weights.work and not weights.held
+
+
+def test_b_calls_only_input_gradients_and_w_only_weight_gradients():
+    """A spy op through ``apply``: which of its two gradient functions each pass calls."""
+    from minipar import Tensor, nn
+    from minipar.autograd import apply
+    from minipar.graph import WeightPass, run_backward
+
+    calls = []
+
+    def spy_mul(x, w):
+        return x * w, (lambda g: calls.append("dx") or g * w, lambda g: calls.append("dw") or g * x)
+
+    w = nn.Parameter(np.full(3, 2.0))
+    x = Tensor(np.ones(3), requires_grad=True)
+    h = apply(spy_mul, x, w)
+    y = apply(spy_mul, h.tanh(), w)
+    hooked = []
+    w.register_post_accumulate_grad_hook(lambda p: hooked.append(p.grad.copy()))
+    weights = WeightPass([w])
+    run_backward([y], [device(np.ones(3))], defer=weights)
+    assert calls == ["dx", "dx"] and w.grad is None and not hooked
+    weights.run()
+    assert calls == ["dx", "dx", "dw", "dw"]
+    assert len(hooked) == 1 and np.array_equal(host(hooked[0]), host(w.grad))  # once, with the whole sum
+
+
+def test_b_frees_what_w_does_not_need():
+    from minipar import Tensor
+    from minipar.graph import WeightPass, run_backward
+
+    model = _mlp()
+    h = model[0](Tensor(np.ones((2, 5)), requires_grad=True))  # Linear: feeds a weight
+    a = model[1](h)                                              # GELU: feeds none
+    y = model[2:](a)
+    weights = WeightPass(model.parameters())
+    run_backward([y], [device(np.ones(y.shape))], defer=weights)
+    assert [node._op for node, _, _ in weights.work] == ["linear"] * 3  # Linear: split
+    assert set(weights.held) == {id(model[2].weight), id(model[2].bias)}  # LayerNorm: all in B
+    assert a._parents == () and h._parents != ()  # GELU freed by B, the Linear kept for W
+    weights.run()
+    assert h._parents == () and y._parents == ()  # and freed by W
+
+
+def test_checkpointed_segment_defers_its_weights_too():
+    from minipar import Tensor
+    from minipar.checkpoint import checkpoint
+    from minipar.graph import WeightPass, run_backward
+
+    model = _mlp()
+    x = np.random.default_rng(1).standard_normal((3, 5))
+    ref = _mlp()
+    ref(Tensor(x)).sum().backward()
+    weights = WeightPass(model.parameters())
+    y = checkpoint(model, Tensor(x))
+    run_backward([y], [device(np.ones(y.shape))], defer=weights)
+    assert all(q.grad is None for q in model.parameters())
+    weights.run()
+    for q, r in zip(model.parameters(), ref.parameters()):
+        assert np.allclose(host(q.grad), host(r.grad), rtol=0, atol=1e-14)
 
 
 # --- the runtime against its serial twin, on 1 to 4 ranks ------------------------------------

@@ -90,14 +90,15 @@ def conv2d(x, weight, bias=None, stride=1, padding=0):
     y = xp.ascontiguousarray(y)
     parents = (x, weight) if bias is None else (x, weight, bias)
 
-    def backward(g):
+    def backward(g, only=None):  # a split backward (graph.py): gx in B, gw and gb in W
+        want = [p.requires_grad for p in parents] if only is None else only
         gx = gw = gb = None
-        if x.requires_grad:
+        if want[0]:
             gcols = xp.tensordot(g, w, axes=([1], [0])).transpose(0, 3, 4, 5, 1, 2)
             gx = _unpad(add_windows(gcols, xpad.shape, stride), ph, pw)
-        if weight.requires_grad:
+        if want[1]:
             gw = xp.tensordot(g, cols, axes=([0, 2, 3], [0, 4, 5]))
-        if bias is not None and bias.requires_grad:
+        if bias is not None and want[2]:
             gb = g.sum(axis=(0, 2, 3))
         return (gx, gw) if bias is None else (gx, gw, gb)
 

@@ -16,7 +16,7 @@ each kind of action the method that runs it on the step's ``StepState`` (x_in, d
     SEND_F  isend the header and y
     RECV_B  receive dL/dy into dy_in: the shape of the y this rank computed, so no header is needed
     B       backward from (y, dL/dy) to dL/dx (into dx_out) and, unless W is separate, dL/dW
-    W       zero bubble: dL/dW alone (see below)
+    W       zero bubble: dL/dW alone, from what B kept (see below)
     SEND_B  isend dL/dx from dx_out
     OPT_STEP   complete the pending sends, then optimizer.step()
 
@@ -34,14 +34,12 @@ Loss scaling. Synchronous schedules: micro-batch k holds n_k of the N samples an
 over the m micro-batches are the full batch's: the serial model's, whatever m is. They are
 applied once, at OPT_STEP, and kept until the next step (for inspection).
 
-Splitting B and W. An op of this engine decides at forward time which input gradients its
-backward computes, so the split is two passes over one retained graph: B runs ``run_backward``
-with the stage's parameters switched off (only dL/dx is kept) and ``retain_graph``; W runs it
-again with the input switched off and frees the graph. Both passes do the whole backward's
-arithmetic here (W costs a second backward, and activations stay alive until W); the split
-is right in *when* each gradient is ready, which the benchmark times with its waiting kernel.
-Zero Bubble's kernels (Qi et al. 2023) compute W from each layer's stashed input and output
-gradient at the cost of the weight half only.
+Splitting B and W (Zero Bubble, Qi et al. 2023; graph.py's ``WeightPass``). B runs the chain
+rule with the stage's parameters deferred: every gradient but theirs, down to dL/dx; each op that
+a parameter feeds (a Linear: y = x W^T + b) keeps its output gradient g and its saved input,
+and the rest of the graph is freed. W calls only those ops' weight-gradient functions
+(dW = g^T x, db = sum g) and frees them: B + W is one backward's arithmetic, not two, and
+between B and W a micro-batch holds only the layer inputs and output gradients W needs.
 
 PipeDream (asynchronous). Each micro-batch is its own SGD step (loss unscaled) and OPT_STEP
 follows every B. Weight stashing: an update writes into a fresh copy of the weights, so the
@@ -61,6 +59,7 @@ import time
 
 from minipar import backend, random
 from minipar.autograd import Tensor, set_grad_enabled, run_backward
+from minipar.graph import WeightPass
 from minipar.checkpoint import recomputing
 from minipar.comm.watch import state as watched  # a hang names the action and micro-batch
 from minipar.memory import ActivationMemory
@@ -85,7 +84,7 @@ class StepState:
         dy_in     the output gradient dL/dy a B waits for: received by RECV_B, or handed over by
                   the next stage's B on this rank
         dx_out    the input gradient dL/dx a B computed, waiting for its SEND_B
-        dy_kept   the dL/dy a split B used, kept for its W
+        weight_pass   what a split B left for its W (graph.WeightPass)
     What F leaves for R, SEND_F, B and W: ``inputs`` (the leaf x), ``outputs`` (y, at the last
     stage the scaled loss) and ``rng`` (the random state F began with). PipeDream's stashed
     weight versions: ``weight_stash`` (weight_stash.py).
@@ -93,7 +92,7 @@ class StepState:
 
     def __init__(self, x=None, y=None, scale=None, weight_stash=None):
         self.x, self.y, self.scale = x, y, scale  # this step's micro-batches, each loss's factor
-        self.x_in, self.dy_in, self.dx_out, self.dy_kept = {}, {}, {}, {}
+        self.x_in, self.dy_in, self.dx_out, self.weight_pass = {}, {}, {}, {}
         self.inputs, self.outputs, self.rng = {}, {}, {}
         self.sends, self.losses, self.live, self.peak_live = [], [], 0, 0
         self.weight_stash = weight_stash or WeightStash()
@@ -219,17 +218,12 @@ class Pipeline:
         y, x = s.outputs[key], s.inputs[key]
         last = a.stage == self.n_stages - 1
         dy = backend.xp().ones_like(y.data) if last else s.dy_in.pop(key)
-        split = self.schedule.split_backward
+        weights = None
+        if self.schedule.split_backward:  # dL/dW deferred to W (the module docstring)
+            weights = s.weight_pass[key] = WeightPass(self.stages[a.stage].parameters())
         with s.weight_stash.swapped_in(a):
-            if not split:
-                run_backward([y], [dy])
-            elif x.requires_grad:  # B of the first stage has no input gradient to compute
-                with _switched_off(self.stages[a.stage].parameters()):
-                    run_backward([y], [dy], retain_graph=True)
-        if split:
-            s.dy_kept[key] = dy
-        else:
-            del s.outputs[key], s.inputs[key]
+            run_backward([y], [dy], defer=weights)
+        del s.outputs[key], s.inputs[key]
         s.count(-1)
         if a.stage > 0 and self.schedule.rank_of(a.stage - 1) == self.rank:
             s.dy_in[(a.stage - 1, a.mb)] = x.grad  # the previous stage is here (p = 1)
@@ -237,10 +231,7 @@ class Pipeline:
             s.dx_out[key] = x.grad
 
     def _weight_grad(self, a, s):
-        key = (a.stage, a.mb)
-        y, x = s.outputs.pop(key), s.inputs.pop(key)
-        with _switched_off([x]):
-            run_backward([y], [s.dy_kept.pop(key)])
+        s.weight_pass.pop((a.stage, a.mb)).run()
 
     def _opt_step(self, a, s):
         if not self.schedule.asynchronous:
@@ -283,16 +274,3 @@ class Pipeline:
 
     def _send_b(self, a, s):
         s.sends.append(self.comm.isend(s.dx_out.pop((a.stage, a.mb)), a.peer, self._tag(a)))
-
-
-@contextlib.contextmanager
-def _switched_off(tensors):
-    """Tensors temporarily not requiring gradients: backward passes them by."""
-    tensors = [t for t in tensors if t.requires_grad]
-    for t in tensors:
-        t.requires_grad = False
-    try:
-        yield
-    finally:
-        for t in tensors:
-            t.requires_grad = True
