@@ -16,10 +16,15 @@ A sleeping rank uses no core, and MPICH's ranks sleep while they wait for a mess
 Messages are tiny, so they cost far less than a unit: the textbook's "messages are free".
 
 Part 1: p = 4, m = 8, bubble theory vs measured for GPipe and 1F1B (3/11), interleaved v = 2
-(3/19) and ZB-H1 (3/27), each the least disturbed of a few steps.
+(3/19), ZB-H1 (3/27), ZB-V and interleaved zero bubble v = 2 (3/51), each the least disturbed
+of a few steps.
 Part 2: GPipe (Huang et al. 2019, its normalised-throughput table): K partitions x M micro-batches,
 the speed-up over one device running the whole model, measured, beside K*M/(M+K-1). The model's
 cost per micro-batch is fixed; each of the K stages gets 1/K of it.
+Part 3: the split backward with real arithmetic, one process: a stage of Linear + GELU layers,
+its B (input gradients, graph.WeightPass deferring the weights') and W (weight gradients only)
+timed against the whole backward in the same run (goal: B + W <= 1.1 x the whole backward), and
+the split as it was before the W pass, a second whole backward, for reference.
 
 With ``--repeats`` above 1 an added column and added lines give each figure's spread over the
 steps, median [min-max]. ``--plot DIR`` draws, after the tables (their paths printed last):
@@ -35,7 +40,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-BUBBLE_SCHEDULES = [("gpipe", None), ("1f1b", None), ("interleaved", 2), ("zb-h1", None)]
+BUBBLE_SCHEDULES = [("gpipe", None), ("1f1b", None), ("interleaved", 2), ("zb-h1", None),
+                    ("zb-v", None), ("zb-interleaved", 2)]
 CHART_MS = (4, 8, 16)  # micro-batches measured for the bubble chart (multiples of p = 4)
 
 
@@ -88,6 +94,80 @@ def measure_throughput(model_cost, k, ms, repeats):
     return rows
 
 
+def time_backward_passes(width, depth, batch, repeats):
+    """Seconds (the fastest of ``repeats``) of one stage's whole backward, its B and W, and the
+    old split (B, then W as a second backward with the input switched off), one process."""
+    import time
+
+    from minipar import Tensor, backend, manual_seed, nn
+    from minipar.graph import WeightPass, run_backward
+
+    manual_seed(0)
+    stage = nn.Sequential(*[layer for _ in range(depth)
+                            for layer in (nn.Linear(width, width), nn.GELU())])
+    xp = backend.xp()
+    x, dy = xp.ones((batch, width), dtype="float32"), xp.ones((batch, width), dtype="float32")
+    params = stage.parameters()
+
+    def forward():
+        for q in params:
+            q.grad = None
+        inp = Tensor(x, requires_grad=True)
+        return inp, stage(inp)
+
+    def timed(fn):
+        start = time.perf_counter()
+        fn()
+        backend.synchronize()
+        return time.perf_counter() - start
+
+    def switched(tensors, on):
+        for t in tensors:
+            t.requires_grad = on
+
+    def whole():
+        _, y = forward()
+        best["full"].append(timed(lambda: run_backward([y], [dy])))
+
+    def split():
+        _, y = forward()
+        weights = WeightPass(params)
+        best["B"].append(timed(lambda: run_backward([y], [dy], defer=weights)))
+        best["W"].append(timed(weights.run))
+
+    def old_split():
+        inp, y = forward()
+        switched(params, False)
+        best["old B"].append(timed(lambda: run_backward([y], [dy], retain_graph=True)))
+        switched(params, True)
+        switched([inp], False)
+        best["old W"].append(timed(lambda: run_backward([y], [dy])))
+
+    best = {"full": [], "B": [], "W": [], "old B": [], "old W": []}
+    variants = [whole, split, old_split]
+    for i in range(repeats):  # each variant goes first in turn: none gets the warm caches
+        for run in variants[i % 3:] + variants[:i % 3]:
+            run()
+    return {k: min(v) for k, v in best.items()}
+
+
+def report_backward_passes(width, depth, batch, repeats):
+    """Part 3's lines; True when B + W is within 1.1 x the whole backward."""
+    t = time_backward_passes(width, depth, batch, repeats)
+    ratio = (t["B"] + t["W"]) / t["full"]
+    print(f"\nSplit backward, one stage of {depth} x (Linear {width}x{width} + GELU), batch "
+          f"{batch}, float32, fastest of {repeats}: ms, and / the whole backward")
+    for label, sec in [("whole backward", t["full"]), ("B (input gradients)", t["B"]),
+                       ("W (weight gradients only)", t["W"]), ("B + W", t["B"] + t["W"]),
+                       ("old split: B", t["old B"]), ("old split: W (a 2nd backward)", t["old W"]),
+                       ("old split: B + W", t["old B"] + t["old W"])]:
+        print(f"  {label:<32}{sec * 1e3:>9.2f} ms {sec / t['full']:>7.2f}")
+    print(f"B + W = {ratio:.2f} x the whole backward (goal <= 1.1): "
+          + ("met" if ratio <= 1.1 else "NOT met (a busy machine: run it again on a quiet one)")
+          + f"; W / B = {t['W'] / t['B']:.2f}")
+    return ratio <= 1.1
+
+
 def charts(p, m, unit, rows, grid):
     """name -> Figure: the bubble chart of ``rows`` (measure_schedules'), the speed-up chart of
     ``grid`` (K -> M -> speed-ups, the best drawn) and the timeline of the measured 1F1B step
@@ -131,11 +211,12 @@ def main():
                         help="seconds per forward of the whole model (the throughput grid)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="short units, one step each")
+    parser.add_argument("--width", type=int, default=512, help="Part 3: the Linear layers' width")
     parser.add_argument("--plot", metavar="DIR", help="draw the bubble chart, the speed-up grid "
                                                       "and a measured 1F1B step into DIR")
     args = parser.parse_args()
     if args.quick:
-        args.unit, args.model_cost, args.repeats = 0.005, 0.016, 1
+        args.unit, args.model_cost, args.repeats, args.width = 0.005, 0.016, 1, 256
     from minipar.console import note_load, progress, spread
     from minipar.testing import run_on_ranks
 
@@ -150,13 +231,13 @@ def main():
     many = args.repeats > 1  # a spread to show
     print(f"Bubble, p={p} ranks, m={m} micro-batches, measured from the runtime's traces "
           f"(unit {args.unit * 1e3:g} ms per stage forward, best of {args.repeats} steps)")
-    print(f"{'schedule':<16}{'theory':>14}{'measured':>10}{'difference':>12}"
+    print(f"{'schedule':<20}{'theory':>14}{'measured':>10}{'difference':>12}"
           + (f"  {'steps: median [min-max]'}" if many else ""))
     missed = []
     for r in rows:
         label, fraction, theory = r["label"], r["fraction"], r["theory"]
         measured = min(r["bubbles"])
-        print(f"{label:<16}{fraction:>6} = {theory:.3f}{measured:>10.3f}"
+        print(f"{label:<20}{fraction:>6} = {theory:.3f}{measured:>10.3f}"
               f"{100 * (measured - theory):>+10.1f} pt"
               + (f"  {spread(r['bubbles'])}" if many else ""))
         if abs(measured - theory) >= 0.02:
@@ -179,9 +260,10 @@ def main():
         print(f"over the {args.repeats} steps, median [min-max]:")
         for k in ks:
             print(f"{k:<5}" + "  ".join(f"M={m} {spread(grid[k][m], '{:.2f}')}" for m in ms))
+    split_ok = report_backward_passes(args.width, 4, args.width, max(5, args.repeats))
     if args.plot:
         draw(args.plot, p, m, args.unit, every, grid)
-    return 1 if missed else 0
+    return 1 if missed or not split_ok else 0
 
 
 if __name__ == "__main__":
