@@ -21,7 +21,8 @@ of a few steps.
 Part 2: GPipe (Huang et al. 2019, its normalised-throughput table): K partitions x M micro-batches,
 the speed-up over one device running the whole model, measured, beside K*M/(M+K-1). The model's
 cost per micro-batch is fixed; each of the K stages gets 1/K of it.
-Part 3: the split backward with real arithmetic, one process: a stage of Linear + GELU layers,
+Part 3: the split backward with real arithmetic, one process and one BLAS thread (as a rank has;
+on a shared machine several threads time mostly the contention): a stage of Linear + GELU layers,
 its B (input gradients, graph.WeightPass deferring the weights') and W (weight gradients only)
 timed against the whole backward in the same run (goal: B + W <= 1.1 x the whole backward), and
 the split as it was before the W pass, a second whole backward, for reference.
@@ -37,6 +38,9 @@ steps, median [min-max]. ``--plot DIR`` draws, after the tables (their paths pri
 import argparse
 import os
 import sys
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # before NumPy loads:
+    os.environ.setdefault(_var, "1")  # one BLAS thread, as each rank has (minipar.testing)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -118,6 +118,23 @@ def test_refusals_name_the_rule():
         validate(s)
 
 
+def test_minipar_schedule_draws_them_and_names_bad_chunks(capsys, monkeypatch):
+    from minipar.cli import main
+
+    monkeypatch.setenv("COLUMNS", "100")
+    assert main(["schedule", "--schedule", "zb-v", "--stages", "4", "--microbatches", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "3/51 = 0.0588, simulated 0.0588" in out.replace("\n  ", " ")
+    assert "peak in-flight micro-batch chunks (each 1/2) per rank: 8 8 8 8" in out
+    for args, text in [(["zb-v", "--chunks", "3"], "zb-v holds exactly two chunks per rank"),
+                       (["zb-h1", "--chunks", "2"], "only the interleaved schedules"),
+                       (["zb-interleaved", "--microbatches", "9"], "m=9 must be a multiple of 2")]:
+        with pytest.raises(SystemExit) as exit_:
+            main(["schedule", "--schedule", *args, "--stages", "4"]
+                 + ([] if "--microbatches" in args else ["--microbatches", "8"]))
+        assert exit_.value.code == 2 and text in capsys.readouterr().err
+
+
 # --- the split backward, in one process -------------------------------------------------------
 
 def device(a):
