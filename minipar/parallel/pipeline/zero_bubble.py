@@ -29,12 +29,14 @@ Interleaved 1F1B's order of F and B with a shorter warm-up, and ZB-H1's rule for
     forwards   the i-th F of a rank is in chunk (i // g) % v, the i-th B in chunk
                v-1 - (i // g) % v: micro-batches go through the chunks in rounds of g
                (g = m / max(1, m // p): p when p divides m)
-    warm-up    (v-1) g + p-1-r forwards (interleaved 1F1B has p-1-r more: 2(p-1-r))
+    warm-up    (v-1) g + p-1-r forwards, at most all m*v (interleaved 1F1B: 2(p-1-r), not p-1-r)
     steady     one F, one B; from the (r+1)-th B on, a W after each B (the oldest owed)
-    cool-down  the remaining B's, each followed by a W; then the W's still owed
+    cool-down  the remaining B's, W's by the same rule; then the W's still owed
 
-so rank r runs its W's r backwards late, which fills the drain. With v = 1 it is ZB-H1's
-order exactly. Micro-batches are numbered per stage in the order they arrive.
+so rank r runs its W's r backwards late, which fills the drain. Its bubble, once m >= p, is
+ZB-H1's idle time over v: (p-1)/(3vm+p-1) (theory.py), 3/51 at p = 4, m = 8, v = 2, as ZB-V.
+With v = 1 it is ZB-H1's order exactly. m must be a multiple of the number of rounds m // p
+(as torch requires). Micro-batches are numbered per stage in the order they arrive.
 """
 from .actions import B, F, W, assemble, check_sizes
 
