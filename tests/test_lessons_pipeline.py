@@ -54,5 +54,6 @@ def test_lesson09_memory_bubbles_and_staleness():
     out = run("09_1f1b_interleaved.py")
     memory = [r for r in rows(out) if len(r) == 8]
     assert [(r[1], r[3], r[5]) for r in memory] == [("4", str(4 - i), str(4 - i)) for i in range(4)]
+    assert all(float(r[7]) < float(r[2]) for r in memory[1:])  # ZB-H1: B frees all but what W needs
     assert "3/11 = 0.273" in out and "3/15 = 0.200" in out
     assert re.search(r"^\s+3\s+v0/v0\s+v1/v1\s+v2/v2\s+v3/v3\s+\[3, 2, 1, 0\]", out, re.M)
