@@ -124,7 +124,8 @@ def test_pipeline_figures_of_a_measured_run():
     ax = charts["pipeline_bubble"].axes[0]
     assert ax.get_xlabel() == "micro-batches m" and ax.get_ylabel() == "bubble (idle fraction)"
     assert "measured" in ax.get_title()
-    assert legend(ax) == [f"{s} {kind}" for s in ("gpipe", "1f1b", "interleaved v=2", "zb-h1")
+    assert legend(ax) == [f"{s} {kind}" for s in ("gpipe", "1f1b", "interleaved v=2", "zb-h1",
+                                                   "zb-v", "zb-interleaved v=2")
                           for kind in ("theory", "measured")]
     measured = {line.get_label(): line for line in ax.lines}["1f1b measured"]
     assert list(measured.get_xdata()) == [4, 8]
