@@ -55,7 +55,7 @@ BAD = {  # id: (arguments after `python -m minipar.cli`, the start of the error 
                             "minipar schedule: error: argument --stages: must be a positive"),
     "schedule chunks with 1f1b": ("schedule --schedule 1f1b --stages 4 --microbatches 8 --chunks 2",
                                   "minipar schedule: error: argument --chunks: only the "
-                                  "interleaved schedule takes chunks"),
+                                  "interleaved schedules (interleaved, zb-interleaved) take chunks"),
     "schedule m not a multiple of p": ("schedule --schedule interleaved --stages 4 "
                                        "--microbatches 6", "minipar schedule: error: argument "
                                        "--microbatches: interleaved 1F1B sends micro-batches in "
