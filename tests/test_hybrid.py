@@ -54,6 +54,12 @@ def test_four_ranks_equal_serial():
 
 
 @pytest.mark.mpi
+def test_zero_bubble_v_equals_serial():
+    """zb-v puts the last stage on pipeline rank 0 (the V): the loss comes from there."""
+    check(run_on_ranks(layouts_body, 4, args=([(1, 2, 2), (2, 1, 2)], "zb-v"), timeout=240))
+
+
+@pytest.mark.mpi
 def test_eight_ranks_2x2x2_equal_serial():
     check(run_on_ranks(layouts_body, 8, args=([(2, 2, 2)], "gpipe"), timeout=300))
 

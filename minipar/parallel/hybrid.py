@@ -58,18 +58,17 @@ class Trainer3D:
     def __init__(self, config, groups, schedule="1f1b", microbatches=None, chunks=None,
                  make_optimizer=None, seed=0, dtype="float32", algorithm="auto", trace=False):
         check_config(config, groups.grid.tp)
+        self.schedule = build(schedule, groups.grid.pp, microbatches or groups.grid.pp, chunks)
         layers = config.n_layer + 3  # embedding, blocks, ln_f, lm_head
-        stages = groups.grid.pp * (chunks or 1)
+        stages = self.schedule.n_stages  # pp x chunks (zb-v: always 2 chunks per rank)
         if layers < stages:
             raise ValueError(f"the GPT has {layers} pipeline layers (embedding, {config.n_layer} "
                              f"blocks, final LayerNorm, LM head), fewer than the {stages} stages "
-                             f"asked for (pp={groups.grid.pp}"
-                             f"{f' x {chunks} chunks' if chunks else ''})")
+                             f"of {schedule!r} on pp={groups.grid.pp}")
         self.config, self.groups = config, groups
         random.manual_seed(seed)
         self.model = self.build_model(config, groups).astype(dtype)
         make_optimizer = make_optimizer or default_optimizer
-        self.schedule = build(schedule, groups.grid.pp, microbatches or groups.grid.pp, chunks)
         self.pipe = Pipeline(
             self.model.to_sequential(), self.schedule, groups.pipeline, self.model.loss,
             optimizer=lambda ps: self.reducer(ps, make_optimizer, algorithm), trace=trace)
@@ -96,7 +95,7 @@ class Trainer3D:
         global mean loss on every rank, a 0-d float64 array on the device (``float(loss)``
         reads it; on NumPy it already is a float)."""
         loss = self.pipe.step(self.local_shard(ids), self.local_shard(targets))
-        last = self.groups.grid.pp - 1
+        last = self.schedule.rank_of(self.schedule.n_stages - 1)  # pp - 1; 0 in zb-v's V
         # the loss lives on the last stage: average it over the data group, hand it to everyone
         value = backend.xp().zeros(1, dtype="float64")
         if loss is not None:
