@@ -7,7 +7,10 @@ beta is the slope of a ring step (every rank sends to rank + 1 while it receives
 gamma the time of an add into a third array, both measured at each power of two in
 ``FIT_SIZES`` walking through p windows so they meet the caches as an all-reduce does; alpha is
 what one step of an algorithm costs beyond its bytes, from its tiny all-reduce (cost.py explains
-the model). Times are the median over iterations of the slowest rank's time (nccl-tests, OSU).
+the model). Times are the median over iterations of the slowest rank's time (nccl-tests, OSU);
+a size's constant is the fastest of several rounds, and a size whose fastest round is not
+confirmed, or costs more than the next size up, is measured again (``stalled``, ``fit``): a
+loaded machine slows some rounds, it does not bend the curve.
 """
 import itertools
 import statistics
@@ -77,23 +80,50 @@ def reduce_time(comm, nbytes, iters=10, span=1):
     return timed(comm, step, iters, warmup=1)
 
 
-def step_time(comm, algorithm="ring", iters=40, batches=5):
-    """Seconds per step of a tiny all-reduce (16 floats a rank) by ``algorithm``: its alpha
-    as paid. Its steps are the alphas in its formula: ``cost(p, n, 1, 0, 0)``.
+def step_times(comm, algorithms, rounds=5, iters=40):
+    """Seconds per step of a tiny all-reduce (16 floats a rank) by each algorithm: its alpha as
+    paid. Its steps are the alphas in its formula: ``cost(p, n, 1, 0, 0)``.
 
-    The lowest of a few batch medians: a burst of other work on the machine spoils one batch
-    of these microsecond steps, not the fit."""
+    ``rounds`` batches of ``iters`` each, the algorithms taking turns, and each algorithm's
+    lowest batch median: a burst of other work spoils one batch of these microsecond steps
+    (all of one algorithm's, were its batches back to back), not the fit."""
     xp = backend.xp()
     x = xp.ones(16 * comm.size, xp.float32)
     out = xp.empty_like(x)
-    run = lambda: comm.all_reduce(x, algorithm=algorithm, out=out)  # noqa: E731
-    seconds = min(timed(comm, run, iters) for _ in range(batches))
+    batches = {a: [] for a in algorithms}
+    for _ in range(rounds):
+        for a in algorithms:
+            run = lambda: comm.all_reduce(x, algorithm=a, out=out)  # noqa: E731
+            batches[a].append(timed(comm, run, iters))
     zero = lambda m: 0  # noqa: E731
-    steps = ALGORITHMS["all_reduce"][algorithm].cost(comm.size, x.nbytes, 1, zero, zero)
-    return seconds / max(steps, 1)
+    return {a: min(batches[a]) / max(ALGORITHMS["all_reduce"][a].cost(
+        comm.size, x.nbytes, 1, zero, zero), 1) for a in algorithms}
 
 
-def fit(comm, sizes=FIT_SIZES, small=8, algorithms=("ring",), rounds=3, progress=None):
+AGREE = 1.25  # a size's minimum stands once a second round comes within 25 % of it
+RISE = 1.10  # a size that takes 10 % longer than twice its bytes did is stalled
+
+
+def stalled(samples, agree=AGREE, rise=RISE):
+    """The sizes whose fastest sample cannot be trusted yet, from ``{size: [seconds, ...]}``
+    (one sample per round). Load only ever adds time, so the fastest round is the one to keep;
+    it stands when
+
+    - confirmed: another round took at most ``agree`` times as long (two rounds seldom hit
+      the same burst of other work), and
+    - in line: it is not slower than the next size up (more bytes never cost less; ``rise``
+      leaves 10 % for the noise of the measurement itself).
+
+    Every rank computes this from the same slowest-rank times, so they all agree on what to
+    measure again."""
+    sizes, best = sorted(samples), {m: min(ts) for m, ts in samples.items()}
+    bad = {m for m in sizes if len(samples[m]) > 1 and sorted(samples[m])[1] > agree * best[m]}
+    bad |= {m for m, bigger in zip(sizes, sizes[1:]) if best[m] > rise * best[bigger]}
+    return sorted(bad)
+
+
+def fit(comm, sizes=FIT_SIZES, small=8, algorithms=("ring",), rounds=3, retries=3,
+        progress=None):
     """Fit alpha per algorithm (a tiny all-reduce's step), then beta (ring-step slope) and
     gamma (an add) at each size, all ranks at once. Returns a Model; it becomes
     ``cost.default_model()`` in this process.
@@ -104,21 +134,40 @@ def fit(comm, sizes=FIT_SIZES, small=8, algorithms=("ring",), rounds=3, progress
 
     m-byte messages and reductions walk through p windows (at least 2, at most 64 MiB), so they
     find the caches as a ring all-reduce of p m-byte chunks does (hot at 64 KiB, streaming from
-    memory at 16 MiB). Each size's constants are the median of ``rounds`` samples taken a
-    round apart, so one noisy moment does not bend the curve at one size."""
+    memory at 16 MiB).
+
+    Robust to a loaded machine: every size is measured once a round for ``rounds`` rounds (a
+    burst of other work spoils one round at a few sizes, not the curve), and a size's
+    constant comes from its fastest round (load only adds time). ``stalled`` finds the sizes
+    whose fastest round is not yet confirmed by a second, or costs more than the next size up:
+    they are measured again, up to ``retries`` more rounds, and refitted. The Model records
+    what happened: ``model.refitted`` {size: rounds added}, ``model.unsettled`` (sizes still
+    stalled when the retries ran out; their fastest round is used)."""
     exchange_time(comm, small)  # warm-up: the first messages on a channel pay its set-up
-    latency = min(exchange_time(comm, small, iters=40) for _ in range(5))  # as step_time
+    latency = min(exchange_time(comm, small, iters=40) for _ in range(5))  # as step_times
     sends, adds = {m: [] for m in sizes}, {m: [] for m in sizes}
-    # all sizes once a round: a burst of other work spoils one round
-    measurements = [size for _ in range(rounds) for size in sizes]
-    for size in (progress or iter)(measurements):
+
+    def measure(size):
         iters = max(4, min(100, (256 << 20) // size) // rounds)
         span = max(2, min(comm.size, (64 << 20) // size))  # p windows, at most 64 MiB
         sends[size].append(exchange_time(comm, size, iters, span))
         adds[size].append(reduce_time(comm, size, iters, span))
-    betas = {m: max(statistics.median(sends[m]) - latency, 0) / (m - small) for m in sizes}
-    gammas = {m: statistics.median(adds[m]) / m for m in sizes}
-    alphas = {a: step_time(comm, a) if comm.size > 1 else latency
-              for a in dict.fromkeys(("ring",) + tuple(algorithms))
-              if ALGORITHMS["all_reduce"][a].cost is not None}
-    return cost.use(cost.Model(alphas["ring"], betas, gammas, alphas))
+
+    # all sizes once a round: a burst of other work spoils one round
+    for size in (progress or iter)([size for _ in range(rounds) for size in sizes]):
+        measure(size)
+    refitted = {}
+    for _ in range(retries):
+        again = sorted(set(stalled(sends)) | set(stalled(adds)))
+        for size in again:
+            measure(size)
+            refitted[size] = refitted.get(size, 0) + 1
+    unsettled = sorted(set(stalled(sends)) | set(stalled(adds)))
+    betas = {m: max(min(sends[m]) - latency, 0) / (m - small) for m in sizes}
+    gammas = {m: min(adds[m]) / m for m in sizes}
+    algorithms = [a for a in dict.fromkeys(("ring",) + tuple(algorithms))
+                  if ALGORITHMS["all_reduce"][a].cost is not None]
+    alphas = step_times(comm, algorithms) if comm.size > 1 else dict.fromkeys(algorithms, latency)
+    model = cost.Model(alphas["ring"], betas, gammas, alphas)
+    model.refitted, model.unsettled = refitted, unsettled
+    return cost.use(model)

@@ -1,0 +1,65 @@
+"""The cost model's fit on a loaded machine: a size's constant is its fastest round, and a stall
+(a round, or every round, far slower than the curve) is found and measured again, not fitted."""
+import pytest
+
+from minipar.comm.fit import stalled
+from minipar.testing import run_on_ranks
+
+CLEAN = {1 << 15: [40e-6, 41e-6, 44e-6], 1 << 16: [60e-6, 63e-6, 61e-6],
+         1 << 17: [90e-6, 92e-6, 95e-6]}
+
+
+def test_a_clean_curve_has_no_stall():
+    assert stalled(CLEAN) == []
+    assert stalled({1 << 16: [60e-6]}) == []  # one round: nothing to confirm it against
+
+
+def test_an_unconfirmed_fastest_round_is_stalled():
+    """Two of three rounds hit a burst: the fastest has no second round within 25 %."""
+    samples = {**CLEAN, 1 << 16: [60e-6, 900e-6, 2e-3]}
+    assert stalled(samples) == [1 << 16]
+    assert stalled(samples, agree=100) == []
+
+
+def test_a_size_dearer_than_the_next_is_stalled():
+    """Every round at 64 KiB stalled alike (confirmed, but more than 128 KiB costs)."""
+    samples = {**CLEAN, 1 << 16: [2.0e-3, 2.1e-3, 2.2e-3]}
+    assert stalled(samples) == [1 << 16]
+    samples[1 << 16] = [95e-6, 96e-6, 97e-6]  # within 10 % of the next size: noise, not a stall
+    assert stalled(samples) == []
+
+
+def fit_body(stalls):
+    """Fit at 32-128 KiB with ``stalls`` fake stalls of 20 ms added to the first ring steps
+    timed at 64 KiB (the same on every rank, as a slowest-rank time is)."""
+    from minipar.comm import fit, world
+
+    comm, real, hit = world(), fit.exchange_time, []
+
+    def exchange_time(c, nbytes, *args, **kwargs):
+        seconds = real(c, nbytes, *args, **kwargs)
+        if nbytes == 1 << 16 and len(hit) < stalls:
+            hit.append(nbytes)
+            seconds += 0.02
+        return seconds
+    fit.exchange_time = exchange_time
+    try:
+        model = fit.fit(comm, sizes=(1 << 15, 1 << 16, 1 << 17), algorithms=("ring",))
+    finally:
+        fit.exchange_time = real
+    return {"beta_64k": model.betas[1 << 16], "refitted": {str(k): v for k, v in
+                                                          model.refitted.items()},
+            "unsettled": model.unsettled, "alphas": sorted(model.alphas)}
+
+
+@pytest.mark.mpi
+def test_fit_measures_stalls_again_and_keeps_them_out_of_the_model():
+    """One stalled round (the other two stand) and three (every first-pass round stalled, so
+    only the retries see the real cost): beta at 64 KiB is the real one (a 20 ms stall would
+    read as 3 MB/s: 3e-7 s per byte) and the size was measured again."""
+    for stalls in (1, 3):
+        got = run_on_ranks(fit_body, 2, args=(stalls,))
+        assert got[0] == got[1], got  # every rank fitted the same model
+        assert got[0]["beta_64k"] < 3e-8, (stalls, got[0])
+        assert got[0]["refitted"].get(str(1 << 16), 0) >= (1 if stalls == 3 else 0), got[0]
+        assert got[0]["alphas"] == ["ring"]
