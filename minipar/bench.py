@@ -12,6 +12,14 @@ allocator setting, fitted cost constants), then one row per size and algorithm:
     model    the cost model's prediction (the formula beside its code, constants fitted by comm/fit.py)
     wrong    ranks whose result differed from the exact sum
 
+The header's ``fit_refitted`` names the sizes the fit measured again because a stall (other
+work on the machine) slowed their fastest round, ``fit_unsettled`` those still stalled when its
+retries ran out (comm/fit.py). After the table, the check of the model: the measured
+algorithms at sizes the fit never measured (96 KiB, 1.5 MiB, 24 MiB: between its powers of
+two, up to the largest size), each as measured / model, then one line with the range of
+measured / model from 64 KiB up, held out and in the table (goal 0.8-1.25 on a quiet machine;
+below 64 KiB a few microseconds of Python decide). These lines start with ``#``.
+
 MPICH allocates a full-size temporary buffer on every large MPI_Allreduce; glibc serves large
 blocks with mmap, so each call maps and unmaps (and page-faults) it afresh. Run with
 ``MALLOC_MMAP_MAX_=0`` (heap only) for a fair comparison; the header prints the setting and
@@ -86,6 +94,8 @@ def header(comm, model):
         "alpha_us": {a: round(s * 1e6, 2) for a, s in model.alphas.items()},
         "beta_GBps": {_size(m): _gbps(b) for m, b in model.betas.items()},
         "gamma_GBps": {_size(m): _gbps(g) for m, g in model.gammas.items()},
+        "fit_refitted": {_size(m): n for m, n in model.refitted.items()} or "none",
+        "fit_unsettled": [_size(m) for m in model.unsettled] or "none",
     }
 
 
@@ -124,8 +134,31 @@ def iterations(nbytes, budget=0.2):
     return int(min(200, max(10, budget * 1e9 / max(nbytes, 1))))
 
 
-def run_bench(comm, sizes, algorithms, slow_max, as_json):
-    from minipar.comm import cost, fit
+HELD_OUT = (3 << 15, 3 << 19, 3 << 23)  # 96 KiB, 1.5 MiB, 24 MiB: between the fitted sizes
+CHECKED_FROM = 64 << 10  # measured / model is checked from 64 KiB up (below: alpha-bound)
+GOAL = (0.8, 1.25)
+
+
+def measure(comm, nbytes, algorithm, model, mpi_time=None):
+    """One row: ``algorithm`` timed on an n-byte vector, beside the model's prediction."""
+    from minipar.comm import cost
+    x = backend.xp().full(max(nbytes // 4, 1), comm.rank + 1, dtype="float32")
+    seconds, wrong = time_all_reduce(comm, x, algorithm, iterations(x.nbytes))
+    predicted = None
+    if algorithm not in ("mpi", "auto"):
+        predicted = cost.predict("all_reduce", algorithm, comm.size, x.nbytes, model)
+    algbw = x.nbytes / seconds / 1e9
+    return {"bytes": x.nbytes, "algorithm": algorithm, "time_us": seconds * 1e6,
+            "algbw_GBps": algbw, "busbw_GBps": busbw(x.nbytes, seconds, comm.size),
+            "vs_mpi": seconds / (mpi_time or seconds), "model_us": predicted and predicted * 1e6,
+            "measured_over_model": predicted and seconds / predicted, "wrong": wrong}
+
+
+def run_bench(comm, sizes, algorithms, slow_max, as_json, held_out=None):
+    """The table's rows (one per size and algorithm, MPI's first). ``held_out``, a list, gets
+    the rows of the check at sizes the fit never measured (``HELD_OUT`` from 64 KiB up to the
+    largest size), printed after the table with the range of measured / model."""
+    from minipar.comm import fit
     from minipar.comm.allreduce import AUTO_CANDIDATES
     fit_sizes = [m for m in fit.FIT_SIZES if m <= max(sizes)] or fit.FIT_SIZES[:1]
     fitted = [a for a in algorithms if a not in ("mpi", "auto")] + list(
@@ -134,8 +167,8 @@ def run_bench(comm, sizes, algorithms, slow_max, as_json):
                     progress=lambda it: console.progress(it, "fitting the cost model",
                                                          rank=comm.rank))
     info = header(comm, model)
-    p, rows = comm.size, []
-    if comm.rank == 0 and not as_json:
+    rows, show = [], comm.rank == 0 and not as_json
+    if show:
         print("# minipar all-reduce benchmark (float32, op=sum)")
         for key, value in info.items():
             print(f"# {key:18s} {value}")
@@ -143,31 +176,57 @@ def run_bench(comm, sizes, algorithms, slow_max, as_json):
               f" {'vs_mpi':>7s} {'model_us':>10s} {'meas/mod':>8s} {'wrong':>5s}")
     # the table's rows show how far it got; a JSON document comes at the end: a bar meanwhile
     for nbytes in console.progress(sizes, "sizes", rank=comm.rank) if as_json else sizes:
-        x = backend.xp().full(max(nbytes // 4, 1), comm.rank + 1, dtype="float32")
         mpi_time = None
         for algorithm in ["mpi"] + [a for a in algorithms if a != "mpi"]:
             if algorithm in SLOW and nbytes > slow_max:
                 continue
-            seconds, wrong = time_all_reduce(comm, x, algorithm, iterations(x.nbytes))
-            mpi_time = seconds if algorithm == "mpi" else mpi_time
-            predicted = None
-            if algorithm not in ("mpi", "auto"):
-                predicted = cost.predict("all_reduce", algorithm, p, x.nbytes, model)
-            algbw = x.nbytes / seconds / 1e9
-            row = {"bytes": x.nbytes, "algorithm": algorithm, "time_us": seconds * 1e6,
-                   "algbw_GBps": algbw, "busbw_GBps": busbw(x.nbytes, seconds, p),
-                   "vs_mpi": seconds / mpi_time, "model_us": predicted and predicted * 1e6,
-                   "measured_over_model": predicted and seconds / predicted, "wrong": wrong}
+            row = measure(comm, nbytes, algorithm, model, mpi_time)
+            mpi_time = mpi_time or row["time_us"] / 1e6
             rows.append(row)
-            if comm.rank == 0 and not as_json:
-                model_text = (f"{predicted * 1e6:10.1f} {seconds / predicted:8.2f}" if predicted
-                              else f"{'-':>10s} {'-':>8s}")
-                print(f"{x.nbytes:11d} {algorithm:>18s} {seconds * 1e6:10.1f} {algbw:7.3f} "
-                      f"{row['busbw_GBps']:7.3f} {row['vs_mpi']:7.2f} {model_text} {wrong:5d}",
-                      flush=True)
+            if show:
+                model_text = (f"{row['model_us']:10.1f} {row['measured_over_model']:8.2f}"
+                              if row["model_us"] else f"{'-':>10s} {'-':>8s}")
+                print(f"{row['bytes']:11d} {algorithm:>18s} {row['time_us']:10.1f} "
+                      f"{row['algbw_GBps']:7.3f} {row['busbw_GBps']:7.3f} {row['vs_mpi']:7.2f} "
+                      f"{model_text} {row['wrong']:5d}", flush=True)
+    checks = [m for m in HELD_OUT if CHECKED_FROM <= m <= max(sizes)]
+    modelled = [a for a in algorithms if a not in ("mpi", "auto")]
+    if checks and modelled and show:
+        print("# held out of the fit (sizes between its powers of two): measured / model")
+        print(f"#{'bytes':>10s} {'algorithm':>18s} {'time_us':>10s} {'model_us':>10s} "
+              f"{'meas/mod':>8s}")
+    extra = []
+    for nbytes in checks:
+        for algorithm in modelled:
+            if algorithm in SLOW and nbytes > slow_max:
+                continue
+            extra.append(measure(comm, nbytes, algorithm, model))
+            if show:
+                r = extra[-1]
+                print(f"#{nbytes:10d} {algorithm:>18s} {r['time_us']:10.1f} {r['model_us']:10.1f}"
+                      f" {r['measured_over_model']:8.2f}", flush=True)
+    if show:
+        print(model_summary(rows, extra))
+    if held_out is not None:
+        held_out.extend(extra)
     if comm.rank == 0 and as_json:
-        print(json.dumps({"header": info, "rows": rows}, indent=1))
+        print(json.dumps({"header": info, "rows": rows, "held_out": extra}, indent=1))
     return rows
+
+
+def model_summary(rows, held_out):
+    """One line: the range of measured / model from 64 KiB up, in the table and held out of the
+    fit, each with its worst row, beside the goal."""
+    def span(rs, name):
+        ratios = [(r["measured_over_model"], r["algorithm"], r["bytes"]) for r in rs
+                  if r["measured_over_model"] and r["bytes"] >= CHECKED_FROM]
+        if not ratios:
+            return f"{name} -"
+        worst = max(ratios, key=lambda q: max(q[0], 1 / q[0]))
+        return (f"{name} {min(ratios)[0]:.2f}-{max(ratios)[0]:.2f} over {len(ratios)} rows "
+                f"(worst {worst[1]} at {worst[2]} B: {worst[0]:.2f})")
+    return (f"# measured / model from {_size(CHECKED_FROM)} up: {span(held_out, 'held out')}; "
+            f"{span(rows, 'table')}; goal {GOAL[0]}-{GOAL[1]} on a quiet machine")
 
 
 def add_arguments(parser):

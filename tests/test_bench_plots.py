@@ -73,9 +73,11 @@ def test_minipar_bench_plot_writes_the_figure_after_the_unchanged_table(tmp_path
     assert lines[-1] == f"figure: {target}"
     assert target.stat().st_size > 10_000 and target.read_bytes()[:4] == b"\x89PNG"
     assert TABLE_HEADER in lines
-    rows = [line.split() for line in lines[lines.index(TABLE_HEADER) + 1:-1]]
+    after = lines[lines.index(TABLE_HEADER) + 1:-1]
+    rows = [line.split() for line in after if not line.startswith("#")]
     assert [(int(r[0]), r[1], len(r)) for r in rows] == [
         (1024, "mpi", 9), (1024, "ring", 9), (65536, "mpi", 9), (65536, "ring", 9)]
+    assert after[-1].startswith("# measured / model from 64KiB up: held out -; table ")
 
 
 @pytest.mark.mpi

@@ -63,3 +63,29 @@ def test_fit_measures_stalls_again_and_keeps_them_out_of_the_model():
         assert got[0]["beta_64k"] < 3e-8, (stalls, got[0])
         assert got[0]["refitted"].get(str(1 << 16), 0) >= (1 if stalls == 3 else 0), got[0]
         assert got[0]["alphas"] == ["ring"]
+
+
+def held_out_body():
+    from minipar import bench
+    from minipar.comm import world
+
+    held = []
+    rows = bench.run_bench(world(), [1 << 17], ["ring"], 0, as_json=False, held_out=held)
+    return {"rows": [(r["bytes"], r["algorithm"]) for r in rows],
+            "held": [(r["bytes"], r["algorithm"], r["measured_over_model"] > 0,
+                      abs(r["time_us"] / r["model_us"] - r["measured_over_model"]) < 1e-9)
+                     for r in held]}
+
+
+@pytest.mark.mpi
+def test_benchmark_checks_the_model_at_a_size_it_never_fitted():
+    """After the table: the ring at 96 KiB (between the fitted 64 and 128 KiB) as measured /
+    model, then the range line; the table's rows are what they were."""
+    values = run_on_ranks(held_out_body, 2)
+    assert values[0]["rows"] == [[1 << 17, "mpi"], [1 << 17, "ring"]]
+    assert values[0]["held"] == [[3 << 15, "ring", True, True]]
+    lines = values.outputs[0].splitlines()
+    start = lines.index("# held out of the fit (sizes between its powers of two): measured / model")
+    assert lines[start + 2].split()[:3] == ["#", "98304", "ring"]
+    assert lines[start + 3].startswith("# measured / model from 64KiB up: held out ")
+    assert "over 1 rows" in lines[start + 3] and "goal 0.8-1.25" in lines[start + 3]
