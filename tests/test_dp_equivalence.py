@@ -26,7 +26,8 @@ def cases():
         cap = (0.0005, 0.004, 25.0)[i % 3]
         kind = ("mlp", "gpt")[i % 2]
         opt = ("adam", "sgd", "adamw")[i % 3]
-        table.append((kind, "float64", opt, "ddp", dict(algorithm=algo, bucket_cap_mb=cap)))
+        table.append((kind, "float64", opt, "ddp",  # overlapped, whatever the default here
+                      dict(algorithm=algo, bucket_cap_mb=cap, overlap=True)))
     table += [
         ("gpt", "float64", "adamw", "ddp", dict(bucket_cap_mb=0.002, overlap=False)),
         ("mlp", "float64", "sgd", "ddp", dict(bucket_cap_mb=0.0005, accumulate=2)),
@@ -70,7 +71,7 @@ def pending_at_launch(world):
     from test_dp_helpers import loss_of, make_data, make_model
 
     model = make_model("gpt", "float64")
-    ddp = DistributedDataParallel(model, world, bucket_cap_mb=0.002)
+    ddp = DistributedDataParallel(model, world, bucket_cap_mb=0.002, overlap=True)
     seen, launch = [], ddp.queue.launch
 
     def spy(i):

@@ -30,7 +30,15 @@ issues the same collectives in the same order. When the last bucket has been lau
 waits for all of them: once ``loss.backward()`` returns, every ``p.grad`` holds sum_r g_r/N (the
 average, exactly so when N is a power of two, to rounding otherwise). ``overlap=False``
 keeps the buckets but reduces them one after another once backward has ended (the benchmark's
-baseline). Inside ``with model.no_sync():`` gradients only accumulate locally (gradient
+baseline).
+
+When overlap pays. The background all-reduce is CPU work (copies, adds, MPI polling for the
+peer), so it hides behind backward only on a core that backward does not use. The default,
+``overlap="auto"``, decides per configuration with ``overlap_default``: on when every node has
+more usable cores than ranks on it, off when some node has none idle (then overlap takes
+compute's core and costs more than it hides). ``model.overlap`` is the choice and
+``model.overlap_reason`` says why, in numbers; scripts/bench_dp.py and lesson 05 measure the
+step with overlap on against off in the configuration they run in. Inside ``with model.no_sync():`` gradients only accumulate locally (gradient
 accumulation); the first backward outside it averages the sums.
 
 Agreement. Before the broadcast the ranks compare their parameters' and buffers' names, shapes
@@ -50,6 +58,8 @@ escapes it; then call ``model.synchronize()`` before ``optimizer.step()``: it la
 left, counting missing gradients as zero (a no-op when backward already finished the job).
 """
 import contextlib
+import os
+import socket
 
 from ... import backend
 from ...autograd import Tensor, is_grad_enabled
@@ -61,15 +71,21 @@ from .buckets import ReadyQueue, broadcast_parameters, make_buckets, offsets
 class DistributedDataParallel(Module):
     """Wrap ``module``: rank 0's parameters everywhere, gradients averaged over ``comm`` in
     buckets of ``bucket_cap_mb`` with all-reduce ``algorithm`` (any of ``comm.ALGORITHMS``),
-    overlapping backward when ``overlap``; ``find_unused_parameters`` lets a forward leave some
+    overlapping backward when ``overlap`` (``"auto"``: where a core is idle, see
+    ``overlap_default``); ``find_unused_parameters`` lets a forward leave some
     parameters out (zero gradient). See the module docstring for the contract."""
 
-    def __init__(self, module, comm=None, bucket_cap_mb=25.0, algorithm="ring", overlap=True,
+    def __init__(self, module, comm=None, bucket_cap_mb=25.0, algorithm="ring", overlap="auto",
                  on_mismatch="warn", find_unused_parameters=False):
         super().__init__()
         self.module = module
         self.comm = comm or world()
-        self.algorithm, self.overlap = algorithm, overlap
+        if overlap not in (True, False, "auto"):
+            raise ValueError(f"rank {self.comm.rank}: DistributedDataParallel: overlap must be "
+                             f"True, False or 'auto', got {overlap!r}")
+        self.overlap, self.overlap_reason = overlap_default(self.comm) if overlap == "auto" else (
+            overlap, f"overlap={overlap} given")
+        self.algorithm = algorithm
         self.find_unused_parameters, self.unused = find_unused_parameters, []
         self.mismatched = broadcast_parameters(module, self.comm, on_mismatch)
         self.named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -160,6 +176,28 @@ class DistributedDataParallel(Module):
     def gradient_bytes(self):
         """Bytes of gradient memory on this rank: the bucket buffers the gradients live in."""
         return sum(int(b.nbytes) for b in self.grad_buffers)
+
+
+def overlap_default(comm):
+    """(overlap, why) for ``overlap="auto"``: on when every node has a usable core that none of
+    its ranks of ``comm`` uses (for the background all-reduce), else off. Usable cores are a
+    node's ranks' CPU affinity masks together (``os.sched_getaffinity``, else ``os.cpu_count``);
+    one ``all_gather_object``, so every rank takes the same decision (blocking and
+    non-blocking collectives must not meet)."""
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(
+        os.cpu_count() or 1)
+    nodes = {}
+    for host, mask in comm.all_gather_object((socket.gethostname(), sorted(cores))):
+        ranks, usable = nodes.get(host, (0, set()))
+        nodes[host] = ranks + 1, usable | set(mask)
+    ranks, usable = max(nodes.values(), key=lambda node: node[0] - len(node[1]))
+    idle = len(usable) - ranks
+    if idle > 0:
+        return True, (f"overlap on: {ranks} rank(s) on {len(usable)} usable cores leave {idle} "
+                      f"idle for the background all-reduce")
+    return False, (f"overlap off: {ranks} rank(s) on {len(usable)} usable cores leave no core "
+                   f"idle, so the background all-reduce would take compute's core (overlap=True "
+                   f"forces it; scripts/bench_dp.py measures both)")
 
 
 def reached_nodes(out):
