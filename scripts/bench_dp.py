@@ -22,7 +22,7 @@ in both libraries), one BLAS thread per rank:
 The runs take turns (``--rounds`` rounds of ``--steps`` steps each), so a change of load during
 a launch slows them all alike. Step time is the median over steps of the slowest rank (and over
 launches with ``--repeat``); throughput = b·N / step time. The closing lines give 2-rank/1-rank
-throughput (goal >= 1.8 on a 2-core machine), minipar over torch step time (goal <= 1.2), the
+throughput (goal >= 1.8 on a 2-core machine), minipar over torch step time (goal <= 0.8), the
 gain from overlap (each with its range over launches), and where the time goes (exposed
 communication = overlap-on step minus no-comm step). On 2 cores with 2 ranks there is no idle
 core: the copies that move gradients between ranks take CPU time from compute whether they
@@ -31,7 +31,10 @@ same 10.5 MB a step, the compute grows with b). On a machine shared with other j
 are noisy: the table says how many cores and what load average it ran with.
 
 With ``--repeat`` above 1, added lines give each run's step time over the launches as median
-[min-max]. ``--plot DIR`` draws, for each per-rank batch, the throughput (samples/s) of each run
+[min-max]. A closing summary gives the goals at every per-rank batch, each with its range over
+launches (2-rank/1-rank with overlap on: >= 1.8 at the largest batch and no launch below 1.7;
+minipar / torch DDP: <= 0.8), and DDP's overlap default in each configuration (ranks against
+usable cores: ``ddp.overlap_default``) beside the gain from overlap measured in the same run. ``--plot DIR`` draws, for each per-rank batch, the throughput (samples/s) of each run
 on 1 and 2 ranks as grouped bars: ``DIR/dp_throughput_b64.png`` (paths printed last).
 """
 import argparse
@@ -137,8 +140,10 @@ def torch_runs(world, batch):
 
 def worker(steps, rounds, batches, with_torch, algorithm):
     from minipar import comm
+    from minipar.parallel.data.ddp import overlap_default
 
     world = comm.world()
+    default = overlap_default(world)  # what DDP(overlap="auto") chooses in this configuration
     results = {}
     for batch in batches:
         runs = minipar_runs(world, batch, algorithm)
@@ -146,6 +151,7 @@ def worker(steps, rounds, batches, with_torch, algorithm):
             runs.update(torch_runs(world, batch))
         results[batch] = timed(world, steps, rounds, runs)
     if world.rank == 0:
+        print("DEFAULT " + json.dumps(default), flush=True)
         print("RESULT " + json.dumps(results), flush=True)
 
 
@@ -159,7 +165,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(nprocs, args):
+def launch(nprocs, args, defaults=None):
+    """{batch: {run: seconds}} of one ``mpiexec -n nprocs`` launch; ``defaults``, a dict, gets
+    {nprocs: (overlap, why)}: DDP's overlap default in that configuration."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from minipar.testing import RANK_ENV, mpiexec
 
@@ -173,6 +181,9 @@ def launch(nprocs, args):
     line = [s for s in out.stdout.splitlines() if s.startswith("RESULT ")]
     if out.returncode or not line:
         raise RuntimeError(f"mpiexec -n {nprocs} failed:\n{out.stdout}\n{out.stderr}")
+    if defaults is not None:
+        default = [s for s in out.stdout.splitlines() if s.startswith("DEFAULT ")]
+        defaults[nprocs] = tuple(json.loads(default[0][len("DEFAULT "):]))
     return {int(b): run for b, run in json.loads(line[0][len("RESULT "):]).items()}
 
 
@@ -199,14 +210,15 @@ def main():
     note_load()
     load = [os.getloadavg()[0]]
     launches = [(i, n) for i in range(args.repeat) for n in (1, 2)]
-    repeats = [{} for _ in range(args.repeat)]
+    repeats, defaults = [{} for _ in range(args.repeat)], {}
     for i, n in progress(launches, "mpiexec launches"):
-        repeats[i][n] = launch(n, args)
+        repeats[i][n] = launch(n, args, defaults)
         if n == 2:
             load.append(os.getloadavg()[0])
     per_batch = {batch: [{n: r[n][batch] for n in r} for r in repeats] for batch in repeats[0][1]}
     for batch, runs in per_batch.items():
         report(batch, runs, args, load)
+    summary(per_batch, defaults)
     if args.plot:
         draw(args.plot, per_batch)
 
@@ -248,7 +260,7 @@ def report(batch, repeats, args, load):
           f"(goal >= 1.8; with free communication {got['scaling, free comm']:.2f})")
     if "minipar / torch" in got:
         print(f"minipar / torch DDP step time, 2 ranks: {got['minipar / torch']:.2f}"
-              f"{spread['minipar / torch']} (goal <= 1.2); 1 rank: "
+              f"{spread['minipar / torch']} (goal <= 0.8); 1 rank: "
               f"{one['overlap on'] / one['torch DDP']:.2f}")
     print(f"gain from overlap, 2 ranks: {got['overlap gain']:.2f}x{spread['overlap gain']} "
           f"({two['overlap off'] - two['overlap on']:.1f} ms a step)")
@@ -264,6 +276,41 @@ def report(batch, repeats, args, load):
             print(f"  {name:14s}" + "".join(
                 f"  {n} rank(s) {spread((1e3 * r[n][name] for r in repeats), '{:.1f}')}"
                 for n in ms))
+
+
+def summary(per_batch, defaults):
+    """The goals across per-rank batches, after the tables: 2-rank / 1-rank with overlap on and
+    minipar / torch DDP at each batch, each with its range over launches; then DDP's overlap
+    default in each configuration beside the measured step with overlap on / off."""
+    def across(key, ok):
+        cells = []
+        for batch, repeats in per_batch.items():
+            got = [ratios(median_table([r])).get(key) for r in repeats]
+            if None in got:
+                return None
+            mid = ratios(median_table(repeats))[key]
+            cells.append(f"{batch}: {mid:.2f} (launches {min(got):.2f}-{max(got):.2f}"
+                         f"{'' if ok(batch, mid, got) else ', goal missed'})")
+        return ", ".join(cells)
+
+    last = max(per_batch)
+    print(f"\nsummary, samples per rank {', '.join(map(str, per_batch))}:")
+    print("  2-rank / 1-rank throughput, overlap on: " + across(
+        "scaling", lambda b, mid, got: b != last or (mid >= 1.8 and min(got) >= 1.7))
+        + f" (goal >= 1.8 at {last}, no launch below 1.7)")
+    torch = across("minipar / torch", lambda b, mid, got: mid <= 0.8)
+    if torch:
+        print(f"  minipar / torch DDP step time, 2 ranks, overlap on: {torch} (goal <= 0.8)")
+    for n, (overlap, why) in sorted(defaults.items()):
+        if n == 1:
+            continue  # one rank: nothing to overlap
+        gains = {b: median_table(r)[n] for b, r in per_batch.items()}
+        measured = ", ".join(f"{b}: {ms['overlap off'] / ms['overlap on']:.2f}x"
+                             for b, ms in gains.items())
+        faster = all((ms["overlap on"] <= ms["overlap off"]) == overlap for ms in gains.values())
+        print(f"  DDP's overlap default on {n} ranks: {why}; measured gain from overlap "
+              f"(off / on step time) {measured}: the default is "
+              f"{'the faster' if faster else 'NOT the faster'} at every batch")
 
 
 def throughput_chart(batch, repeats):

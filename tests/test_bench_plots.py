@@ -155,7 +155,10 @@ def test_dp_throughput_bars_and_spread_lines(tmp_path, capsys):
     dp = script("bench_dp")
     args = argparse.Namespace(steps=1, rounds=1, batches="16", algorithm="ring", no_torch=True,
                               plot=str(tmp_path))
-    launches = {n: dp.launch(n, args)[16] for n in (1, 2)}
+    defaults = {}
+    launches = {n: dp.launch(n, args, defaults)[16] for n in (1, 2)}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert [defaults[n][0] for n in (1, 2)] == [cores > 1, cores > 2]  # DDP's overlap="auto"
     repeats = [launches, launches]
     ax = dp.throughput_chart(16, repeats).axes[0]
     assert ax.get_ylabel() == "throughput (samples/s)" and "16 samples per rank" in ax.get_title()
