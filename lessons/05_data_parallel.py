@@ -11,6 +11,9 @@ float64 with a serial twin beside it on rank 0, and prints the largest parameter
 few ulps. Part 2 times a step and counts the bytes each rank sends with every all-reduce
 algorithm of ``minipar.comm``, and with the parameter server (Li et al. 2014), one server and
 sharded: one server's link carries 2(N-1)·n bytes a step, a ring rank's about 4(N-1)/N·n.
+Part 3 times the same step with the buckets reduced during backward (overlap on) and after it
+(off), taking turns, and prints what ``DistributedDataParallel``'s default chooses here and why:
+overlap hides communication only on a core that backward leaves idle.
 """
 import time
 
@@ -130,6 +133,38 @@ def part2_algorithms(world, x, y, steps):
     return n, sent_by, curves
 
 
+def part3_overlap(world, x, y, steps, rounds=3):
+    """ms per step of DDP ring with overlap on and off (the two take turns, ``rounds`` rounds;
+    each the fastest round), and DDP's default in this configuration."""
+    b = local_batch_size(GLOBAL_BATCH, world.size)
+    mine = slice(world.rank * b, (world.rank + 1) * b)
+    xs, ys = x[:GLOBAL_BATCH][mine], y[:GLOBAL_BATCH][mine]
+    steps_of, best = {}, {}
+    for name, overlap in (("overlap on", True), ("overlap off", False)):
+        model = build("float32")
+        net = DistributedDataParallel(model, world, bucket_cap_mb=0.25, overlap=overlap)
+        opt = optim.SGD(model.parameters(), lr=1e-3)
+
+        def run_step(net=net, opt=opt):
+            opt.zero_grad()
+            step_loss(net, xs, ys).backward()
+            opt.step()
+        steps_of[name] = run_step
+    for _ in range(rounds):
+        for name, run_step in steps_of.items():
+            seconds = time_steps(world, run_step, steps)[0]
+            best[name] = min(best.get(name, seconds), seconds)
+    default = DistributedDataParallel(build("float32"), world)
+    on, off = best["overlap on"] * 1e3, best["overlap off"] * 1e3
+    say(f"\nPart 3: overlap on {world.size} ranks, DDP ring, float32 (fastest of {rounds} "
+        f"rounds of {steps} steps, taking turns)")
+    say(f"  overlap on  (buckets reduced during backward) {on:8.2f} ms/step")
+    say(f"  overlap off (buckets reduced after backward)  {off:8.2f} ms/step")
+    say(f"  gain from overlap (off / on): {off / on:.2f}x; DDP's default here: "
+        f"{default.overlap_reason}")
+    return off / on, default.overlap
+
+
 def serial_curve(x, y, steps):
     """The serial model's losses on the whole global batch, step after step: the reference."""
     model = build("float32")
@@ -158,6 +193,7 @@ def main():
     say(f"  held-out accuracy on the last {len(x) - TRAIN} digits: {accuracy:.1%}")
     steps = 3 if args.quick else 20
     n, sent, curves = part2_algorithms(world, x.astype("float32"), y, steps)
+    part3_overlap(world, x.astype("float32"), y, steps)
     N = world.size
     if world.rank == 0 and args.plot:  # the timed steps trained on one batch: their loss curves
         serial = serial_curve(x.astype("float32"), y, steps + 1)

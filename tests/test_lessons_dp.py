@@ -18,6 +18,10 @@ def test_lesson_05_data_parallel(nprocs):
     for method in ("DDP ring", "DDP recursive_halving", "DDP mpi", "parameter server, one",
                    "parameter server, sharded"):
         assert method in out, out
+    gain = re.search(r"gain from overlap \(off / on\): (\S+)x; DDP's default here: overlap "
+                     r"(on|off): 3 rank\(s\) on (\d+) usable cores", out)
+    assert gain and float(gain.group(1)) > 0, out
+    assert (gain.group(2) == "on") == (int(gain.group(3)) > 3), out
 
 
 def test_lesson_06_zero():
