@@ -2,7 +2,7 @@
 (a round, or every round, far slower than the curve) is found and measured again, not fitted."""
 import pytest
 
-from minipar.comm.fit import stalled
+from minipar.comm.fit import in_line, stalled
 from minipar.testing import run_on_ranks
 
 CLEAN = {1 << 15: [40e-6, 41e-6, 44e-6], 1 << 16: [60e-6, 63e-6, 61e-6],
@@ -27,6 +27,12 @@ def test_a_size_dearer_than_the_next_is_stalled():
     assert stalled(samples) == [1 << 16]
     samples[1 << 16] = [95e-6, 96e-6, 97e-6]  # within 10 % of the next size: noise, not a stall
     assert stalled(samples) == []
+
+
+def test_a_stall_that_outlasted_the_retries_is_capped_by_the_next_size():
+    samples = {**CLEAN, 1 << 16: [2.0e-3, 2.1e-3]}
+    assert in_line(samples) == {1 << 15: 40e-6, 1 << 16: 90e-6, 1 << 17: 90e-6}
+    assert in_line(CLEAN) == {m: min(ts) for m, ts in CLEAN.items()}
 
 
 def fit_body(stalls):

@@ -122,6 +122,15 @@ def stalled(samples, agree=AGREE, rise=RISE):
     return sorted(bad)
 
 
+def in_line(samples):
+    """{size: fastest seconds}, no size dearer than any bigger one (more bytes never cost less):
+    a stall that outlasted the retries is capped at what the next size up took."""
+    best, cap = {}, float("inf")
+    for m in sorted(samples, reverse=True):
+        best[m] = cap = min(min(samples[m]), cap)
+    return best
+
+
 def fit(comm, sizes=FIT_SIZES, small=8, algorithms=("ring",), rounds=3, retries=3,
         progress=None):
     """Fit alpha per algorithm (a tiny all-reduce's step), then beta (ring-step slope) and
@@ -142,7 +151,7 @@ def fit(comm, sizes=FIT_SIZES, small=8, algorithms=("ring",), rounds=3, retries=
     whose fastest round is not yet confirmed by a second, or costs more than the next size up:
     they are measured again, up to ``retries`` more rounds, and refitted. The Model records
     what happened: ``model.refitted`` {size: rounds added}, ``model.unsettled`` (sizes still
-    stalled when the retries ran out; their fastest round is used)."""
+    stalled when the retries ran out: their fastest round is used, capped by ``in_line``)."""
     exchange_time(comm, small)  # warm-up: the first messages on a channel pay its set-up
     latency = min(exchange_time(comm, small, iters=40) for _ in range(5))  # as step_times
     sends, adds = {m: [] for m in sizes}, {m: [] for m in sizes}
@@ -163,8 +172,9 @@ def fit(comm, sizes=FIT_SIZES, small=8, algorithms=("ring",), rounds=3, retries=
             measure(size)
             refitted[size] = refitted.get(size, 0) + 1
     unsettled = sorted(set(stalled(sends)) | set(stalled(adds)))
-    betas = {m: max(min(sends[m]) - latency, 0) / (m - small) for m in sizes}
-    gammas = {m: min(adds[m]) / m for m in sizes}
+    send, add = in_line(sends), in_line(adds)
+    betas = {m: max(send[m] - latency, 0) / (m - small) for m in sizes}
+    gammas = {m: add[m] / m for m in sizes}
     algorithms = [a for a in dict.fromkeys(("ring",) + tuple(algorithms))
                   if ALGORITHMS["all_reduce"][a].cost is not None]
     alphas = step_times(comm, algorithms) if comm.size > 1 else dict.fromkeys(algorithms, latency)
