@@ -101,7 +101,7 @@ def step_times(comm, algorithms, rounds=5, iters=40):
 
 
 AGREE = 1.25  # a size's minimum stands once a second round comes within 25 % of it
-RISE = 1.10  # a size that takes 10 % longer than twice its bytes did is stalled
+RISE = 1.10  # a size over 10 % dearer than the next size up (twice its bytes) is stalled
 
 
 def stalled(samples, agree=AGREE, rise=RISE):
