@@ -140,7 +140,8 @@ GOAL = (0.8, 1.25)
 
 
 def measure(comm, nbytes, algorithm, model, mpi_time=None):
-    """One row: ``algorithm`` timed on an n-byte vector, beside the model's prediction."""
+    """One row: ``algorithm`` timed on an n-byte vector, beside the model's prediction and
+    MPI's time ``mpi_time`` (None: ``vs_mpi`` None)."""
     from minipar.comm import cost
     x = backend.xp().full(max(nbytes // 4, 1), comm.rank + 1, dtype="float32")
     seconds, wrong = time_all_reduce(comm, x, algorithm, iterations(x.nbytes))
@@ -150,7 +151,8 @@ def measure(comm, nbytes, algorithm, model, mpi_time=None):
     algbw = x.nbytes / seconds / 1e9
     return {"bytes": x.nbytes, "algorithm": algorithm, "time_us": seconds * 1e6,
             "algbw_GBps": algbw, "busbw_GBps": busbw(x.nbytes, seconds, comm.size),
-            "vs_mpi": seconds / (mpi_time or seconds), "model_us": predicted and predicted * 1e6,
+            "vs_mpi": 1.0 if algorithm == "mpi" else mpi_time and seconds / mpi_time,
+            "model_us": predicted and predicted * 1e6,
             "measured_over_model": predicted and seconds / predicted, "wrong": wrong}
 
 
