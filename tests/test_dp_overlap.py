@@ -19,10 +19,14 @@ def overlap_body():
              "2 cores": lambda pid: {0, 1},
              "bound, one core each": lambda pid: {comm.rank},  # together: 2 cores for 2 ranks
              "bound, two cores each": lambda pid: {2 * comm.rank, 2 * comm.rank + 1}}
+    alone = comm.split(color=comm.rank)  # a group of one, beside the other rank on the node
     try:
         for name, mask in masks.items():
             os.sched_getaffinity = mask
             out[name] = overlap_default(comm)
+        out["a group of one, 2 cores"] = overlap_default(alone)
+        os.sched_getaffinity = masks["4 cores"]
+        out["a group of one, 4 cores"] = overlap_default(alone)
     finally:
         if real is None:
             del os.sched_getaffinity
@@ -50,6 +54,9 @@ def test_overlap_default_follows_idle_cores_on_every_rank():
             "overlap off: 2 rank(s) on 2 usable cores leave no core idle")
         assert out["bound, one core each"][0] is False
         assert out["bound, two cores each"][0] is True
+        assert out["a group of one, 2 cores"][1].startswith(  # the job's 2 ranks, from mpiexec
+            "overlap off: 2 rank(s) on 2 usable cores")
+        assert out["a group of one, 4 cores"][1].startswith("overlap on: 2 rank(s) on 4 usable")
         assert out["auto"] is True
         assert out["forced"] == [True, "overlap=True given"]
         assert out["bad"] == (f"rank {rank}: DistributedDataParallel: overlap must be True, "

@@ -38,8 +38,10 @@ peer), so it hides behind backward only on a core that backward does not use. Th
 more usable cores than ranks on it, off when some node has none idle (then overlap takes
 compute's core and costs more than it hides). ``model.overlap`` is the choice and
 ``model.overlap_reason`` says why, in numbers; scripts/bench_dp.py and lesson 05 measure the
-step with overlap on against off in the configuration they run in. Inside ``with model.no_sync():`` gradients only accumulate locally (gradient
-accumulation); the first backward outside it averages the sums.
+step with overlap on against off in the configuration they run in.
+
+Inside ``with model.no_sync():`` gradients only accumulate locally (gradient accumulation); the
+first backward outside it averages the sums.
 
 Agreement. Before the broadcast the ranks compare their parameters' and buffers' names, shapes
 and dtypes (``check_same_layout``): a model built differently on one rank is the same ValueError
@@ -178,19 +180,26 @@ class DistributedDataParallel(Module):
         return sum(int(b.nbytes) for b in self.grad_buffers)
 
 
+LOCAL_SIZE = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")  # the job's ranks on this node
+
+
 def overlap_default(comm):
     """(overlap, why) for ``overlap="auto"``: on when every node has a usable core that none of
-    its ranks of ``comm`` uses (for the background all-reduce), else off. Usable cores are a
-    node's ranks' CPU affinity masks together (``os.sched_getaffinity``, else ``os.cpu_count``);
-    one ``all_gather_object``, so every rank takes the same decision (blocking and
-    non-blocking collectives must not meet)."""
+    the job's ranks uses (for the background all-reduce), else off. Usable cores are the CPU
+    affinity masks of ``comm``'s ranks on the node together (``os.sched_getaffinity``, else
+    ``os.cpu_count``); the ranks are the job's on the node as the launcher tells them (MPICH's
+    MPI_LOCALNRANKS, Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE: a DDP over a sub-group shares the
+    node with the other groups), else ``comm``'s. One ``all_gather_object``, so every rank takes
+    the same decision (blocking and non-blocking collectives must not meet)."""
     cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(
         os.cpu_count() or 1)
+    job = max([int(os.environ[v]) for v in LOCAL_SIZE if os.environ.get(v, "").isdigit()] or [0])
     nodes = {}
-    for host, mask in comm.all_gather_object((socket.gethostname(), sorted(cores))):
-        ranks, usable = nodes.get(host, (0, set()))
-        nodes[host] = ranks + 1, usable | set(mask)
-    ranks, usable = max(nodes.values(), key=lambda node: node[0] - len(node[1]))
+    for host, mask, local in comm.all_gather_object((socket.gethostname(), sorted(cores), job)):
+        ranks, usable, most = nodes.get(host, (0, set(), 0))
+        nodes[host] = ranks + 1, usable | set(mask), max(most, local)
+    nodes = [(max(ranks, most), usable) for ranks, usable, most in nodes.values()]
+    ranks, usable = max(nodes, key=lambda node: node[0] - len(node[1]))
     idle = len(usable) - ranks
     if idle > 0:
         return True, (f"overlap on: {ranks} rank(s) on {len(usable)} usable cores leave {idle} "
