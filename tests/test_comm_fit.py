@@ -92,7 +92,8 @@ def test_benchmark_checks_the_model_at_a_size_it_never_fitted():
     assert values[0]["rows"] == [[1 << 17, "mpi"], [1 << 17, "ring"]]
     assert values[0]["held"] == [[3 << 15, "ring", True, True]]
     lines = values.outputs[0].splitlines()
-    start = lines.index("# held out of the fit (sizes between its powers of two): measured / model")
+    start = lines.index("# held out of the fit (sizes between its powers of two; fastest of 3 "
+                        "rounds, as the fit): measured / model")
     assert lines[start + 2].split()[:3] == ["#", "98304", "ring"]
     assert lines[start + 3].startswith("# measured / model from 64KiB up: held out ")
     assert "over 1 rows" in lines[start + 3] and "goal 0.8-1.25" in lines[start + 3]
