@@ -2,7 +2,7 @@
 (a round, or every round, far slower than the curve) is found and measured again, not fitted."""
 import pytest
 
-from minipar.comm.fit import in_line, stalled
+from minipar.comm.fit import in_line, stalled, unconfirmed
 from minipar.testing import run_on_ranks
 
 CLEAN = {1 << 15: [40e-6, 41e-6, 44e-6], 1 << 16: [60e-6, 63e-6, 61e-6],
@@ -19,6 +19,17 @@ def test_an_unconfirmed_fastest_round_is_stalled():
     samples = {**CLEAN, 1 << 16: [60e-6, 900e-6, 2e-3]}
     assert stalled(samples) == [1 << 16]
     assert stalled(samples, agree=100) == []
+
+
+def test_an_algorithm_s_alpha_is_unconfirmed_until_two_batches_agree():
+    assert unconfirmed({"ring": [20e-6, 24e-6, 90e-6], "sharded_ps": [20e-6, 60e-6]}) == [
+        "sharded_ps"]
+
+
+def test_a_stalled_latency_is_measured_again_and_capped():
+    """The tiny message's time is subtracted from every size's: stalled, it would zero them."""
+    samples = {8: [300e-6, 310e-6], **CLEAN}
+    assert stalled(samples) == [8] and in_line(samples)[8] == 40e-6
 
 
 def test_a_size_dearer_than_the_next_is_stalled():

@@ -80,21 +80,26 @@ def reduce_time(comm, nbytes, iters=10, span=1):
     return timed(comm, step, iters, warmup=1)
 
 
-def step_times(comm, algorithms, rounds=5, iters=40):
+def step_times(comm, algorithms, rounds=5, iters=40, retries=3):
     """Seconds per step of a tiny all-reduce (16 floats a rank) by each algorithm: its alpha as
     paid. Its steps are the alphas in its formula: ``cost(p, n, 1, 0, 0)``.
 
     ``rounds`` batches of ``iters`` each, the algorithms taking turns, and each algorithm's
     lowest batch median: a burst of other work spoils one batch of these microsecond steps
-    (all of one algorithm's, were its batches back to back), not the fit."""
+    (all of one algorithm's, were its batches back to back), not the fit. An algorithm whose
+    lowest batch no other confirms (``unconfirmed``) runs another batch, up to ``retries``."""
     xp = backend.xp()
     x = xp.ones(16 * comm.size, xp.float32)
     out = xp.empty_like(x)
     batches = {a: [] for a in algorithms}
-    for _ in range(rounds):
-        for a in algorithms:
-            run = lambda: comm.all_reduce(x, algorithm=a, out=out)  # noqa: E731
-            batches[a].append(timed(comm, run, iters))
+
+    def batch(a):
+        batches[a].append(timed(comm, lambda: comm.all_reduce(x, algorithm=a, out=out), iters))
+    for a in [a for _ in range(rounds) for a in algorithms]:
+        batch(a)
+    for _ in range(retries):
+        for a in unconfirmed(batches):
+            batch(a)
     zero = lambda m: 0  # noqa: E731
     return {a: min(batches[a]) / max(ALGORITHMS["all_reduce"][a].cost(
         comm.size, x.nbytes, 1, zero, zero), 1) for a in algorithms}
@@ -102,6 +107,12 @@ def step_times(comm, algorithms, rounds=5, iters=40):
 
 AGREE = 1.25  # a size's minimum stands once a second round comes within 25 % of it
 RISE = 1.10  # a size over 10 % dearer than the next size up (twice its bytes) is stalled
+
+
+def unconfirmed(samples, agree=AGREE):
+    """The keys of ``{key: [seconds, ...]}`` whose fastest sample no second one comes within
+    ``agree`` times of (two rounds seldom hit the same burst of other work)."""
+    return [k for k, ts in samples.items() if len(ts) > 1 and sorted(ts)[1] > agree * min(ts)]
 
 
 def stalled(samples, agree=AGREE, rise=RISE):
@@ -117,7 +128,7 @@ def stalled(samples, agree=AGREE, rise=RISE):
     Every rank computes this from the same slowest-rank times, so they all agree on what to
     measure again."""
     sizes, best = sorted(samples), {m: min(ts) for m, ts in samples.items()}
-    bad = {m for m in sizes if len(samples[m]) > 1 and sorted(samples[m])[1] > agree * best[m]}
+    bad = set(unconfirmed(samples, agree))
     bad |= {m for m, bigger in zip(sizes, sizes[1:]) if best[m] > rise * best[bigger]}
     return sorted(bad)
 
@@ -145,34 +156,36 @@ def fit(comm, sizes=FIT_SIZES, small=8, algorithms=("ring",), rounds=3, retries=
     find the caches as a ring all-reduce of p m-byte chunks does (hot at 64 KiB, streaming from
     memory at 16 MiB).
 
-    Robust to a loaded machine: every size is measured once a round for ``rounds`` rounds (a
-    burst of other work spoils one round at a few sizes, not the curve), and a size's
+    Robust to a loaded machine: every size, and the ``small``-byte message whose time is the
+    latency subtracted from each, is measured once a round for ``rounds`` rounds (a burst of
+    other work spoils one round at a few sizes, not the curve), and a size's
     constant comes from its fastest round (load only adds time). ``stalled`` finds the sizes
     whose fastest round is not yet confirmed by a second, or costs more than the next size up:
     they are measured again, up to ``retries`` more rounds, and refitted. The Model records
     what happened: ``model.refitted`` {size: rounds added}, ``model.unsettled`` (sizes still
     stalled when the retries ran out: their fastest round is used, capped by ``in_line``)."""
     exchange_time(comm, small)  # warm-up: the first messages on a channel pay its set-up
-    latency = min(exchange_time(comm, small, iters=40) for _ in range(5))  # as step_times
-    sends, adds = {m: [] for m in sizes}, {m: [] for m in sizes}
+    sends, adds = {m: [] for m in (small,) + tuple(sizes)}, {m: [] for m in sizes}
 
     def measure(size):
         iters = max(4, min(100, (256 << 20) // size) // rounds)
         span = max(2, min(comm.size, (64 << 20) // size))  # p windows, at most 64 MiB
         sends[size].append(exchange_time(comm, size, iters, span))
-        adds[size].append(reduce_time(comm, size, iters, span))
+        if size != small:
+            adds[size].append(reduce_time(comm, size, iters, span))
 
-    # all sizes once a round: a burst of other work spoils one round
-    for size in (progress or iter)([size for _ in range(rounds) for size in sizes]):
+    # all sizes once a round (the tiny message, the latency, first): a burst of other work
+    # spoils one round
+    for size in (progress or iter)([size for _ in range(rounds) for size in sends]):
         measure(size)
     refitted = {}
     for _ in range(retries):
-        again = sorted(set(stalled(sends)) | set(stalled(adds)))
-        for size in again:
+        for size in sorted(set(stalled(sends)) | set(stalled(adds))):
             measure(size)
             refitted[size] = refitted.get(size, 0) + 1
     unsettled = sorted(set(stalled(sends)) | set(stalled(adds)))
-    send, add = in_line(sends), in_line(adds)
+    send, add = in_line(sends), in_line(adds)  # the latency, too, no dearer than 32 KiB
+    latency = send[small]
     betas = {m: max(send[m] - latency, 0) / (m - small) for m in sizes}
     gammas = {m: add[m] / m for m in sizes}
     algorithms = [a for a in dict.fromkeys(("ring",) + tuple(algorithms))
