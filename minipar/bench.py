@@ -16,10 +16,11 @@ The header's ``fit_refitted`` names the sizes the fit measured again because a s
 work on the machine) slowed their fastest round, ``fit_unsettled`` those still stalled when its
 retries ran out (comm/fit.py). After the table, the check of the model: the measured
 algorithms at sizes the fit never measured (96 KiB, 1.5 MiB, 24 MiB: between its powers of
-two, up to the largest size), each the fastest of 3 rounds, stalled ones measured again, as the fit
-times its constants (so load slows the check no more than the fit), as measured / model; then one line with the range of
-measured / model from 64 KiB up, held out and in the table (goal 0.8-1.25 on a quiet machine;
-below 64 KiB a few microseconds of Python decide). These lines start with ``#``.
+two, up to the largest size), each the fastest of 3 rounds, stalled ones measured again, as
+the fit times its constants (so load slows the check no more than the fit), as measured /
+model; then one line with the range of measured / model from 64 KiB up, held out and in the
+table (goal 0.8-1.25 on a quiet machine; below 64 KiB a few microseconds of Python decide).
+These lines start with ``#``.
 
 MPICH allocates a full-size temporary buffer on every large MPI_Allreduce; glibc serves large
 blocks with mmap, so each call maps and unmaps (and page-faults) it afresh. Run with
