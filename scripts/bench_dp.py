@@ -33,8 +33,9 @@ are noisy: the table says how many cores and what load average it ran with.
 With ``--repeat`` above 1, added lines give each run's step time over the launches as median
 [min-max]. A closing summary gives the goals at every per-rank batch, each with its range over
 launches (2-rank/1-rank with overlap on: >= 1.8 at the largest batch and no launch below 1.7;
-minipar / torch DDP: <= 0.8), and DDP's overlap default in each configuration (ranks against
-usable cores: ``ddp.overlap_default``) beside the gain from overlap measured in the same run.
+minipar / torch DDP, with overlap on and with DDP's default: <= 0.8), and DDP's overlap
+default in each configuration (ranks against usable cores: ``ddp.overlap_default``) beside
+the gain from overlap measured in the same run.
 ``--plot DIR`` draws, for each per-rank batch, the throughput (samples/s) of each run on 1 and
 2 ranks as grouped bars: ``DIR/dp_throughput_b64.png`` (paths printed last).
 """
@@ -281,15 +282,16 @@ def report(batch, repeats, args, load):
 
 def summary(per_batch, defaults):
     """The goals across per-rank batches, after the tables: 2-rank / 1-rank with overlap on and
-    minipar / torch DDP at each batch, each with its range over launches; then DDP's overlap
-    default in each configuration beside the measured step with overlap on / off."""
-    def across(key, ok):
+    minipar / torch DDP at each batch (with overlap on, and with DDP's default on 2 ranks),
+    each with its range over launches; then DDP's overlap default in each configuration beside
+    the measured step with overlap on / off."""
+    def across(ratio, ok):
         cells = []
         for batch, repeats in per_batch.items():
-            got = [ratios(median_table([r])).get(key) for r in repeats]
+            got = [ratio(median_table([r])) for r in repeats]
             if None in got:
                 return None
-            mid = ratios(median_table(repeats))[key]
+            mid = ratio(median_table(repeats))
             cells.append(f"{batch}: {mid:.2f} (launches {min(got):.2f}-{max(got):.2f}"
                          f"{'' if ok(batch, mid, got) else ', goal missed'})")
         return ", ".join(cells)
@@ -297,11 +299,16 @@ def summary(per_batch, defaults):
     last = max(per_batch)
     print(f"\nsummary, samples per rank {', '.join(map(str, per_batch))}:")
     print("  2-rank / 1-rank throughput, overlap on: " + across(
-        "scaling", lambda b, mid, got: b != last or (mid >= 1.8 and min(got) >= 1.7))
+        lambda ms: ratios(ms)["scaling"],
+        lambda b, mid, got: b != last or (mid >= 1.8 and min(got) >= 1.7))
         + f" (goal >= 1.8 at {last}, no launch below 1.7)")
-    torch = across("minipar / torch", lambda b, mid, got: mid <= 0.8)
-    if torch:
-        print(f"  minipar / torch DDP step time, 2 ranks, overlap on: {torch} (goal <= 0.8)")
+    default = "overlap on" if defaults.get(2, (True,))[0] else "overlap off"
+    for run in dict.fromkeys(("overlap on", default)):
+        torch = across(lambda ms: ms[2][run] / ms[2]["torch DDP"] if "torch DDP" in ms[2]
+                       else None, lambda b, mid, got: mid <= 0.8)
+        label = f"{run} (DDP's default)" if run == default else run
+        if torch:
+            print(f"  minipar / torch DDP step time, 2 ranks, {label}: {torch} (goal <= 0.8)")
     for n, (overlap, why) in sorted(defaults.items()):
         if n == 1:
             continue  # one rank: nothing to overlap

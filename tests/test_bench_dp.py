@@ -38,11 +38,14 @@ def test_summary_gives_each_goal_at_each_batch_and_the_default_beside_the_gain(c
                         "at 256, no launch below 1.7)")
     assert lines[3] == ("  minipar / torch DDP step time, 2 ranks, overlap on: 64: 0.67 (launches "
                         "0.67-0.67), 256: 0.92 (launches 0.88-1.04, goal missed) (goal <= 0.8)")
-    assert lines[4].startswith("  DDP's overlap default on 2 ranks: overlap off: 2 rank(s) on 2 ")
-    assert lines[4].endswith("measured gain from overlap (off / on step time) 64: 1.20x, "
+    assert lines[4] == ("  minipar / torch DDP step time, 2 ranks, overlap off (DDP's default): "
+                        "64: 0.80 (launches 0.80-0.80), 256: 1.10 (launches 1.05-1.25, goal "
+                        "missed) (goal <= 0.8)")
+    assert lines[5].startswith("  DDP's overlap default on 2 ranks: overlap off: 2 rank(s) on 2 ")
+    assert lines[5].endswith("measured gain from overlap (off / on step time) 64: 1.20x, "
                              "256: 1.20x: the default is the slower at 64, the slower at 256")
     ms = {"overlap on": 1.0, "overlap off": 1.04}
     assert [dp.verdict(ms, on) for on in (True, False)] == ["as fast (within 5%)"] * 2
     ms["overlap off"] = 0.9
     assert [dp.verdict(ms, on) for on in (True, False)] == ["the slower", "the faster"]
-    assert len(lines) == 5  # one rank: nothing to overlap, no line
+    assert len(lines) == 6  # one rank: nothing to overlap, no line
