@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 P, M = 4, 8
 BUBBLE_M = (4, 8, 16, 32, 64)
-SCHEDULES = (("gpipe", None), ("1f1b", None), ("interleaved", 2), ("zb-h1", None))
+SCHEDULES = (("gpipe", None), ("1f1b", None), ("interleaved", 2), ("zb-h1", None), ("zb-v", None))
 
 
 def schedule_figure():
