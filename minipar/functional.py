@@ -14,6 +14,8 @@ import math
 import numbers
 
 from . import backend, random
+from .attention import (attention_heads, causal_self_attention, causal_softmax,  # noqa: F401
+                        scaled_dot_product_attention)
 from .autograd import Tensor, as_tensor, make_result
 
 
@@ -299,56 +301,3 @@ def linear(x, weight, bias=None):
         return grads
 
     return make_result(y, parents, backward, "linear")
-
-
-def causal_self_attention(q, k, v, dropout_p=0.0, training=True):
-    """softmax(q kᵀ/√d + causal mask) v for q, k, v of shape (batch, heads, T, d).
-
-    With S = q kᵀ/√d, P = softmax(S) (then dropout), O = P v:
-    dV = Pᵀ dO;  dP = dO Vᵀ;  dS = P ⊙ (dP − Σ dP⊙P);  dQ = dS K/√d;  dK = dSᵀ Q/√d.
-    """
-    q, k, v = as_tensor(q), as_tensor(k), as_tensor(v)
-    if not (q.shape == k.shape == v.shape) or q.ndim != 4:
-        raise ValueError(f"causal_self_attention: q, k, v must share one (batch, heads, T, d) "
-                         f"shape, got {q.shape}, {k.shape}, {v.shape}")
-    xp = _xp(q.data)
-    T, d = q.shape[-2], q.shape[-1]
-    scale = 1.0 / math.sqrt(d)
-    s = (q.data @ k.data.swapaxes(-1, -2)) * scale
-    future = xp.triu(xp.ones((T, T), dtype=bool), k=1)
-    s[..., future] = -xp.inf
-    s -= s.max(axis=-1, keepdims=True)
-    p = xp.exp(s, out=s)
-    p /= p.sum(axis=-1, keepdims=True)
-    mask = None
-    if training and dropout_p > 0:
-        mask = (random.generator(xp).random(p.shape) >= dropout_p).astype(p.dtype) / (1 - dropout_p)
-        pd = p * mask
-    else:
-        pd = p
-    out = pd @ v.data
-    qd, kd, vd = q.data, k.data, v.data
-
-    def backward(g):
-        gv = pd.swapaxes(-1, -2) @ g
-        gp = g @ vd.swapaxes(-1, -2)
-        if mask is not None:
-            gp *= mask
-        gs = p * (gp - (gp * p).sum(axis=-1, keepdims=True))
-        gs *= scale
-        return gs @ kd, gs.swapaxes(-1, -2) @ qd, gv
-
-    return make_result(out, (q, k, v), backward, "attention")
-
-
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
-                                 is_causal=False, scale=None, enable_gqa=False):
-    """torch's name and signature for ``causal_self_attention``: is_causal=True, no attn_mask,
-    the default scale 1/√d, q, k, v of one (batch, heads, T, d) shape; dropout applies whenever
-    dropout_p > 0, as in torch."""
-    d = query.shape[-1]
-    if not is_causal or attn_mask is not None or enable_gqa or (
-            scale is not None and not math.isclose(scale, 1 / math.sqrt(d))):
-        raise NotImplementedError("scaled_dot_product_attention: only is_causal=True without "
-                                  "attn_mask, enable_gqa or a scale other than 1/sqrt(d)")
-    return causal_self_attention(query, key, value, dropout_p=dropout_p, training=True)

@@ -164,3 +164,31 @@ def test_composite_graph_with_reuse():
         h = (x @ w).tanh()
         return (h * h + h).sum(axis=1) / (1 + (x * x).mean())
     gradcheck(f, rand(3, 4), rand(4, 2))
+
+
+def test_causal_softmax_and_attention_heads():
+    gradcheck(lambda s: F.causal_softmax(s, 0.5), rand(2, 4, 4))
+    gradcheck(lambda qkv: F.attention_heads(qkv, 2), rand(2, 4, 12))
+
+    def with_dropout(qkv):
+        minipar.manual_seed(5)
+        return F.attention_heads(qkv, 2, dropout_p=0.25)
+    gradcheck(with_dropout, rand(2, 4, 12))
+
+
+def test_attention_heads_equals_attention_on_split_heads_with_dropout():
+    """The same dropout mask is drawn either way: the two paths agree bit for bit in shape."""
+    qkv = rand(2, 4, 12)
+    minipar.manual_seed(7)
+    fused = F.attention_heads(minipar.tensor(qkv), 2, dropout_p=0.5).numpy()
+    q, k, v = qkv.reshape(2, 4, 3, 2, 2).transpose(2, 0, 3, 1, 4)
+    minipar.manual_seed(7)
+    split = F.causal_self_attention(q, k, v, dropout_p=0.5).numpy()
+    np.testing.assert_allclose(fused, split.transpose(0, 2, 1, 3).reshape(2, 4, 4), rtol=1e-12)
+
+
+def test_fused_attention_bad_shapes():
+    with pytest.raises(ValueError, match=r"causal_softmax: .*square \(T, T\).*\(3, 4\)"):
+        F.causal_softmax(rand(3, 4))
+    with pytest.raises(ValueError, match=r"attention_heads: .*n_head=2, got \(2, 4, 9\)"):
+        F.attention_heads(rand(2, 4, 9), 2)

@@ -121,3 +121,25 @@ def test_causal_attention():
     q, k, v = rand(2, 3, 5, 4), rand(2, 3, 5, 4), rand(2, 3, 5, 4)
     compare(F.causal_self_attention,
             lambda a, b, c: TF.scaled_dot_product_attention(a, b, c, is_causal=True), q, k, v)
+
+
+def _causal(a, scale):
+    T = a.shape[-1]
+    return TF.softmax((a * scale).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1),
+                                              float("-inf")), -1)
+
+
+def test_causal_softmax_is_scale_mask_softmax():
+    compare(lambda a: F.causal_softmax(a, 0.3), lambda a: _causal(a, 0.3), rand(2, 3, 5, 5))
+    compare(F.causal_softmax, lambda a: _causal(a, 1.0), rand(4, 4))
+
+
+def test_attention_heads_from_qkv():
+    """attention_heads(qkv, H) is the reshape, permute, attention, permute, reshape of nanoGPT."""
+    B, T, H, d = 2, 5, 3, 4
+
+    def theirs(qkv):
+        q, k, v = qkv.view(B, T, 3, H, d).permute(2, 0, 3, 1, 4)
+        y = TF.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return y.transpose(1, 2).reshape(B, T, H * d)
+    compare(lambda qkv: F.attention_heads(qkv, H), theirs, rand(B, T, 3 * H * d))

@@ -48,12 +48,10 @@ class CausalSelfAttention(Module):
         self.resid_dropout = Dropout(dropout)
 
     def forward(self, x):
-        B, T, C = x.shape
-        H = self.n_head
-        qkv = self.c_attn(x).reshape(B, T, 3, H, C // H).permute(2, 0, 3, 1, 4)  # (3, B, H, T, d)
-        q, k, v = qkv[0], qkv[1], qkv[2]
-        y = F.causal_self_attention(q, k, v, dropout_p=self.p, training=self.training)
-        y = y.permute(0, 2, 1, 3).reshape(B, T, C)  # heads side by side again
+        # q, k, v: (B, T, C) each, C = n_head·d; every head attends in its d dimensions, and
+        # the heads come back side by side, (B, T, C) (see minipar.attention: no copies)
+        y = F.attention_heads(self.c_attn(x), self.n_head, dropout_p=self.p,
+                              training=self.training)
         return self.resid_dropout(self.c_proj(y))
 
 
