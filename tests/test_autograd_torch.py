@@ -143,3 +143,22 @@ def test_attention_heads_from_qkv():
         y = TF.scaled_dot_product_attention(q, k, v, is_causal=True)
         return y.transpose(1, 2).reshape(B, T, H * d)
     compare(lambda qkv: F.attention_heads(qkv, H), theirs, rand(B, T, 3 * H * d))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gelu_far_from_zero_stays_finite(dtype):
+    """GeLU through e^(−2u): the exponent is clipped, so no overflow (warnings are errors here)."""
+    import warnings
+    x = np.array([-1e4, -60.0, -12.0, -3.0, 0.0, 3.0, 12.0, 1e4], dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours = minipar.tensor(x, requires_grad=True)
+        y = F.gelu(ours)
+        y.sum().backward()
+    theirs = torch.tensor(x, requires_grad=True)
+    y_t = TF.gelu(theirs, approximate="tanh")
+    y_t.sum().backward()
+    tol = 1e-6 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(y.numpy(), y_t.detach().numpy(), rtol=tol, atol=tol)
+    np.testing.assert_allclose(minipar.to_numpy(ours.grad), theirs.grad.numpy(), rtol=tol,
+                               atol=tol)
