@@ -8,6 +8,14 @@ the parameters and so of the state; ``state_bytes()`` counts what that slicing s
 ``step()`` works on the backend arrays directly and in place (``p.data -= ...``), so it builds no
 graph and keeps each parameter's array (a view into a flat buffer stays one). Gradients are never
 changed in place: the engine may hand two leaves the very same gradient array.
+
+Adam and AdamW update all their parameters at once (``Flat``): the parameters are laid end to end
+in one vector, each ``p.data`` a view of it, as are the moments (``state[i]["exp_avg"]`` is a view
+of parameter i's stretch: the state_dict format is the per-parameter one), so each line of the
+update is one pass over one vector instead of one small pass per parameter, as torch's fused
+AdamW does. Where that cannot hold (a parameter without a gradient, parameters at different
+steps, arrays that are views of someone else's buffer, e.g. ZeRO's shards) the step goes
+parameter by parameter, with the same formulas.
 """
 import numbers
 
@@ -150,6 +158,50 @@ class Adam(Optimizer):
                               weight_decay=weight_decay)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
                                       weight_decay=weight_decay))
+        self.flat = Flat.of(self.params)  # None where the parameters cannot be laid end to end
+
+    def step(self):
+        if not self._flat_step():
+            super().step()
+
+    def _flat_step(self):
+        """The update of ``update`` on the flat vectors, one pass per line; False (nothing done)
+        where the parameters cannot take one step together."""
+        params, flat = self.params, self.flat
+        if any(p.grad is None for p in params):
+            return False
+        states = [self.state.get(i, {"step": 0}) for i in range(len(params))]
+        if len({s["step"] for s in states}) != 1:
+            return False
+        if flat is None or not flat.holds(params):  # an array was replaced: lay them out anew
+            flat = self.flat = Flat.of(params, flat)
+            if flat is None:
+                return False
+        (m, m_views), (v, v_views) = (flat.state(name, [s.get(name) for s in states])
+                                      for name in MOMENTS)
+        for i, s in enumerate(states):
+            self.state[i] = {"step": s["step"] + 1, "exp_avg": m_views[i],
+                             "exp_avg_sq": v_views[i]}
+        xp, p, g, tmp = flat.xp, flat.data, flat.gather_grads(params), flat.scratch
+        beta1, beta2 = self.betas
+        t = states[0]["step"] + 1
+        if self.weight_decay and self.decoupled:
+            p *= 1 - self.lr * self.weight_decay
+        elif self.weight_decay:
+            g += xp.multiply(p, self.weight_decay, out=tmp)
+        m *= beta1  # m ← β₁m + (1−β₁)g
+        m += xp.multiply(g, 1 - beta1, out=tmp)
+        v *= beta2  # v ← β₂v + (1−β₂)g²
+        tmp = xp.multiply(g, g, out=tmp)
+        tmp *= 1 - beta2
+        v += tmp
+        denom = xp.sqrt(v, out=tmp)  # √v/√(1−β₂ᵗ) + ε
+        denom /= (1 - beta2 ** t) ** 0.5
+        denom += self.eps
+        step = xp.divide(m, denom, out=tmp)  # p ← p − lr/(1−β₁ᵗ) · m/denom
+        step *= self.lr / (1 - beta1 ** t)
+        p -= step
+        return True
 
     def update(self, i, param, grad, state):
         xp = backend.get_array_module(param)
@@ -182,6 +234,65 @@ class AdamW(Adam):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
         super().__init__(params, lr, betas, eps, weight_decay)
+
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+class Flat:
+    """Parameters laid end to end in one vector ``data``: parameter i is data[o_i:o_i + n_i],
+    o_i = n_0 + ... + n_{i-1}, and ``p.data`` a view of it. Vectors of the same layout hold the
+    gradients (copied in each step), the optimizer state and a scratch vector."""
+
+    @classmethod
+    def of(cls, params, old=None):
+        """A Flat of ``params`` (in a new vector), or None unless they share a dtype and a device
+        and each array is its own (not a view of someone else's buffer) or a view of ``old``'s."""
+        arrays = [p.data for p in params]
+        xp = backend.get_array_module(*arrays)
+        if len({a.dtype for a in arrays}) != 1 or any(backend.get_array_module(a) is not xp
+                                                      for a in arrays):
+            return None
+        if any(a.base is not None and (old is None or a is not view)
+               for a, view in zip(arrays, old.views if old else arrays)):
+            return None
+        return cls(params, xp)
+
+    def __init__(self, params, xp):
+        self.xp, self.shapes = xp, [p.shape for p in params]
+        self.bounds = [0]
+        for p in params:
+            self.bounds.append(self.bounds[-1] + p.size)
+        self.data = xp.concatenate([p.data.reshape(-1) for p in params])
+        self.views = [self.view(self.data, i) for i in range(len(params))]
+        for p, view in zip(params, self.views):
+            p.data = view
+        self.grad, self.scratch = xp.empty_like(self.data), xp.empty_like(self.data)
+        self.vectors = {}  # state name -> (vector, its views)
+
+    def view(self, vector, i):
+        return vector[self.bounds[i]:self.bounds[i + 1]].reshape(self.shapes[i])
+
+    def holds(self, params):
+        return all(p.data is view for p, view in zip(params, self.views))
+
+    def gather_grads(self, params):
+        """The gradients laid end to end (a copy: the parameters' own ``.grad`` stay as they are)."""
+        return self.xp.concatenate([p.grad.reshape(-1) for p in params], out=self.grad)
+
+    def state(self, name, arrays):
+        """The vector of state ``name`` and its views, given each parameter's current array
+        (None: zeros); rebuilt from ``arrays`` unless they are its views (a load_state_dict
+        replaced them)."""
+        vector, views = self.vectors.get(name, (None, ()))
+        if vector is None or any(a is not view for a, view in zip(arrays, views)):
+            vector = self.xp.concatenate([self.xp.zeros(n, self.data.dtype) if a is None else
+                                          a.reshape(-1) for a, n in zip(arrays, self.sizes())])
+            self.vectors[name] = vector, [self.view(vector, i) for i in range(len(arrays))]
+        return self.vectors[name]
+
+    def sizes(self):
+        return [hi - lo for lo, hi in zip(self.bounds, self.bounds[1:])]
 
 
 def clip_grad_norm_(params, max_norm, eps=1e-6):

@@ -178,3 +178,71 @@ def test_negative_max_norm_is_refused():
             optim.clip_grad_norm_(params, bad)
     assert (params[0].grad == 1).all()  # nothing was changed
     assert optim.clip_grad_norm_(params, 0.0) == pytest.approx(3 ** 0.5)
+
+
+def test_adam_lays_the_parameters_and_moments_end_to_end():
+    """One flat vector: every p.data a view of it, and the moments views of theirs, so the
+    state_dict keeps its per-parameter format."""
+    params = _params([RNG.standard_normal(s) for s in SHAPES])
+    opt = optim.AdamW(params, lr=0.1)
+    assert opt.flat is not None and opt.flat.holds(params)
+    assert opt.flat.data.size == sum(int(np.prod(s)) for s in SHAPES)
+    _run(opt, params, [[np.ones(s) for s in SHAPES]])
+    opt.flat.data[...] = 7.0  # writing the vector writes the parameters
+    assert all((p.numpy() == 7.0).all() for p in params)
+    for i, s in enumerate(SHAPES):
+        assert opt.state[i]["exp_avg"].shape == s and opt.state[i]["step"] == 1
+    opt.flat.vectors["exp_avg"][0][...] = 3.0
+    assert all((minipar.to_numpy(opt.state[i]["exp_avg"]) == 3.0).all() for i in range(3))
+
+
+@requires_torch
+def test_adam_falls_back_per_parameter_and_still_matches_torch():
+    """A parameter without a gradient at one step (skipped, as in torch) leaves the parameters
+    at different steps: the update then goes parameter by parameter, with the same result."""
+    values = [RNG.standard_normal(s) for s in SHAPES]
+    steps = [[RNG.standard_normal(s) for s in SHAPES] for _ in range(4)]
+    steps[1][1] = None
+    params = _params(values)
+    ours = optim.AdamW(params, lr=0.01, weight_decay=0.1)
+    tparams = [torch.tensor(v, requires_grad=True) for v in values]
+    theirs = torch.optim.AdamW(tparams, lr=0.01, weight_decay=0.1)
+    for grads in steps:
+        for p, t, g in zip(params, tparams, grads):
+            p.grad = None if g is None else minipar.backend.asarray(g.copy())
+            t.grad = None if g is None else torch.tensor(g)
+        ours.step()
+        theirs.step()
+    assert [ours.state[i]["step"] for i in range(3)] == [4, 3, 4]
+    for p, t in zip(params, tparams):
+        np.testing.assert_allclose(p.numpy(), t.detach().numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_adam_leaves_views_of_another_buffer_where_they_are():
+    """Parameters that are views of someone else's vector (ZeRO's shards) are not moved."""
+    xp = minipar.backend.xp()
+    buffer = xp.zeros(10)
+    shard = nn.Parameter(buffer[2:8])
+    opt = optim.Adam([shard], lr=0.5)
+    assert opt.flat is None
+    shard.grad = xp.ones(6)
+    opt.step()
+    np.testing.assert_allclose(minipar.to_numpy(buffer)[2:8], -0.5)
+    assert (minipar.to_numpy(buffer)[[0, 1, 8, 9]] == 0).all()
+
+
+def test_adam_follows_replaced_parameter_arrays():
+    """A parameter given a new array (PipeDream's stash, module.to(dtype)) is laid out anew:
+    the step updates the new arrays and leaves the old ones, which may be stashed, alone."""
+    params = _params([np.zeros(s) for s in SHAPES])
+    opt = optim.Adam(params, lr=0.5)
+    _run(opt, params, [[np.ones(s) for s in SHAPES]])
+    old = [p.data for p in params]
+    before = [p.numpy().copy() for p in params]
+    for p in params:
+        p.data = p.data.copy()
+    _run(opt, params, [[np.ones(s) for s in SHAPES]])
+    for p, a, b in zip(params, old, before):
+        np.testing.assert_array_equal(minipar.to_numpy(a), b)  # the stashed arrays unchanged
+        np.testing.assert_allclose(p.numpy(), b - 0.5)
+    assert opt.flat.holds(params)
