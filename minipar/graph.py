@@ -26,6 +26,7 @@ input x). A node computes a chosen few of its parents' gradients when its backwa
 that computes all at once, as layer_norm) runs whole in B, its weight gradients held for W.
 """
 import contextlib
+import weakref
 
 from . import backend, memory
 
@@ -185,8 +186,9 @@ def _apply_hooks(node, g):
 
 
 def _finish_leaf(node, g):
-    """Keep a leaf's gradient, then tell its post-accumulate hooks."""
-    node.grad = g if node.grad is None else node.grad + g
+    """Keep a leaf's gradient (added in place where it can be, see ``_sum``), then tell its
+    post-accumulate hooks."""
+    node.grad = g if node.grad is None else _sum(node, node.grad, g)
     for hook in node._post_hooks or ():
         hook(node)
 
@@ -204,7 +206,21 @@ def _accumulate(pending, node, g):
         raise RuntimeError(f"internal error: op {node._op!r} produced a gradient of shape "
                            f"{g.shape} for a tensor of shape {node.shape}")
     key = id(node)
-    pending[key] = g if key not in pending else pending[key] + g
+    pending[key] = g if key not in pending else _sum(node, pending[key], g)
+
+
+def _sum(node, total, g):
+    """total + g: a new array the first time (``total`` may be a gradient another node holds too:
+    ``add`` hands both its inputs the same array), in place into that array the next times."""
+    if _sums.get(id(node)) is total:
+        total += g
+        return total
+    total = total + g
+    _sums[id(node)] = total
+    return total
+
+
+_sums = weakref.WeakValueDictionary()  # id(node) -> the array of sums its accumulation made
 
 
 def _topological_order(roots):

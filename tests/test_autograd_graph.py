@@ -184,3 +184,33 @@ def test_backend_device_choice(monkeypatch):
     a = np.arange(3)
     assert backend.to_numpy(a) is a
     assert backend.get_array_module(a) is np
+
+
+def test_sums_of_gradients_never_write_into_a_shared_array():
+    """add hands both inputs one array; a node summing several uses adds into its own array
+    only, so the other input's gradient stays as it was."""
+    x = leaf(4)
+    a, b = x * 2, x * 5
+    ((a + b) + a * 3 + a * 4).sum().backward()  # a gets g three times, the first one b's too
+    np.testing.assert_allclose(to_numpy(x.grad), np.full(4, 2 * (1 + 3 + 4) + 5))
+
+
+def test_leaf_gradients_accumulate_in_place_after_the_first_sum():
+    """Like torch: the first backward's array is kept as it is (it may be another leaf's too),
+    the second makes the leaf its own sum, later ones add into that array."""
+    a, b = leaf(3), leaf(3, seed=1)
+    (a + b).sum().backward()
+    first = a.grad
+    assert b.grad is first  # one array for both leaves
+    (a + b).sum().backward()
+    own = a.grad
+    assert own is not first and b.grad is not own
+    (a + b).sum().backward()
+    assert a.grad is own  # added in place
+    np.testing.assert_array_equal(to_numpy(first), np.ones(3))
+    np.testing.assert_array_equal(to_numpy(a.grad), np.full(3, 3.0))
+    np.testing.assert_array_equal(to_numpy(b.grad), np.full(3, 3.0))
+    a.grad = first  # a gradient set from outside is not the engine's to change
+    (a + b).sum().backward()
+    np.testing.assert_array_equal(to_numpy(first), np.ones(3))
+    np.testing.assert_array_equal(to_numpy(a.grad), np.full(3, 2.0))
