@@ -13,7 +13,12 @@ then the median of ``--repeats`` steps):
 Goals: minipar / PyTorch ≤ 1.2 for the GPT block, ≤ 2.0 for the tiny MLP. PyTorch is optional
 (``pip install torch``); without it its column reads "skipped".
 
-Added lines after the table give each step's spread over the repeats, median [min-max].
+Added lines after the table give each step's spread over the repeats, median [min-max]; then
+issue 15's goals (the exit status stays the table's): GPT block ≤ 0.9 of PyTorch, tiny MLP
+≤ 0.5, and the engine's efficiency ≥ 0.6: the GEMM-only time of the GPT-block step (its 18
+matrix products alone, on operands of the same shapes and layouts, timed in turn with the
+steps, ``gemm_only``) over the step's time, what a step would cost if everything but the matrix
+products were free.
 ``--plot DIR`` draws ``autograd_times.png`` (ms per step, minipar beside PyTorch, per workload)
 and, with PyTorch, ``autograd_ratio.png`` (minipar / PyTorch beside the goal); paths printed last.
 """
@@ -126,6 +131,34 @@ def minipar_steps():
     return {"gpt-block": gpt_block, "tiny-mlp": tiny_mlp}
 
 
+def gemm_only():
+    """The GPT-block step's matrix products and nothing else, as the engine calls them: each
+    Linear (N = B·T rows) forward x Wᵀ, backward g W and gᵀ x; attention per (batch, head)
+    q kᵀ and P v, backward Pᵀ dO, dO vᵀ, dS k and dSᵀ q, with q, k, v strided views of c_attn's
+    output (B, T, 3C) as in ``minipar.attention``."""
+    rng = np.random.default_rng(1)
+    xp = backend.xp()
+
+    def rand(*shape):
+        return backend.asarray(rng.standard_normal(shape).astype(np.float32))
+
+    N, d, pairs = B * T, C // HEADS, []
+    for n_out, n_in in [(3 * C, C), (C, C), (4 * C, C), (C, 4 * C)]:  # c_attn, c_proj, c_fc, c_proj
+        x, w, g = rand(N, n_in), rand(n_out, n_in), rand(N, n_out)
+        pairs += [(x, w.T), (g, w), (g.T, x)]
+    qkv = rand(B, T, 3, HEADS, d)
+    q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+    p, ds, do = rand(B, HEADS, T, T), rand(B, HEADS, T, T), rand(B, HEADS, T, d)
+    pairs += [(q, k.swapaxes(-1, -2)), (p, v), (p.swapaxes(-1, -2), do), (do, v.swapaxes(-1, -2)),
+              (ds, k), (ds.swapaxes(-1, -2), q)]
+
+    def gemms():
+        for a, b in pairs:
+            xp.matmul(a, b)
+
+    return gemms
+
+
 # --- PyTorch ------------------------------------------------------------------------------------
 def torch_steps(torch):
     TF = torch.nn.functional
@@ -170,6 +203,33 @@ def torch_steps(torch):
 GOALS = {"gpt-block": 1.2, "tiny-mlp": 2.0}
 
 
+ISSUE_15_GOALS = {"gpt-block": 0.9, "tiny-mlp": 0.5}
+EFFICIENCY_GOAL = 0.6
+
+
+def goals_of_issue_15(results, gemm_ms):
+    """The lines after the spread: each workload against PyTorch and issue 15's goal, then the
+    engine efficiency: GEMM-only ms / step ms (PyTorch's step against the same GEMMs beside)."""
+    def verdict(ok):
+        return "met" if ok else "missed"
+
+    print("issue 15 goals, measured in this run:")
+    for name, times in results.items():
+        ms = statistics.median(times["minipar"])
+        if times["PyTorch"]:
+            ratio = ms / statistics.median(times["PyTorch"])
+            print(f"  {name:12s} minipar / PyTorch {ratio:5.2f}  (goal <= "
+                  f"{ISSUE_15_GOALS[name]}: {verdict(ratio <= ISSUE_15_GOALS[name])})")
+    if "gpt-block" in results and gemm_ms:
+        ms = statistics.median(results["gpt-block"]["minipar"])
+        torch_ms = results["gpt-block"]["PyTorch"]
+        theirs = (f"; PyTorch's step {statistics.median(torch_ms):.2f} ms: "
+                  f"{gemm_ms / statistics.median(torch_ms):.2f}") if torch_ms else ""
+        print(f"  engine efficiency, gpt-block: GEMMs alone {gemm_ms:.2f} ms / step {ms:.2f} ms "
+              f"= {gemm_ms / ms:.2f}  (goal >= {EFFICIENCY_GOAL}: "
+              f"{verdict(gemm_ms / ms >= EFFICIENCY_GOAL)}){theirs}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
@@ -203,11 +263,14 @@ def main(argv=None):
     print(f"  gpt-block: (B, T, C) = ({B}, {T}, {C}), {HEADS} heads;  tiny-mlp: batch "
           f"{MLP_BATCH}, {MLP_IN}-{MLP_HIDDEN}-{MLP_OUT}")
     print(f"{'workload':12s} {'minipar ms':>11s} {'PyTorch ms':>11s} {'ratio':>7s} {'goal':>6s}")
-    failed, results = False, {}
+    failed, results, gemm_ms = False, {}, None
     for name, step in ours.items():
         steps = [step] + ([theirs[name]] if name in theirs else [])
+        steps += [gemm_only()] if name == "gpt-block" else []
         times = [[1000 * t for t in record] for record in step_times(steps, args.repeats,
                                                                         desc=name)]
+        if name == "gpt-block":
+            gemm_ms = statistics.median(times.pop())
         results[name] = {"minipar": times[0], "PyTorch": times[1] if name in theirs else None}
         ms = statistics.median(times[0])
         if name in theirs:
@@ -222,6 +285,7 @@ def main(argv=None):
     for name, times in results.items():
         print(f"  {name:12s} minipar {spread(times['minipar'], '{:.2f}')}"
               + (f"   PyTorch {spread(times['PyTorch'], '{:.2f}')}" if times["PyTorch"] else ""))
+    goals_of_issue_15(results, gemm_ms)
     if args.plot:
         draw(args.plot, results)
     return 1 if failed else 0
