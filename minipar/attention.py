@@ -17,6 +17,7 @@ import math
 
 from . import backend, random
 from .autograd import as_tensor, make_result
+from .ops import sum_last
 
 _MASKS = {}  # (array module, T, dtype) -> M, made once
 
@@ -36,13 +37,13 @@ def softmax_forward(s, scale):
     s += causal_mask(xp, s.shape[-1], s.dtype)
     s -= s.max(axis=-1, keepdims=True)  # the diagonal is never masked: every row max is finite
     xp.exp(s, out=s)
-    s /= s.sum(axis=-1, keepdims=True)
+    s /= sum_last(s)
     return s
 
 
 def softmax_backward(p, gp, scale):
     """dS = scale · P ⊙ (dP − Σ_j dP⊙P), written over dP (a fresh array)."""
-    rows = (gp * p).sum(axis=-1, keepdims=True)
+    rows = sum_last(gp * p)
     gp -= rows
     gp *= p
     gp *= scale

@@ -170,21 +170,21 @@ class Adam(Optimizer):
         params, flat = self.params, self.flat
         if any(p.grad is None for p in params):
             return False
-        states = [self.state.get(i, {"step": 0}) for i in range(len(params))]
-        if len({s["step"] for s in states}) != 1:
-            return False
         if flat is None or not flat.holds(params):  # an array was replaced: lay them out anew
             flat = self.flat = Flat.of(params, flat)
             if flat is None:
                 return False
-        (m, m_views), (v, v_views) = (flat.state(name, [s.get(name) for s in states])
-                                      for name in MOMENTS)
-        for i, s in enumerate(states):
-            self.state[i] = {"step": s["step"] + 1, "exp_avg": m_views[i],
-                             "exp_avg_sq": v_views[i]}
+        states = [self.state.get(i) for i in range(len(params))]
+        if not flat.holds_state(states):  # first step, or a load_state_dict replaced them
+            if not flat.adopt(states, MOMENTS):
+                return False  # parameters at different steps
+            self.state.update(enumerate(flat.states))
+        t = states[0]["step"] + 1 if states[0] else 1
+        for state in flat.states:
+            state["step"] = t
+        m, v = (flat.vectors[name] for name in MOMENTS)
         xp, p, g, tmp = flat.xp, flat.data, flat.gather_grads(params), flat.scratch
         beta1, beta2 = self.betas
-        t = states[0]["step"] + 1
         if self.weight_decay and self.decoupled:
             p *= 1 - self.lr * self.weight_decay
         elif self.weight_decay:
@@ -195,11 +195,13 @@ class Adam(Optimizer):
         tmp = xp.multiply(g, g, out=tmp)
         tmp *= 1 - beta2
         v += tmp
-        denom = xp.sqrt(v, out=tmp)  # √v/√(1−β₂ᵗ) + ε
-        denom /= (1 - beta2 ** t) ** 0.5
-        denom += self.eps
-        step = xp.divide(m, denom, out=tmp)  # p ← p − lr/(1−β₁ᵗ) · m/denom
-        step *= self.lr / (1 - beta1 ** t)
+        # p ← p − lr/(1−β₁ᵗ) · m / (√v/√(1−β₂ᵗ) + ε), written with c = √(1−β₂ᵗ) as
+        # p − (lr·c/(1−β₁ᵗ)) · m / (√v + ε·c): the same number, one pass fewer
+        c = (1 - beta2 ** t) ** 0.5
+        denom = xp.sqrt(v, out=tmp)
+        denom += self.eps * c
+        step = xp.divide(m, denom, out=tmp)
+        step *= self.lr * c / (1 - beta1 ** t)
         p -= step
         return True
 
@@ -268,7 +270,7 @@ class Flat:
         for p, view in zip(params, self.views):
             p.data = view
         self.grad, self.scratch = xp.empty_like(self.data), xp.empty_like(self.data)
-        self.vectors = {}  # state name -> (vector, its views)
+        self.vectors, self.states, self.state_views = {}, [], []  # see adopt
 
     def view(self, vector, i):
         return vector[self.bounds[i]:self.bounds[i + 1]].reshape(self.shapes[i])
@@ -280,19 +282,29 @@ class Flat:
         """The gradients laid end to end (a copy: the parameters' own ``.grad`` stay as they are)."""
         return self.xp.concatenate([p.grad.reshape(-1) for p in params], out=self.grad)
 
-    def state(self, name, arrays):
-        """The vector of state ``name`` and its views, given each parameter's current array
-        (None: zeros); rebuilt from ``arrays`` unless they are its views (a load_state_dict
-        replaced them)."""
-        vector, views = self.vectors.get(name, (None, ()))
-        if vector is None or any(a is not view for a, view in zip(arrays, views)):
-            vector = self.xp.concatenate([self.xp.zeros(n, self.data.dtype) if a is None else
-                                          a.reshape(-1) for a, n in zip(arrays, self.sizes())])
-            self.vectors[name] = vector, [self.view(vector, i) for i in range(len(arrays))]
-        return self.vectors[name]
+    def holds_state(self, states):
+        """Whether ``states`` (parameter i's state dict, or None) are this layout's own, all at
+        one step (a step that skipped a parameter without a gradient leaves them apart)."""
+        return len(states) == len(self.states) and all(
+            s is mine and s["step"] == states[0]["step"]
+            and all(s[name] is view for name, view in views.items())
+            for s, mine, views in zip(states, self.states, self.state_views))
 
-    def sizes(self):
-        return [hi - lo for lo, hi in zip(self.bounds, self.bounds[1:])]
+    def adopt(self, states, names):
+        """Lay the state arrays ``names`` end to end (zeros where a parameter has none yet) and
+        make ``self.states`` the per-parameter dicts of their views; False (nothing changed)
+        unless every parameter is at the same step."""
+        if len({0 if s is None else s["step"] for s in states}) != 1:
+            return False
+        arrays = {name: [self.xp.zeros(self.shapes[i], self.data.dtype) if s is None else s[name]
+                         for i, s in enumerate(states)] for name in names}
+        self.vectors = {name: self.xp.concatenate([a.reshape(-1) for a in arrays[name]])
+                        for name in names}
+        self.state_views = [{name: self.view(self.vectors[name], i) for name in names}
+                            for i in range(len(states))]
+        self.states = [{"step": 0 if s is None else s["step"], **views}
+                       for s, views in zip(states, self.state_views)]
+        return True
 
 
 def clip_grad_norm_(params, max_norm, eps=1e-6):

@@ -162,3 +162,24 @@ def test_gelu_far_from_zero_stays_finite(dtype):
     np.testing.assert_allclose(y.numpy(), y_t.detach().numpy(), rtol=tol, atol=tol)
     np.testing.assert_allclose(minipar.to_numpy(ours.grad), theirs.grad.numpy(), rtol=tol,
                                atol=tol)
+
+
+def test_row_and_column_sums_above_the_blas_size():
+    """Above ops.SMALL elements the sums run as products with ones: the same results."""
+    from minipar import ops
+    n = ops.SMALL  # 2·n rows of 64: both helpers take the BLAS path
+    x = rand(2, n // 64, 64)
+    assert x.size >= ops.SMALL
+    np.testing.assert_allclose(ops.sum_last(x), x.sum(axis=-1, keepdims=True), rtol=1e-12)
+    np.testing.assert_allclose(ops.sum_rows(x), x.reshape(-1, 64).sum(axis=0), rtol=1e-12)
+    compare(lambda a, w, b: F.layer_norm(a, w, b), lambda a, w, b: TF.layer_norm(a, (64,), w, b),
+            x, rand(64), rand(64))
+    compare(lambda a, w, b: F.linear(a, w, b), lambda a, w, b: TF.linear(a, w, b),
+            x, rand(3, 64), rand(3))
+    B, T, H, d = 2, 48, 2, 4
+
+    def theirs(qkv):
+        q, k, v = qkv.view(B, T, 3, H, d).permute(2, 0, 3, 1, 4)
+        return TF.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(
+            B, T, H * d)
+    compare(lambda qkv: F.attention_heads(qkv, H), theirs, rand(B, T, 3 * H * d))
