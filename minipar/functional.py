@@ -136,8 +136,7 @@ def kept_targets(t, classes, ignore_index, name, given=None):
     t = t.reshape(-1)
     keep = t != ignore_index
     seen = given.reshape(-1) if hasattr(given, "reshape") and backend.check_values(given) else t
-    if backend.check_values(seen) and seen.size and not (  # all in range: nothing to look for
-            0 <= int(seen.min()) and int(seen.max()) < classes):
+    if backend.check_values(seen):
         bad = (seen != ignore_index) & ((seen < 0) | (seen >= classes))
         if bool(bad.any()):
             i = int(bad.argmax())
