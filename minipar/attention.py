@@ -17,7 +17,7 @@ import math
 
 from . import backend, random
 from .autograd import as_tensor, make_result
-from .ops import sum_last
+from .sums import sum_last
 
 _MASKS = {}  # (array module, T, dtype) -> M, made once
 

@@ -17,7 +17,7 @@ from . import backend, random
 from .attention import (attention_heads, causal_self_attention, causal_softmax,  # noqa: F401
                         scaled_dot_product_attention)
 from .autograd import Tensor, as_tensor, make_result
-from .ops import sum_last, sum_rows
+from .sums import sum_last, sum_rows
 
 
 def _xp(a):

@@ -36,26 +36,6 @@ def unbroadcast(g, shape):
     return g
 
 
-def sum_last(a):
-    """Σ over the last axis, kept as an axis of 1. Over many short rows (layer norm's, softmax's)
-    a product with a ones vector, one BLAS call, is several times faster than NumPy's reduction;
-    below a few thousand elements the reduction's smaller overhead wins."""
-    if a.size < SMALL:
-        return a.sum(axis=-1, keepdims=True)
-    return a @ backend.get_array_module(a).ones((a.shape[-1], 1), a.dtype)
-
-
-def sum_rows(a):
-    """Σ over every axis but the last (a bias's gradient), as ``sum_last`` does it: 1ᵀ A."""
-    a2 = a.reshape(-1, a.shape[-1])
-    if a2.size < SMALL:
-        return a2.sum(axis=0)
-    return backend.get_array_module(a).ones(a2.shape[0], a.dtype) @ a2
-
-
-SMALL = 8192  # elements: below this NumPy's reductions beat a BLAS product with ones
-
-
 def _broadcast(name, fn, a, b):
     """fn(a, b), naming the op and both shapes if they do not broadcast."""
     try:

@@ -165,13 +165,13 @@ def test_gelu_far_from_zero_stays_finite(dtype):
 
 
 def test_row_and_column_sums_above_the_blas_size():
-    """Above ops.SMALL elements the sums run as products with ones: the same results."""
-    from minipar import ops
-    n = ops.SMALL  # 2·n rows of 64: both helpers take the BLAS path
+    """Above sums.SMALL elements the sums run as products with ones: the same results."""
+    from minipar import sums
+    n = sums.SMALL  # 2·n rows of 64: both helpers take the BLAS path
     x = rand(2, n // 64, 64)
-    assert x.size >= ops.SMALL
-    np.testing.assert_allclose(ops.sum_last(x), x.sum(axis=-1, keepdims=True), rtol=1e-12)
-    np.testing.assert_allclose(ops.sum_rows(x), x.reshape(-1, 64).sum(axis=0), rtol=1e-12)
+    assert x.size >= sums.SMALL
+    np.testing.assert_allclose(sums.sum_last(x), x.sum(axis=-1, keepdims=True), rtol=1e-12)
+    np.testing.assert_allclose(sums.sum_rows(x), x.reshape(-1, 64).sum(axis=0), rtol=1e-12)
     compare(lambda a, w, b: F.layer_norm(a, w, b), lambda a, w, b: TF.layer_norm(a, (64,), w, b),
             x, rand(64), rand(64))
     compare(lambda a, w, b: F.linear(a, w, b), lambda a, w, b: TF.linear(a, w, b),
