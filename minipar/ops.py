@@ -60,9 +60,8 @@ def _expand_reduced(g, shape, axis, keepdims):
     """Re-insert the reduced axes of ``g`` (size 1) so it broadcasts against the input."""
     if keepdims or not shape:
         return g
-    for ax in sorted(_axes(axis, len(shape))):
-        g = backend.get_array_module(g).expand_dims(g, ax)
-    return g
+    axes = _axes(axis, len(shape))  # one reshape, not an expand_dims per axis
+    return g.reshape(tuple(1 if i in axes else n for i, n in enumerate(shape)))
 
 
 # --- arithmetic ---------------------------------------------------------------------------------
