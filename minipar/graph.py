@@ -216,7 +216,10 @@ def _sum(node, total, g):
         total += g
         return total
     total = total + g
-    _sums[id(node)] = total
+    try:
+        _sums[id(node)] = total
+    except TypeError:  # a NumPy scalar (what 0-d arithmetic gives) takes no weak reference
+        pass
     return total
 
 

@@ -214,3 +214,11 @@ def test_leaf_gradients_accumulate_in_place_after_the_first_sum():
     (a + b).sum().backward()
     np.testing.assert_array_equal(to_numpy(first), np.ones(3))
     np.testing.assert_array_equal(to_numpy(a.grad), np.full(3, 2.0))
+
+
+def test_scalar_gradients_accumulate_too():
+    """0-d arithmetic gives NumPy scalars, which take no weak reference: summed all the same."""
+    x = minipar.tensor(np.float32(2.0), requires_grad=True)
+    for _ in range(3):
+        (x * x + x).backward()
+    assert float(to_numpy(x.grad)) == 15.0
