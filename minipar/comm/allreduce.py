@@ -14,7 +14,12 @@ Python around a step differs). For p ranks, n bytes:
     recursive_doubling  log p (alpha + n beta(n) + n gamma(n))           n log p
     parameter_server    2(p-1)(alpha + n beta(n)) + (p-1) n gamma(n)     server: (p-1) n each way
     sharded_ps          2(p-1)(alpha + n/p beta(n/p)) + (p-1) n/p gamma(n/p)    2(p-1)/p n
+    shm                 2 alpha + 2 copy(n) + (p-1) n/p gamma(n/p)       none: shared memory
+    hierarchical        shm in each node, auto's algorithm across the N nodes' leaders
     mpi                 MPI_Allreduce (the reference, mpi.py); auto: the cheapest formula for n
+
+(copy(n) = 2/3 n gamma(n); shm.py and hierarchical.py give the derivations. ``auto`` weighs shm
+when all the ranks share one node and hierarchical when some of them do: node.span.)
 
 (p not a power of two: log p and p read pof2, plus the fold's 2(alpha + n beta(n)) + n gamma(n);
 patterns.py. The two parameter-server algorithms are in param_server.py.)
@@ -24,20 +29,19 @@ An algorithm ``run(c, x, buf, op, tag)`` reads the flat input x and writes the f
 recursive ones never copy x into buf first. Reductions run in rank order where ranks would
 otherwise add in different orders, so every rank computes the same bits.
 """
-from minipar.comm import cost
+from minipar.comm import cost, node
 from minipar.comm.buffers import bounds, check_same, finish, reducer, result_buffer, wait_all
+from minipar.comm.cost import AUTO_CANDIDATES  # the point-to-point ones: any placement of ranks
 from minipar.comm.patterns import (block_bounds, doubling_all_gather, fold, fold_cost, fold_in,
                                    fold_out, halves, halving_reduce_scatter, ring_all_gather,
                                    ring_reduce_scatter)
 from minipar.comm.registry import algorithm, pick
 
-AUTO_CANDIDATES = ("ring", "recursive_halving", "recursive_doubling")
-
 
 def all_reduce(comm, x, op="sum", algorithm="auto", out=None, check=None):
     """Every rank gets op(x_0, ..., x_{p-1}) elementwise; ``out=x`` reduces in place."""
     if algorithm == "auto":
-        algorithm = choose(comm.size, x.nbytes)
+        algorithm = choose(comm.size, x.nbytes, nodes=node.span(comm) if comm.size > 1 else None)
     run = pick("all_reduce", algorithm, op)
     check_same(comm, "all_reduce", x, check)
     result = result_buffer(x, out)
@@ -50,9 +54,17 @@ def all_reduce(comm, x, op="sum", algorithm="auto", out=None, check=None):
     return finish(result, op, comm.size)
 
 
-def choose(p, nbytes, params=None):
-    """``auto``: the hand-coded all-reduce the cost model predicts fastest for n bytes."""
-    return min(AUTO_CANDIDATES, key=lambda a: cost.predict("all_reduce", a, p, nbytes, params))
+def choose(p, nbytes, params=None, nodes=None):
+    """``auto``: the hand-coded all-reduce the cost model predicts fastest for n bytes on p
+    ranks spanning ``nodes`` nodes (None: unknown): shm competes when they all share one node,
+    hierarchical when some of them share one (1 < nodes < p)."""
+    times = {a: cost.predict("all_reduce", a, p, nbytes, params) for a in AUTO_CANDIDATES}
+    if nodes == 1:
+        times["shm"] = cost.predict("all_reduce", "shm", p, nbytes, params)
+    elif nodes is not None and 1 < nodes < p:
+        times["hierarchical"] = cost.predict("all_reduce", "hierarchical", p, nbytes, params,
+                                             nodes=nodes)
+    return min(times, key=times.get)
 
 
 @algorithm("all_reduce", "sequential",
@@ -138,3 +150,6 @@ def _all_reduce_doubling(c, x, buf, op, tag):
                 reduce(src, got, out=buf)
             src, mask = buf, mask << 1
     fold_out(c, buf, tag)
+
+
+from minipar.comm import shm, hierarchical  # noqa: E402,F401,I001  (listed after the above)

@@ -31,6 +31,7 @@ import os
 
 from minipar.comm.registry import ALGORITHMS
 
+AUTO_CANDIDATES = ("ring", "recursive_halving", "recursive_doubling")  # any placement of ranks
 Params = collections.namedtuple("Params", "alpha beta gamma")  # the constants at one size
 _fitted = {}  # "model": the last fit in this process (fit.py sets it through use())
 
@@ -92,10 +93,18 @@ def default_model():
     return GUESS
 
 
-def predict(collective, algorithm, p, nbytes, model=None):
-    """Predicted seconds of ``collective`` by ``algorithm`` on p ranks for n bytes (None: no formula)."""
+def predict(collective, algorithm, p, nbytes, model=None, **placement):
+    """Predicted seconds of ``collective`` by ``algorithm`` on p ranks for n bytes (None: no
+    formula). ``placement`` goes to formulas that depend on where ranks are (hierarchical's
+    ``nodes=N``)."""
     formula = ALGORITHMS[collective][algorithm].cost
     model = model or default_model()
     if formula is None:
         return None
-    return formula(p, nbytes, model.alpha_of(algorithm), model.beta, model.gamma)
+    return formula(p, nbytes, model.alpha_of(algorithm), model.beta, model.gamma, **placement)
+
+
+def cheapest(collective, candidates, p, nbytes, model=None, **placement):
+    """The algorithm among ``candidates`` predicted fastest for n bytes on p ranks."""
+    return min(candidates,
+               key=lambda a: predict(collective, a, p, nbytes, model, **placement))

@@ -14,7 +14,15 @@ is its local rank; counting the groups' rank 0s gives the number of nodes.
 
 Collective: every rank of ``mpi_comm`` calls it (comm.world() does, once, and hands the local
 rank to backend.select_gpu: backend imports nothing of minipar, so it is told, not asked).
+
+The same groups carry the shared-memory all-reduce (shm.py, hierarchical.py): ``shared`` is the
+communicator of the ranks that can map one another's memory. ``MINIPAR_RANKS_PER_NODE=k`` cuts
+each real node into "nodes" of k consecutive ranks, so one machine can play a cluster (the
+tests of the hierarchical all-reduce do; the ranks still share memory, they just do not use it
+across the cut).
 """
+import os
+import weakref
 from collections import namedtuple
 
 from mpi4py import MPI
@@ -22,14 +30,53 @@ from mpi4py import MPI
 Local = namedtuple("Local", "rank size nodes")
 
 
+def ranks_per_node():
+    """k from ``MINIPAR_RANKS_PER_NODE`` (pretend nodes of k ranks), or None: the real nodes."""
+    value = os.environ.get("MINIPAR_RANKS_PER_NODE", "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"MINIPAR_RANKS_PER_NODE must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def shared(mpi_comm):
+    """The mpi4py communicator of the ranks of ``mpi_comm`` on this rank's node, in the order of
+    their ranks in ``mpi_comm`` (collective; the caller frees it). With MINIPAR_RANKS_PER_NODE=k
+    a node's ranks are cut into groups of k."""
+    node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=mpi_comm.Get_rank())
+    k = ranks_per_node()
+    if k is None:
+        return node
+    try:
+        return node.Split(node.Get_rank() // k, key=node.Get_rank())
+    finally:
+        node.Free()
+
+
 def local(mpi_comm=None):
     """``Local(rank, size, nodes)``: this rank's place among the ranks of its node, their
     number, and the number of nodes ``mpi_comm`` (default MPI.COMM_WORLD) spans."""
     mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
-    shared = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=mpi_comm.Get_rank())
+    node = shared(mpi_comm)
     try:
-        rank, size = shared.Get_rank(), shared.Get_size()
+        rank, size = node.Get_rank(), node.Get_size()
     finally:
-        shared.Free()
+        node.Free()
     nodes = mpi_comm.allreduce(int(rank == 0), op=MPI.SUM)
     return Local(rank, size, nodes)
+
+
+_spans = weakref.WeakKeyDictionary()  # Communicator -> the number of nodes its ranks span
+
+
+def span(comm):
+    """How many nodes the ranks of Communicator ``comm`` span (collective on first call, then
+    remembered): what ``auto`` asks before it weighs the shared-memory all-reduces."""
+    if comm not in _spans:
+        mine = shared(comm.mpi)
+        try:
+            _spans[comm] = comm.mpi.allreduce(int(mine.Get_rank() == 0), op=MPI.SUM)
+        finally:
+            mine.Free()
+    return _spans[comm]

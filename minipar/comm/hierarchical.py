@@ -1,0 +1,122 @@
+"""Hierarchical all-reduce: shared memory inside each node, point-to-point across the nodes.
+
+A cluster is N nodes of L ranks each (p = L N): inside a node ranks can read one another's
+memory (shm.py); between nodes only messages go. So (MPICH's and NCCL's two-level scheme)
+
+    1. on each node, the shm all-reduce's first two steps: the node's sum R in its window
+       (copy in, barrier, each rank reduces its 1/L slice, barrier)
+    2. the node leaders (local rank 0) all-reduce R in place across the N nodes, by the
+       point-to-point algorithm the cost model favours for N ranks and n bytes (ring,
+       recursive halving or doubling: cost.cheapest); barrier
+    3. every rank copies R out
+
+    time   3 alpha + copy(n) + (L-1) n/L gamma(n/L) + T_auto(N, n) + copy(n)
+
+(copy(n) = 2/3 n gamma(n): shm.py; with N = 1 it is the shm all-reduce, two barriers; with
+L = 1 the leaders' algorithm plus two copies). Only n bytes per node cross the network per
+direction and step, where a flat ring over all p ranks sends L times as many messages out of
+each node. Nodes of different sizes are fine (L above is the largest).
+
+On a real cluster the leaders' beta is the network's, not the shared memory's the fit measures
+on one machine: ``cost.predict(..., nodes=N)`` evaluates the formula with the one beta it has.
+NCCL goes one step further: local rank r all-reduces slice r with local rank r of every other
+node (L rings at once, every network link busy), which needs equal L on every node.
+
+Ranks that disagree on the count, dtype or op hear it as in shm.py inside a node; across nodes
+the leaders gather every node's verdict and header (one small message, while their nodes
+reduce) and post the first complaint into the node's window: every rank raises the same
+CommError after the second barrier, before any message of the leaders' all-reduce. One
+machine plays a cluster with ``MINIPAR_RANKS_PER_NODE=k`` (node.py): the tests do.
+"""
+import weakref
+
+from mpi4py import MPI
+
+from minipar.comm import agreement, cost, node
+from minipar.comm.errors import CommError
+from minipar.comm.registry import ALGORITHMS, algorithm, pick
+from minipar.comm.shm import Window, copy_cost, copy_out, node_reduce, node_reduce_cost
+
+
+def across_cost(nodes, n, a, b, g):
+    """The leaders' all-reduce: the cheapest of ``auto``'s point-to-point candidates."""
+    if nodes == 1:
+        return 0
+    return min(ALGORITHMS["all_reduce"][name].cost(nodes, n, a, b, g)
+               for name in cost.AUTO_CANDIDATES)
+
+
+def hierarchical_cost(p, n, a, b, g, nodes=1):
+    """The formula above for p ranks on ``nodes`` nodes (the fullest holds ceil(p/nodes))."""
+    local = -(-p // nodes)
+    return ((2 if nodes == 1 else 3) * a + node_reduce_cost(local, n, g)
+            + across_cost(nodes, n, a, b, g) + copy_cost(n, g))
+
+
+class Hierarchy:
+    """A communicator's two levels: its node's Window, and (on leaders) the leaders'
+    Communicator, counting into the same counters."""
+
+    def __init__(self, c):
+        local = node.shared(c.mpi)
+        leader = local.Get_rank() == 0
+        self.nodes = c.mpi.allreduce(int(leader), op=MPI.SUM)
+        self.ranks = tuple(MPI.Group.Translate_ranks(
+            local.Get_group(), list(range(local.Get_size())), MPI.COMM_WORLD.Get_group()))
+        split = c.mpi.Split(0 if leader else MPI.UNDEFINED, key=c.rank)
+        self.leaders = type(c)(split, counters=c.counters) if leader else None
+        self.window = Window(local)
+
+
+_levels = weakref.WeakKeyDictionary()  # communicator -> its Hierarchy
+
+
+def hierarchy(c):
+    if c not in _levels:
+        _levels[c] = Hierarchy(c)
+    return _levels[c]
+
+
+def agree_across(h, error):
+    """Run on every rank after its node compared headers: a leader gathers every node's
+    verdict and header (one small message) and posts the first complaint, in the same words on
+    every leader, for its node's ranks to read after the next barrier. Returns the node's own
+    complaint (raised at once by all its ranks), else None (the node goes on to that barrier)."""
+    if h.leaders is None:
+        return error
+    everyone = h.leaders.all_gather_object((error, h.window.heads[0].tolist()))
+    words = next((e for e, _ in everyone if e), None)
+    differ = next((j for j, (_, head) in enumerate(everyone) if head != everyone[0][1]), None)
+    if words is None and differ is not None:
+        (tag0, n0, _, _), (tag, n, _, _) = everyone[0][1], everyone[differ][1]
+        why = (agreement.difference(tag0, tag) if agreement.fingerprinted(tag0 | tag)
+               else f"counts or dtypes differ across ranks ({n0} and {n} elements)")
+        words = f"all_reduce across nodes: node 0 and node {differ} differ: {why}"
+    h.window.post(words, 0)  # read by every rank of the node after the next barrier
+    return error  # a node that disagrees inside raises its own words at once
+
+
+@algorithm("all_reduce", "hierarchical", hierarchical_cost)
+def _all_reduce_hierarchical(c, x, buf, op, tag):
+    """Shared memory inside each node, the leaders' all-reduce across, the result copied out."""
+    h = hierarchy(c)
+    w = h.window
+    if h.nodes == 1:  # one node: the shm all-reduce
+        copy_out(node_reduce(w, x, op, tag, h.ranks), buf)
+        return
+    result = node_reduce(w, x, op, tag, h.ranks, agree=lambda error: agree_across(h, error))
+    error = w.posted(0)  # the leaders' verdict on the nodes, read after node_reduce's barrier
+    if error:
+        raise CommError(error)
+    if h.leaders is not None:
+        name = cost.cheapest("all_reduce", cost.AUTO_CANDIDATES, h.leaders.size, result.nbytes)
+        try:
+            pick("all_reduce", name)(h.leaders.coll, result, result, op, tag)
+            w.post(None, 1)
+        except CommError as err:
+            w.post(f"across nodes: {err}", 1)
+    w.sync(h.ranks)
+    error = w.posted(1)
+    if error:
+        raise CommError(error)
+    copy_out(result, buf)

@@ -1,0 +1,227 @@
+"""Shared-memory all-reduce: the ranks of one node add straight out of one another's memory.
+
+Ranks on one machine need not send messages at all. MPI-3 lets them map one shared segment
+(``Split_type(COMM_TYPE_SHARED)`` gives the node's ranks, ``Win.Allocate_shared`` the memory):
+a window holding one slot S_r per rank and a result R. Then (the design of NCCL's and MPICH's
+intra-node paths), for p ranks and an n-byte vector, rank r runs
+
+    1. S_r = x                                           copy in     n read,  n written
+       barrier
+    2. R[slice r] = S_0[slice r] + S_1[slice r] + ... + S_{p-1}[slice r]     (in rank order)
+                                                         reduce      n read,  n/p written
+       barrier
+    3. out = R                                           copy out    n read,  n written
+
+Each rank reduces only its 1/p of the vector, reading the peers' slots in place, and every rank
+reads the whole result: 5n + n/p bytes through memory per rank, two barriers, no message.
+
+Why it beats MPI_Allreduce on one node. Through MPICH's shared memory a message is copied twice
+(the sender into a shared cell, the receiver out of it), so a ring moves 11 (p-1)/p n bytes per
+rank (per step of n/p: 2 copies out, 2 copies in, 1 reduction; 5.5n at p = 2) and pays 2(p-1)
+handshakes, each cut into cells that sender and receiver must take turns on; MPI_Allreduce
+out of place first copies the input into the output as well (2n more). Here 5n + n/p bytes
+(3n + n/p when the vector already lives in the window: buffer()), in three streaming passes
+that all ranks run at once, and two barriers whatever p is.
+
+    time     2 alpha + 2 copy(n) + (p-1) n/p gamma(n/p),     copy(n) = 2/3 n gamma(n)
+
+gamma(m) is the fitted time per byte of a reduction c = a + b (3m bytes of traffic, fit.py); a
+copy moves 2m, so it is charged 2/3 of one. alpha is a barrier (fitted per algorithm, fit.py).
+
+The window is made on a communicator's first shm all-reduce and grown when a larger vector
+comes (collective: every rank sees the same count). Each call first writes its header (call
+tag, count, dtype, op) into the window; after the first barrier every rank compares all
+headers, so ranks that disagree raise the same CommError, each on its own, before any result.
+
+Device arrays (CuPy, or the strict stand-in) are staged: copied into the host slot and back
+out of R (one copy each way, as MPI's staging does), and reduced on the host by NumPy.
+"""
+import time
+import weakref
+
+from mpi4py import MPI
+
+from minipar import backend
+from minipar.comm import agreement, node, watch
+from minipar.comm.buffers import bounds, reducer
+from minipar.comm.errors import CommError, dtype_tag, tag_dtype
+from minipar.comm.registry import OPS, algorithm
+
+PAGE = 4096
+TEXT = 512  # bytes for an error's words, in each of two areas of rank 0's segment
+np = backend.numpy
+
+
+def copy_cost(n, g):
+    """A copy reads and writes n bytes: 2n of traffic to a reduction's 3n, so 2/3 n gamma(n)."""
+    return 2 / 3 * n * g(n)
+
+
+def node_reduce_cost(p, n, g):
+    """Copy in, then each rank reduces its slice of p slots: (p-1) reductions of n/p bytes."""
+    return copy_cost(n, g) + (p - 1) * n / p * g(n / p)
+
+
+def _pages(nbytes):
+    return -(-nbytes // PAGE) * PAGE
+
+
+class Window:
+    """One shared segment over the ranks of ``mpi_comm`` (they must share a node): rank 0's
+    part holds the headers (p x 4 int64), the error text and R; every rank's part its slot."""
+
+    def __init__(self, mpi_comm):
+        self.comm, self.win, self.cap = mpi_comm, None, -1
+        self.p, self.rank = mpi_comm.Get_size(), mpi_comm.Get_rank()
+        self.head = _pages(self.p * 32 + 2 * (8 + TEXT))
+        self.allocate(0)
+
+    def allocate(self, nbytes):
+        """(Re)make the window with room for n-byte vectors (collective over the node); rank 0
+        carries the posted words over."""
+        posted = [t.copy() for t in self.text] if self.win is not None else None
+        if self.win is not None:
+            self.win.Unlock_all()
+            self.win.Free()
+        cap = _pages(nbytes)
+        info = MPI.Info.Create()
+        info.Set("alloc_shared_noncontig", "true")  # each part in its owner's memory (NUMA)
+        size = self.head + 2 * cap if self.rank == 0 else cap
+        self.win = MPI.Win.Allocate_shared(size, 1, info, comm=self.comm)
+        info.Free()
+        self.win.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch, for Win.Sync (MPI-3 unified model)
+        parts = [np.frombuffer(self.win.Shared_query(j)[0], np.uint8) for j in range(self.p)]
+        self.heads = parts[0][:self.p * 32].view(np.int64).reshape(self.p, 4)
+        start = self.p * 32
+        self.text = [parts[0][start + k * (8 + TEXT):start + (k + 1) * (8 + TEXT)]
+                     for k in (0, 1)]
+        if self.rank == 0:
+            for text, old in zip(self.text, posted or [np.zeros(8, np.uint8)] * 2):
+                text[:old.size] = old
+        self.result = parts[0][self.head:self.head + cap]
+        self.slots = [parts[0][self.head + cap:]] + [part[:cap] for part in parts[1:]]
+        self.cap = cap
+
+    def sync(self, ranks):
+        """Every rank's writes so far are seen by all (Win_sync, barrier, Win_sync)."""
+        watch.state["call"] = ("shared-memory barrier", ranks, 0, None, time.monotonic())
+        try:
+            self.win.Sync()
+            self.comm.Barrier()
+            self.win.Sync()
+        finally:
+            watch.state["call"] = None
+
+    def view(self, raw, dtype, n):
+        return raw[:n * dtype.itemsize].view(dtype)
+
+    def post(self, error, area):
+        """One rank's words (or None) for every rank of the node to read after the next sync
+        (``posted``); two areas, so a post never overwrites one still being read."""
+        words = (error or "").encode()[:TEXT]
+        text = self.text[area]
+        text[8:8 + len(words)] = np.frombuffer(words, np.uint8)
+        text[:8] = np.frombuffer(np.int64(len(words)).tobytes(), np.uint8)
+
+    def posted(self, area):
+        text = self.text[area]
+        length = int(text[:8].view(np.int64)[0])
+        return text[8:8 + length].tobytes().decode(errors="replace") if length else None
+
+
+_windows = weakref.WeakKeyDictionary()  # communicator -> its Window (one per communicator)
+
+
+def window(c):
+    """c's Window, made on first use (collective); a CommError on every rank when c's ranks span
+    several nodes (shared memory reaches only one node's ranks)."""
+    if c not in _windows:
+        local = node.shared(c.mpi)
+        nodes = c.mpi.allreduce(int(local.Get_rank() == 0), op=MPI.SUM)
+        if nodes > 1:
+            local.Free()
+            raise CommError(f"all_reduce 'shm': the {c.size} ranks span {nodes} nodes, and "
+                            f"shared memory reaches only the ranks of one node: use "
+                            f"'hierarchical' (shm inside each node, ring across them) or 'auto'")
+        _windows[c] = Window(local)
+    return _windows[c]
+
+
+def header_error(w, ranks):
+    """Why the headers (tag, count, dtype, op) differ, in the same words on every rank; None
+    when they agree."""
+    heads = w.heads
+    if (heads == heads[0]).all():
+        return None
+    bad = next(j for j in range(w.p) if (heads[j] != heads[0]).any())
+    (tag0, n0, dt0, op0), (tag, n, dt, op) = heads[0].tolist(), heads[bad].tolist()
+    who = f"rank {ranks[0]} and rank {ranks[bad]}"
+    if agreement.fingerprinted(tag0) and agreement.fingerprinted(tag) and tag0 != tag:
+        why = (f"{agreement.describe(tag0)} on rank {ranks[0]}, {agreement.describe(tag)} on "
+               f"rank {ranks[bad]}: {agreement.difference(tag0, tag)}")
+    elif dt0 != dt:
+        why = f"dtypes differ across ranks ({who}: {tag_dtype(dt0)}, {tag_dtype(dt)})"
+    elif n0 != n:
+        why = f"counts differ across ranks ({who}: {n0} and {n} elements)"
+    elif op0 != op:
+        why = f"reduction ops differ across ranks ({who}: {OPS[op0]}, {OPS[op]})"
+    else:
+        why = f"{agreement.difference(tag0, tag)} ({who})"
+    return f"all_reduce on shared memory: {why}"
+
+
+def copy_in(x, slot):
+    if backend.is_gpu_array(x):
+        x.get(out=slot)  # staged: device -> this rank's host slot
+    else:
+        slot[...] = x
+
+
+def copy_out(result, buf):
+    if backend.is_gpu_array(buf):
+        buf.set(result)  # staged: host result -> device
+        backend.synchronize()
+    elif buf is not result:
+        buf[...] = result
+
+
+def node_reduce(w, x, op, tag, ranks, agree=None):
+    """Steps 1 and 2 over the window's ranks: returns R (a view of n elements), the reduction
+    of every rank's x, once every rank has written its slice. Headers that differ raise here;
+    ``agree(error)``, when given, runs on every rank after the check and before the reduction
+    (hierarchical.py: the leaders compare nodes), and an error it returns is raised."""
+    n, dtype = x.size, x.dtype
+    w.heads[w.rank] = (tag, n, dtype_tag(dtype), OPS.index(op))
+    fits = x.nbytes <= w.cap
+    if fits:
+        copy_in(x, w.view(w.slots[w.rank], dtype, n))
+    w.sync(ranks)
+    error = header_error(w, ranks)
+    if agree is not None:
+        error = agree(error)
+    if error:
+        raise CommError(error)
+    if not fits:  # every rank holds the same count here: they grow the window together
+        w.allocate(x.nbytes)
+        copy_in(x, w.view(w.slots[w.rank], dtype, n))
+        w.sync(ranks)
+    lo, hi = bounds(n, w.p)[w.rank:w.rank + 2]
+    slots = [w.view(s, dtype, n)[lo:hi] for s in w.slots]
+    result = w.view(w.result, dtype, n)
+    mine, reduce = result[lo:hi], reducer(op, result)
+    if w.p == 1:  # a node of one rank (hierarchical): its vector is the node's sum
+        mine[...] = slots[0]
+    else:
+        reduce(slots[0], slots[1], out=mine)  # in rank order: every rank reads the same bits
+    for s in slots[2:]:
+        reduce(mine, s, out=mine)
+    w.sync(ranks)
+    return result
+
+
+@algorithm("all_reduce", "shm",
+           lambda p, n, a, b, g: 2 * a + node_reduce_cost(p, n, g) + copy_cost(n, g))
+def _all_reduce_shm(c, x, buf, op, tag):
+    """Copy in, reduce my 1/p reading the peers' slots in place, copy the result out."""
+    w = window(c)
+    copy_out(node_reduce(w, x, op, tag, tuple(c.world_ranks)), buf)

@@ -1,0 +1,195 @@
+"""The shared-memory all-reduces (comm/shm.py, comm/hierarchical.py) equal MPI's own.
+
+shm and hierarchical on one node run in test_comm_collectives.py's table with every other
+algorithm. Here: hierarchical on one machine cut into "nodes" (MINIPAR_RANKS_PER_NODE=k,
+node.py) of 1, 2 and 3 ranks for p = 1..5 and 8, every op and dtype, odd counts, in place and
+not; the same bits on every rank; the window growing and shrinking; strict device arrays
+(staged through the host window); what ``auto`` picks where ranks share a node; the bytes the
+counters see; and ranks that disagree: the same CommError on every rank, no hang.
+"""
+import zlib
+
+import numpy as np
+import pytest
+
+from minipar.testing import run_on_ranks
+from test_comm_collectives import DTYPES, counts, data, same
+
+SPLITS = (None, 1, 2, 3)  # ranks per pretend node (None: the real node, one for all)
+
+
+def _with_nodes(world, k):
+    """A fresh communicator over world's ranks, cut into nodes of k ranks (None: real nodes)."""
+    import os
+    if k is None:
+        os.environ.pop("MINIPAR_RANKS_PER_NODE", None)
+    else:
+        os.environ["MINIPAR_RANKS_PER_NODE"] = str(k)
+    return world.dup()
+
+
+def equal_body(seed=0):
+    """Every case on this rank; a list of failures."""
+    from minipar import backend, comm
+    from minipar.comm import OPS, node
+
+    world = comm.world()
+    xp, p, r = backend.xp(), world.size, world.rank
+    rng = np.random.default_rng(seed + r)
+    failures, digest = [], 0
+    for k in SPLITS:
+        c = _with_nodes(world, k)
+        algos = ["hierarchical"] + (["shm"] if node.span(c) == 1 else [])
+        for n in counts(p):
+            for dtype in DTYPES:
+                for op in OPS:
+                    x = data(xp, rng, n, dtype, op, r)
+                    want = backend.to_numpy(c.all_reduce(x, op, algorithm="mpi"))
+                    for algo in algos:
+                        case = f"rank {r} p={p} nodes of {k}: {algo} {op} {dtype} n={n}"
+                        got = backend.to_numpy(c.all_reduce(x, op, algorithm=algo))
+                        if not same(got, want, dtype):
+                            failures.append(case)
+                        digest = zlib.crc32(got.tobytes(), digest)
+                        y = x.copy()
+                        out = c.all_reduce(y, op, algorithm=algo, out=y)
+                        if out is not y or not same(backend.to_numpy(y), want, dtype):
+                            failures.append(case + " in place")
+        # the window grows for a larger vector and serves smaller ones after it
+        for n in (5, 70000, 3, 1 << 18, 17):
+            x = xp.asarray(np.arange(n, dtype=np.float64) * (r + 1))
+            for algo in algos:
+                got = backend.to_numpy(c.all_reduce(x, algorithm=algo))
+                if not np.array_equal(got, np.arange(n) * (p * (p + 1) // 2)):
+                    failures.append(f"rank {r} p={p} nodes of {k}: {algo} n={n} after growth")
+    if len(set(world.mpi.allgather(digest))) != 1:
+        failures.append(f"rank {r} p={p}: shared-memory results differ in their bits across ranks")
+    return failures
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
+def test_shared_memory_all_reduce_equals_mpi(nprocs):
+    failures = [f for per_rank in run_on_ranks(equal_body, nprocs, timeout=300) for f in per_rank]
+    assert not failures, f"{len(failures)} failing cases:\n" + "\n".join(failures[:50])
+
+
+def strict_body():
+    """Device arrays (the strict stand-in) are staged through the host window."""
+    from minipar import backend, comm
+
+    world = comm.world()
+    xp = backend.xp()
+    failures = []
+    for k in (None, 2):
+        c = _with_nodes(world, k)
+        for algo in ("hierarchical",) + (("shm",) if k is None else ()):
+            x = xp.asarray(np.arange(1001, dtype=np.float32) + world.rank)
+            got = c.all_reduce(x, algorithm=algo)
+            want = c.all_reduce(x, algorithm="mpi")
+            if not backend.is_gpu_array(got) or not np.array_equal(backend.to_numpy(got),
+                                                                    backend.to_numpy(want)):
+                failures.append(f"{algo} nodes of {k}")
+    return failures, backend.device()
+
+
+@pytest.mark.mpi
+def test_device_arrays_are_staged_through_the_window():
+    for failures, device in run_on_ranks(strict_body, 3, env={"MINIPAR_DEVICE": "strict"}):
+        assert device == "strict"
+        assert not failures, failures
+
+
+def choice_body():
+    """What auto runs, and the bytes the counters see, where ranks share nodes."""
+    from minipar import comm
+    from minipar.comm import allreduce, cost, node
+
+    world = comm.world()
+    # a machine where a copy is cheap next to a message: the shared-memory ones must win
+    model = cost.Model(1e-6, {1: 1e-9}, {1: 1e-10})
+    picks = {}
+    for k in (None, 1, 2):
+        c = _with_nodes(world, k)
+        nodes = node.span(c)
+        picks[str(k)] = (nodes, allreduce.choose(c.size, 1 << 22, model, nodes=nodes))
+        x = np.ones(1 << 12, np.float32)
+        c.counters.reset()
+        c.all_reduce(x, algorithm="hierarchical")
+        picks[f"bytes {k}"] = c.counters.snapshot()["bytes_sent"]
+    cost.use(model)
+    c = _with_nodes(world, None)
+    c.trace = []
+    y = c.all_reduce(np.ones(1 << 20, np.float32), algorithm="auto")  # shm: no message
+    picks["auto"] = (float(y[0]), len(c.trace))
+    return picks
+
+
+@pytest.mark.mpi
+def test_auto_picks_shared_memory_where_ranks_share_a_node():
+    picks = run_on_ranks(choice_body, 4)
+    for r, got in enumerate(picks):
+        assert got["None"] == [1, "shm"]  # one node: shm
+        assert got["2"] == [2, "hierarchical"]  # two nodes of two: hierarchical
+        assert got["1"][0] == 4 and got["1"][1] in ("ring", "recursive_halving",
+                                                    "recursive_doubling")  # no node shared
+        assert got["bytes None"] == 0  # one node: nothing goes over a message
+        assert got["bytes 1"] > 0  # every rank its own node: the leaders' messages count
+        assert got["bytes 2"] == (4096 * 4 if r % 2 == 0 else 0)  # leaders: 2 nodes, 2(N-1)/N n
+        assert got["auto"] == [4.0, 0]
+
+
+def test_formulas_reduce_to_their_parts():
+    from minipar.comm import ALGORITHMS, cost
+    from minipar.comm.hierarchical import hierarchical_cost
+    from minipar.comm.shm import copy_cost
+
+    model = cost.Model(2e-6, {1: 3e-10}, {1: 1e-10})
+    a, b, g, n = 2e-6, model.beta, model.gamma, 1 << 20
+    shm = ALGORITHMS["all_reduce"]["shm"].cost
+    assert shm(4, n, a, b, g) == pytest.approx(2 * a + 2 * copy_cost(n, g) + 3 * n / 4 * g(n))
+    assert hierarchical_cost(4, n, a, b, g, nodes=1) == pytest.approx(shm(4, n, a, b, g))
+    ring = ALGORITHMS["all_reduce"]["ring"].cost(4, n, a, b, g)
+    assert hierarchical_cost(4, n, a, b, g, nodes=4) <= 3 * a + 2 * copy_cost(n, g) + ring
+    assert cost.predict("all_reduce", "hierarchical", 8, n, model, nodes=2) == pytest.approx(
+        hierarchical_cost(8, n, model.alpha, b, g, nodes=2))
+
+
+MISMATCHES = [(None, "shm", "count"), (None, "shm", "dtype"), (None, "shm", "op"),
+              (2, "hierarchical", "count"), (2, "hierarchical", "dtype"),
+              (3, "hierarchical", "count"), (None, "hierarchical", "op"),
+              (2, "shm", "count")]
+
+
+def mismatch_body():
+    """Ranks that disagree, case after case: every case's error message on this rank (None
+    when nothing was raised). Each case on a fresh communicator."""
+    from minipar import comm
+    from minipar.comm import CommError
+
+    world = comm.world()
+    messages = []
+    for k, algo, what in MISMATCHES:
+        c = _with_nodes(world, k)
+        n, dtype, op = 8, "float32", "sum"
+        if world.rank == world.size - 1:
+            n, dtype, op = {"count": (9, dtype, op), "dtype": (n, "float64", op),
+                            "op": (n, dtype, "max")}[what]
+        try:
+            c.all_reduce(np.ones(n, dtype), op, algorithm=algo)
+            messages.append(None)
+        except CommError as error:
+            messages.append(str(error))
+    return messages
+
+
+@pytest.mark.mpi
+def test_ranks_that_disagree_get_an_error_on_every_rank():
+    per_rank = run_on_ranks(mismatch_body, 4, timeout=120)
+    for i, (k, algo, what) in enumerate(MISMATCHES):
+        messages = [m[i] for m in per_rank]
+        assert all(messages), (k, algo, what, messages)
+        words = "span 2 nodes" if (k, algo) == (2, "shm") else what
+        assert all(words in m for m in messages), (k, algo, what, messages)
+        if k is None or algo == "shm":
+            assert len(set(messages)) == 1, messages  # one node: the very same words everywhere
