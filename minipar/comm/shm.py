@@ -5,25 +5,28 @@ Ranks on one machine need not send messages at all. MPI-3 lets them map one shar
 a window holding one slot S_r per rank and a result R. Then (the design of NCCL's and MPICH's
 intra-node paths), for p ranks and an n-byte vector, rank r runs
 
-    1. S_r = x                                           copy in     n read,  n written
+    1. S_r = x but for slice r                           copy in     2(p-1)/p n
        barrier
-    2. R[slice r] = S_0[slice r] + S_1[slice r] + ... + S_{p-1}[slice r]     (in rank order)
-                                                         reduce      n read,  n/p written
+    2. R[slice r] = S_0[slice r] + ... + x[slice r] + ... + S_{p-1}[slice r]   (rank order)
+                                                         reduce      n read, n/p written
        barrier
-    3. out = R                                           copy out    n read,  n written
+    3. out = R                                           copy out    n read, n written
 
-Each rank reduces only its 1/p of the vector, reading the peers' slots in place, and every rank
-reads the whole result: 5n + n/p bytes through memory per rank, two barriers, no message.
+Each rank reduces only its 1/p of the vector, reading the peers' slots in place (its own slice
+straight from x), and every rank reads the whole result: 3n + 2(p-1)/p n + n/p bytes through
+memory per rank (4.5n at p = 2), two barriers, no message.
 
 Why it beats MPI_Allreduce on one node. Through MPICH's shared memory a message is copied twice
 (the sender into a shared cell, the receiver out of it), so a ring moves 11 (p-1)/p n bytes per
-rank (per step of n/p: 2 copies out, 2 copies in, 1 reduction; 5.5n at p = 2) and pays 2(p-1)
+rank through memory (a step copies n/p into a cell and n/p out of one, 4n/p read and written,
+and the reduce-scatter's steps reduce n/p, 3n/p more; 5.5n at p = 2) and pays 2(p-1)
 handshakes, each cut into cells that sender and receiver must take turns on; MPI_Allreduce
-out of place first copies the input into the output as well (2n more). Here 5n + n/p bytes
-(3n + n/p when the vector already lives in the window: buffer()), in three streaming passes
-that all ranks run at once, and two barriers whatever p is.
+out of place first copies the input into the output as well (2n more). Here 4.5n at p = 2
+and under 5n + n/p at any p, in three streaming passes that all ranks run at once, and two
+barriers whatever p is.
 
-    time     2 alpha + 2 copy(n) + (p-1) n/p gamma(n/p),     copy(n) = 2/3 n gamma(n)
+    time     2 alpha + (p-1)/p copy(n) + (p-1) n/p gamma(n/p) + copy(n)
+             copy(n) = 2/3 n gamma(n)
 
 gamma(m) is the fitted time per byte of a reduction c = a + b (3m bytes of traffic, fit.py); a
 copy moves 2m, so it is charged 2/3 of one. alpha is a barrier (fitted per algorithm, fit.py).
@@ -58,8 +61,9 @@ def copy_cost(n, g):
 
 
 def node_reduce_cost(p, n, g):
-    """Copy in, then each rank reduces its slice of p slots: (p-1) reductions of n/p bytes."""
-    return copy_cost(n, g) + (p - 1) * n / p * g(n / p)
+    """Copy in all but one's own slice, then each rank reduces its slice of the p slots: (p-1)
+    reductions of n/p bytes."""
+    return (p - 1) / p * copy_cost(n, g) + (p - 1) * n / p * g(n / p)
 
 
 def _pages(nbytes):
@@ -170,11 +174,16 @@ def header_error(w, ranks):
     return f"all_reduce on shared memory: {why}"
 
 
-def copy_in(x, slot):
+def copy_in(x, slot, lo, hi):
+    """x into this rank's slot, but for [lo, hi), which this rank reduces reading x itself
+    (a device array goes whole: it is staged, and the reduction reads the host copy).
+    Returns the array the reduction reads for this rank: x, or the slot."""
     if backend.is_gpu_array(x):
         x.get(out=slot)  # staged: device -> this rank's host slot
-    else:
-        slot[...] = x
+        return slot
+    slot[:lo] = x[:lo]
+    slot[hi:] = x[hi:]
+    return x
 
 
 def copy_out(result, buf):
@@ -191,10 +200,11 @@ def node_reduce(w, x, op, tag, ranks, agree=None):
     ``agree(error)``, when given, runs on every rank after the check and before the reduction
     (hierarchical.py: the leaders compare nodes), and an error it returns is raised."""
     n, dtype = x.size, x.dtype
+    lo, hi = bounds(n, w.p)[w.rank:w.rank + 2]
     w.heads[w.rank] = (tag, n, dtype_tag(dtype), OPS.index(op))
     fits = x.nbytes <= w.cap
     if fits:
-        copy_in(x, w.view(w.slots[w.rank], dtype, n))
+        own = copy_in(x, w.view(w.slots[w.rank], dtype, n), lo, hi)
     w.sync(ranks)
     error = header_error(w, ranks)
     if agree is not None:
@@ -203,10 +213,10 @@ def node_reduce(w, x, op, tag, ranks, agree=None):
         raise CommError(error)
     if not fits:  # every rank holds the same count here: they grow the window together
         w.allocate(x.nbytes)
-        copy_in(x, w.view(w.slots[w.rank], dtype, n))
+        own = copy_in(x, w.view(w.slots[w.rank], dtype, n), lo, hi)
         w.sync(ranks)
-    lo, hi = bounds(n, w.p)[w.rank:w.rank + 2]
     slots = [w.view(s, dtype, n)[lo:hi] for s in w.slots]
+    slots[w.rank] = own[lo:hi]  # this rank's own part: read where it is
     result = w.view(w.result, dtype, n)
     mine, reduce = result[lo:hi], reducer(op, result)
     if w.p == 1:  # a node of one rank (hierarchical): its vector is the node's sum
