@@ -1,13 +1,15 @@
-"""Lesson 4: all-reduce seven ways: the steps of each, then time, peak node and total bandwidth.
+"""Lesson 4: all-reduce nine ways: the steps of each, then time, peak node and total bandwidth.
 
     mpiexec -n 4 python lessons/04_allreduce.py
 
 All-reduce gives every rank the sum of all ranks' vectors: the gradient step of data parallel
-training. minipar.comm writes it by hand over send/recv in seven ways; each is
-proved equal to MPI_Allreduce by the tests. Part 1 draws each algorithm's messages for a tiny
-vector, from the communicator's trace. Part 2 fills the lecture's comparison table from the
-counters: time, peak bandwidth per node (the busiest rank's bytes in and out) and total
-bandwidth (bytes sent by all ranks), beside the cost model's formula for the time.
+training. minipar.comm writes it by hand in nine ways, seven over send/recv and two over a
+shared-memory window of the node (shm, hierarchical); each is proved equal to MPI_Allreduce by
+the tests. Part 1 draws each algorithm's messages for a tiny vector, from the communicator's
+trace. Part 2 fills the lecture's comparison table from the counters: time, peak bandwidth per
+node (the busiest rank's bytes in and out) and total bandwidth (bytes sent by all ranks), beside
+the cost model's formula for the time. Part 3 shows why, on one node, shared memory wins: the
+bytes each rank moves through memory and the synchronisations, beside the times.
 """
 import os
 import statistics
@@ -43,6 +45,7 @@ for algo in ALGOS:
         else:
             mine.append(f"{'s>' if 'send' in op else 'r<'}{peer}:{nbytes}")
     world.trace = None
+    mine = mine or ["(no message: the ranks read one another's shared memory)"]
     lines = world.mpi.gather(mine) or []
     say(f"\n  {algo}", *(f"    rank {r}: " + " ".join(steps) for r, steps in enumerate(lines)))
 
@@ -113,6 +116,30 @@ for algo in ("ring", "recursive_halving"):
         check(f"{algo}: each rank sent 2(p-1)/p·n = {optimal:,.0f} B (counters, within 1 %)",
               abs(most_sent[algo] - optimal) <= 0.01 * optimal, f"{optimal:,.0f} B",
               f"{most_sent[algo]:,} B")
+
+# ---- Part 3: why shared memory wins on one node ----------------------------------------------
+if "shm" in exact and world.local.nodes == 1:
+    t = {r["algorithm"]: r["time_us"] / 1e3 for r in rows if r["bytes"] == n_bytes}
+    traffic = {"ring": 11 * (p - 1) / p, "shm": 3 + 2 * (p - 1) / p + 1 / p}  # x n, per rank
+    syncs = {"ring": f"{2 * (p - 1)} messages, each through MPI's cells",
+             "shm": "2 barriers, whatever p"}
+    say(f"\nPart 3. Why shared memory wins on one node ({vector}, {p} ranks)",
+        f"  {'algorithm':10s} {'time ms':>8s} {'vs mpi':>6s} {'memory traffic per rank':>24s}"
+        f"  synchronisation",
+        *(f"  {a:10s} {t[a]:8.2f} {t[a] / t['mpi']:6.2f} {traffic[a]:7.2f} n = "
+          f"{traffic[a] * n_bytes / 1e6:7.1f} MB  {syncs[a]}" for a in ("ring", "shm")),
+        f"  {'mpi':10s} {t['mpi']:8.2f} {1:6.2f}   (inside MPI: its ring or halving through "
+        f"the same cells)",
+        textwrap.fill(
+            "Between ranks of one node a message is copied twice: into a shared cell by the "
+            "sender, out of it by the receiver, the two taking turns on the cells; per step "
+            "of n/p that is 4n/p bytes read and written, plus 3n/p for a reduction, so a ring "
+            "moves 11(p-1)/p n. The shm all-reduce maps one window on every rank: each copies "
+            "its vector in, reduces its 1/p reading the peers' copies where they lie, and "
+            "copies the whole result out: fewer bytes, fewer synchronisations, no message.",
+            width=terminal_width()))
+    check("shm: no byte went through a message (counters)", most_sent["shm"] == 0, "0 B",
+          f"{most_sent['shm']:,} B")
 figure(args.plot, "04_busbw", lambda figures: figures.busbw_chart(
     rows, p, title=f"All-reduce on {p} ranks: measured (solid) and the fitted model (dashed)"))
 raise SystemExit(finish(f"all {len(ALGOS)} hand-written all-reduces returned MPI's exact sum, "
