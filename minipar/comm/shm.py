@@ -20,10 +20,10 @@ Why it beats MPI_Allreduce on one node. Through MPICH's shared memory a message 
 (the sender into a shared cell, the receiver out of it), so a ring moves 11 (p-1)/p n bytes per
 rank through memory (a step copies n/p into a cell and n/p out of one, 4n/p read and written,
 and the reduce-scatter's steps reduce n/p, 3n/p more; 5.5n at p = 2) and pays 2(p-1)
-handshakes, each cut into cells that sender and receiver must take turns on; MPI_Allreduce
-out of place first copies the input into the output as well (2n more). Here 4.5n at p = 2
-and under 5n + n/p at any p, in three streaming passes that all ranks run at once, and two
-barriers whatever p is.
+handshakes, each cut into cells that sender and receiver must take turns on; MPICH's
+MPI_Allreduce out of place first copies the input into the output as well (2n more). Here
+4.5n at p = 2 and under 5n + n/p at any p, in three streaming passes that all ranks run at
+once, and two barriers whatever p is.
 
     time     2 alpha + (p-1)/p copy(n) + (p-1) n/p gamma(n/p) + copy(n)
              copy(n) = 2/3 n gamma(n)
