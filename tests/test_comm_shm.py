@@ -208,7 +208,8 @@ def ddp_body():
     world = comm.world()
     serial = train("mlp", "float64", "adamw")
     report = []
-    for options in (dict(algorithm="mpi"), dict(algorithm="auto", overlap=True), dict(algorithm="auto", overlap=False),
+    for options in (dict(algorithm="mpi"), dict(algorithm="auto", overlap=True),
+                    dict(algorithm="auto", overlap=False),
                     dict(algorithm="shm", overlap=True, bucket_cap_mb=0.0005),
                     dict(algorithm="hierarchical", overlap=False, bucket_cap_mb=0.0005)):
         world.counters.reset()
