@@ -7,6 +7,8 @@
     communicator.py   the Communicator: send/recv, counters, and every collective's entry point
     registry.py       the algorithms by name, each with its cost formula
     allreduce.py      sequential, parallel, ring, recursive halving and doubling
+    shm.py            the all-reduce over the node's shared memory (an MPI-3 window)
+    hierarchical.py   shm inside each node, point-to-point across the node leaders
     param_server.py   the parameter server as an all-reduce, one server and sharded
     trees.py          broadcast and reduce over binomial trees
     exchange.py       reduce-scatter, all-gather, all-to-all, gather, scatter
@@ -15,7 +17,8 @@
     nonblocking.py    iall_reduce (overlapping gradient buckets with backward), iall_gather and
                       ireduce_scatter (ZeRO-3 gathering the next layer while this one computes)
     cost.py, fit.py   the alpha-beta-gamma model; measuring its constants on this machine
-    node.py           the node-local rank (MPI_COMM_TYPE_SHARED): which GPU a rank uses
+    node.py           the node-local rank (MPI_COMM_TYPE_SHARED): which GPU a rank uses,
+                      and how many nodes a communicator spans
     buffers.py, staging.py, errors.py, watch.py   arrays, GPU staging, errors, who waits on whom
 """
 from minipar.comm.buffers import chunk_bounds
