@@ -227,3 +227,35 @@ def test_ddp_buckets_run_on_shared_memory_and_equal_serial(nprocs):
         for options, difference, sent in report:
             assert difference < 1e-10, (options, difference)
             assert sent == wrap_bytes, (options, sent, wrap_bytes)  # buckets: no message
+
+
+def shared_buffer_body():
+    """Buckets in shared memory (buckets.bucket_buffers): an in-place shm all-reduce of them
+    equals MPI's and never touches the communicator's own window (nothing is copied in)."""
+    from minipar import comm, nn
+    from minipar.comm import shm
+    from minipar.parallel.data.buckets import bucket_buffers, make_buckets
+
+    world = comm.world()
+    c = world.dup()
+    params = list(nn.Linear(40, 30).parameters()) + list(nn.Linear(30, 7).parameters())
+    buffers = bucket_buffers(make_buckets(params, 1000), c)
+    failures = []
+    for i, buf in enumerate(buffers):
+        buf[...] = np.arange(buf.size) * (world.rank + 1) + i
+        want = c.all_reduce(buf, algorithm="mpi")
+        for algo in ("shm", "auto", "ring"):
+            got = buf.copy()
+            c.all_reduce(buf, algorithm=algo, out=buf)
+            if not np.allclose(buf, want):
+                failures.append(f"bucket {i} {algo}")
+            buf[...] = got  # back to this rank's values
+    shared = all(shm.owner(b, b) is not None for b in buffers)
+    return failures, shared, c.coll in shm._windows
+
+
+@pytest.mark.mpi
+def test_buckets_in_shared_memory_are_reduced_where_they_lie():
+    for failures, shared, copied in run_on_ranks(shared_buffer_body, 3):
+        assert not failures, failures
+        assert shared and not copied

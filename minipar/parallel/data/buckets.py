@@ -7,10 +7,14 @@ o_i = n_0 + ... + n_{i-1}. ``flatten_parameters`` makes every ``p.data`` a view 
 vector (so one collective writes all the parameters), ``flatten_grads`` copies the gradients into
 one (so one collective reduces them all). ``make_buckets`` cuts the parameters, last layer first
 (the order backward produces gradients in), into groups of about ``cap_bytes`` (Li et al. 2020).
+``bucket_buffers`` gives each bucket its flat gradient buffer: where all ranks share a node (host
+arrays), in shared memory, so the shm all-reduce (comm/shm.py) reads the peers' gradients where
+backward wrote them and copies nothing in.
 """
 import warnings
 
 from ... import backend
+from ...comm import node, shm
 
 
 def broadcast_parameters(module, comm, on_mismatch="warn"):
@@ -104,6 +108,25 @@ def offsets(params):
         starts.append(total)
         total += p.size
     return starts, total
+
+
+def bucket_buffers(buckets, comm, shared=None):
+    """One zeroed flat buffer per bucket, of its parameters' dtype. ``shared`` (default: every
+    rank of ``comm`` on one node, host arrays) lays them in one shared-memory window
+    (``shm.shared_array``, collective): an in-place all-reduce by ``shm`` (or ``auto``'s choice
+    of it) then reduces straight out of the peers' buffers."""
+    if shared is None:
+        shared = comm.size > 1 and backend.device() == "cpu" and node.span(comm) == 1
+    sizes = [offsets(b)[1] * b[0].data.dtype.itemsize for b in buckets]
+    if not shared:
+        return [backend.get_array_module(b[0].data).zeros(offsets(b)[1], b[0].dtype)
+                for b in buckets]
+    starts = [0]  # each bucket on a 64-byte boundary of one shared window
+    for nbytes in sizes:
+        starts.append(starts[-1] + -(-nbytes // 64) * 64)
+    flat = shm.shared_array(comm, starts[-1])
+    return [flat[o:o + nbytes].view(b[0].data.dtype)
+            for b, o, nbytes in zip(buckets, starts, sizes)]
 
 
 def flatten_parameters(params, size=None):

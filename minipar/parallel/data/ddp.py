@@ -67,7 +67,7 @@ from ... import backend
 from ...autograd import Tensor, is_grad_enabled
 from ...comm import world
 from ...nn.module import Module
-from .buckets import ReadyQueue, broadcast_parameters, make_buckets, offsets
+from .buckets import ReadyQueue, broadcast_parameters, bucket_buffers, make_buckets, offsets
 
 
 class DistributedDataParallel(Module):
@@ -93,8 +93,7 @@ class DistributedDataParallel(Module):
         self.named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         params = [p for _, p in self.named]
         self.buckets = make_buckets(params, bucket_cap_mb * 2**20)
-        self.grad_buffers = [backend.get_array_module(b[0].data).zeros(offsets(b)[1], b[0].dtype)
-                             for b in self.buckets]
+        self.grad_buffers = bucket_buffers(self.buckets, self.comm)  # shared memory on one node
         self.views = {id(p): buf[o:o + p.size].reshape(p.shape)  # p.grad lives here once ready
                       for b, buf in zip(self.buckets, self.grad_buffers)
                       for p, o in zip(b, offsets(b)[0])}
