@@ -231,8 +231,9 @@ def test_ddp_buckets_run_on_shared_memory_and_equal_serial(nprocs):
 
 def shared_buffer_body():
     """Buckets in shared memory (buckets.bucket_buffers): an in-place shm all-reduce of them
-    equals MPI's and never touches the communicator's own window (nothing is copied in)."""
-    from minipar import comm, nn
+    equals MPI's and never touches the communicator's own window (nothing is copied in).
+    Device arrays (strict) stay on the device: their buckets are not shared."""
+    from minipar import backend, comm, nn
     from minipar.comm import shm
     from minipar.parallel.data.buckets import bucket_buffers, make_buckets
 
@@ -242,20 +243,24 @@ def shared_buffer_body():
     buffers = bucket_buffers(make_buckets(params, 1000), c)
     failures = []
     for i, buf in enumerate(buffers):
-        buf[...] = np.arange(buf.size) * (world.rank + 1) + i
-        want = c.all_reduce(buf, algorithm="mpi")
+        buf[...] = backend.xp().arange(buf.size) * (world.rank + 1) + i
+        want = backend.to_numpy(c.all_reduce(buf, algorithm="mpi"))
         for algo in ("shm", "auto", "ring"):
-            got = buf.copy()
+            mine = buf.copy()
             c.all_reduce(buf, algorithm=algo, out=buf)
-            if not np.allclose(buf, want):
+            if not np.allclose(backend.to_numpy(buf), want):
                 failures.append(f"bucket {i} {algo}")
-            buf[...] = got  # back to this rank's values
-    shared = all(shm.owner(b, b) is not None for b in buffers)
-    return failures, shared, c.coll in shm._windows
+            buf[...] = mine  # back to this rank's values
+    shared = [shm.owner(b, b) is not None for b in buffers]
+    return failures, backend.device(), shared, c.coll in shm._windows
 
 
 @pytest.mark.mpi
-def test_buckets_in_shared_memory_are_reduced_where_they_lie():
-    for failures, shared, copied in run_on_ranks(shared_buffer_body, 3):
+@pytest.mark.parametrize("device", ["cpu", "strict"])
+def test_buckets_in_shared_memory_are_reduced_where_they_lie(device):
+    ranks = run_on_ranks(shared_buffer_body, 3, env={"MINIPAR_DEVICE": device})
+    for failures, where, shared, copied in ranks:
         assert not failures, failures
-        assert shared and not copied
+        assert where == device
+        assert all(shared) if device == "cpu" else not any(shared)
+        assert not copied or device == "strict"
