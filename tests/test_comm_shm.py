@@ -256,9 +256,9 @@ def shared_buffer_body():
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("device", ["cpu", "strict"])
-def test_buckets_in_shared_memory_are_reduced_where_they_lie(device):
-    ranks = run_on_ranks(shared_buffer_body, 3, env={"MINIPAR_DEVICE": device})
+@pytest.mark.parametrize("device, nprocs", [("cpu", 2), ("cpu", 5), ("strict", 3)])
+def test_buckets_in_shared_memory_are_reduced_where_they_lie(device, nprocs):
+    ranks = run_on_ranks(shared_buffer_body, nprocs, env={"MINIPAR_DEVICE": device})
     for failures, where, shared, copied in ranks:
         assert not failures, failures
         assert where == device
