@@ -18,7 +18,7 @@ import time
 
 from minipar import backend
 from minipar.bench import busbw
-from minipar.comm import ALGORITHMS, cost, fit
+from minipar.comm import ALGORITHMS, cost, fit, shm
 from minipar.console import spread, terminal_width
 
 from _kit import arguments, check, figure, finish, mpi_world, note_load, progress, say
@@ -118,28 +118,60 @@ for algo in ("ring", "recursive_halving"):
               f"{most_sent[algo]:,} B")
 
 # ---- Part 3: why shared memory wins on one node ----------------------------------------------
+def median_ms(run):
+    """Median over REPEATS of the slowest rank's time of ``run()``, after one warm-up run."""
+    run()
+    times = []
+    for _ in range(REPEATS):
+        world.barrier()
+        t0 = time.perf_counter()
+        run()
+        times.append(world.mpi.allreduce(time.perf_counter() - t0, op=max))
+    return statistics.median(times) * 1e3
+
+
 if "shm" in exact and world.local.nodes == 1:
     t = {r["algorithm"]: r["time_us"] / 1e3 for r in rows if r["bytes"] == n_bytes}
-    traffic = {"ring": 11 * (p - 1) / p, "shm": 3 + 2 * (p - 1) / p + 1 / p}  # x n, per rank
+    # in place, as DDP reduces its buckets: MPI's own, and shm on a bucket that lives in the
+    # window from the start (shm.shared_array, as DDP lays its buckets out): nothing copied in
+    private = xp.ones(n_bytes // 4, xp.float32)
+    bucket = shm.shared_array(world, n_bytes).view(xp.float32)
+    t["mpi, in place"] = median_ms(lambda: world.all_reduce(private, algorithm="mpi", out=private))
+    t["shm, bucket"] = median_ms(lambda: world.all_reduce(bucket, algorithm="shm", out=bucket))
+    bucket[...] = 1
+    world.all_reduce(bucket, algorithm="shm", out=bucket)
+    exact["shm, bucket"] = bool((bucket == p).all())
+    traffic = {"ring": 11 * (p - 1) / p, "shm": 3 + 2 * (p - 1) / p + 1 / p,  # x n, per rank
+               "shm, bucket": 1 + 1 / p + 2 * (p - 1) / p}
     syncs = {"ring": f"{2 * (p - 1)} messages, each through MPI's cells",
-             "shm": "2 barriers, whatever p"}
+             "shm": "2 barriers, whatever p", "shm, bucket": "3 barriers, whatever p"}
+    reference = {"ring": "mpi", "shm": "mpi", "shm, bucket": "mpi, in place"}
     say(f"\nPart 3. Why shared memory wins on one node ({vector}, {p} ranks)",
-        f"  {'algorithm':10s} {'time ms':>8s} {'vs mpi':>6s} {'memory traffic per rank':>24s}"
+        f"  {'algorithm':13s} {'time ms':>8s} {'vs mpi':>6s} {'memory traffic per rank':>24s}"
         f"  synchronisation",
-        *(f"  {a:10s} {t[a]:8.2f} {t[a] / t['mpi']:6.2f} {traffic[a]:7.2f} n = "
+        *(f"  {a:13s} {t[a]:8.2f} {t[a] / t[reference[a]]:6.2f} {traffic[a]:7.2f} n = "
           f"{traffic[a] * n_bytes / 1e6:7.1f} MB  {syncs[a]}" for a in ("ring", "shm")),
-        f"  {'mpi':10s} {t['mpi']:8.2f} {1:6.2f}   (inside MPI: its ring or halving through "
+        f"  {'mpi':13s} {t['mpi']:8.2f} {1:6.2f}   (inside MPI: its ring or halving through "
         f"the same cells)",
+        f"  {'shm, bucket':13s} {t['shm, bucket']:8.2f} "
+        f"{t['shm, bucket'] / t['mpi, in place']:6.2f} {traffic['shm, bucket']:7.2f} n = "
+        f"{traffic['shm, bucket'] * n_bytes / 1e6:7.1f} MB  {syncs['shm, bucket']}",
+        f"  {'mpi, in place':13s} {t['mpi, in place']:8.2f} {1:6.2f}   (the reference of the "
+        f"line above)",
         textwrap.fill(
             "Between ranks of one node a message is copied twice: into a shared cell by the "
             "sender, out of it by the receiver, the two taking turns on the cells; per step "
             "of n/p that is 4n/p bytes read and written, plus 3n/p for a reduction, so a ring "
             "moves 11(p-1)/p n. The shm all-reduce maps one window on every rank: each copies "
             "its vector in, reduces its 1/p reading the peers' copies where they lie, and "
-            "copies the whole result out: fewer bytes, fewer synchronisations, no message.",
-            width=terminal_width()))
+            "copies the whole result out: fewer bytes, fewer synchronisations, no message. "
+            "DDP's gradient buckets live in such a window from the start ('shm, bucket', in "
+            "place): each rank reduces its slice into its own bucket and copies the peers' "
+            "slices from theirs.", width=terminal_width()))
     check("shm: no byte went through a message (counters)", most_sent["shm"] == 0, "0 B",
           f"{most_sent['shm']:,} B")
+    check(f"shm on a bucket in the window: every element is the exact sum {p}",
+          exact["shm, bucket"], p, "another value")
 figure(args.plot, "04_busbw", lambda figures: figures.busbw_chart(
     rows, p, title=f"All-reduce on {p} ranks: measured (solid) and the fitted model (dashed)"))
 raise SystemExit(finish(f"all {len(ALGOS)} hand-written all-reduces returned MPI's exact sum, "
