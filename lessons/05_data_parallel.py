@@ -142,7 +142,8 @@ def part3_overlap(world, x, y, steps, rounds=3):
     steps_of, best = {}, {}
     for name, overlap in (("overlap on", True), ("overlap off", False)):
         model = build("float32")
-        net = DistributedDataParallel(model, world, bucket_cap_mb=0.25, overlap=overlap)
+        net = DistributedDataParallel(model, world, bucket_cap_mb=0.25, overlap=overlap,
+                                      algorithm="ring")
         opt = optim.SGD(model.parameters(), lr=1e-3)
 
         def run_step(net=net, opt=opt):

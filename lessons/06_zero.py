@@ -41,7 +41,7 @@ def make(kind, group, vocab):
     model = nn.GPT(nn.GPTConfig(vocab_size=vocab, **CONFIG))
     adamw = lambda params: optim.AdamW(params, lr=3e-3)  # noqa: E731
     if kind == "DP":
-        net = DistributedDataParallel(model, group, bucket_cap_mb=0.25)
+        net = DistributedDataParallel(model, group, bucket_cap_mb=0.25, algorithm="ring")
         opt = adamw(model.parameters())
         return model, opt.step, opt.zero_grad, lambda: {"parameters": sum(p.data.nbytes for p in
                                                          model.parameters()),

@@ -12,7 +12,7 @@ in both libraries), one BLAS thread per rank:
 
     no comm         minipar under ``no_sync()``: forward + backward + step, no gradient traffic
                     (what the step would cost if communication were free)
-    overlap on      minipar DDP, buckets all-reduced (``--algorithm``, default ring) during
+    overlap on      minipar DDP, buckets all-reduced (``--algorithm``, default auto: DDP's) during
                     backward: hand-coded ones on a background thread, "mpi" by MPI_Iallreduce
     overlap off     minipar DDP, the same buckets reduced one after another after backward
     torch DDP       torch.nn.parallel.DistributedDataParallel, gloo over loopback TCP; torch
@@ -193,7 +193,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 round of 3 steps")
     parser.add_argument("--no-torch", action="store_true", help="skip torch DDP")
-    parser.add_argument("--algorithm", default="ring", help="minipar's all-reduce (default ring)")
+    parser.add_argument("--algorithm", default="auto",
+                        help="minipar's all-reduce (default auto, DDP's default)")
     parser.add_argument("--batches", default="64,256", help="samples per rank (default 64,256)")
     parser.add_argument("--steps", type=int, default=5, help="steps per run per round")
     parser.add_argument("--rounds", type=int, default=4, help="rounds, the runs taking turns")

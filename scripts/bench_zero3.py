@@ -49,7 +49,7 @@ def worker(batch, steps, rounds):
         model = nn.Sequential(*layers[:-1])
         adamw = lambda ps: optim.AdamW(ps, lr=1e-4)  # noqa: E731
         if kind == "DDP":
-            net = DistributedDataParallel(model, world, bucket_cap_mb=2.0)
+            net = DistributedDataParallel(model, world, bucket_cap_mb=2.0, algorithm="ring")
             opt = adamw(model.parameters())
             return net, opt.zero_grad, opt.step
         zero = ZeRO3(model, adamw, world, prefetch=kind == "ZeRO-3")

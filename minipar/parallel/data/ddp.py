@@ -1,7 +1,7 @@
 """Data parallelism with all-reduce: every rank holds the whole model, sees 1/N of the batch, and
 the ranks average their gradients before each step (Li et al. 2020, "PyTorch Distributed").
 
-    model = DistributedDataParallel(net, comm, bucket_cap_mb=1, algorithm="ring")
+    model = DistributedDataParallel(net, comm, bucket_cap_mb=1)   # algorithm="auto"
     loss = loss_fn(model(x_local), y_local)   # the mean over this rank's local batch
     loss.backward()                           # buckets are averaged while backward goes on
     optimizer.step()                          # every rank applies the same averaged gradient
@@ -72,12 +72,14 @@ from .buckets import ReadyQueue, broadcast_parameters, bucket_buffers, make_buck
 
 class DistributedDataParallel(Module):
     """Wrap ``module``: rank 0's parameters everywhere, gradients averaged over ``comm`` in
-    buckets of ``bucket_cap_mb`` with all-reduce ``algorithm`` (any of ``comm.ALGORITHMS``),
+    buckets of ``bucket_cap_mb`` with all-reduce ``algorithm`` (any of ``comm.ALGORITHMS``;
+    ``"auto"``, the default, lets the cost model pick per bucket: on one node the shared-memory
+    all-reduce, which reduces the buckets where backward wrote them),
     overlapping backward when ``overlap`` (``"auto"``: where a core is idle, see
     ``overlap_default``); ``find_unused_parameters`` lets a forward leave some
     parameters out (zero gradient). See the module docstring for the contract."""
 
-    def __init__(self, module, comm=None, bucket_cap_mb=25.0, algorithm="ring", overlap="auto",
+    def __init__(self, module, comm=None, bucket_cap_mb=25.0, algorithm="auto", overlap="auto",
                  on_mismatch="warn", find_unused_parameters=False):
         super().__init__()
         self.module = module
