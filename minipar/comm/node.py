@@ -27,6 +27,8 @@ from collections import namedtuple
 
 from mpi4py import MPI
 
+from minipar.comm import watch
+
 Local = namedtuple("Local", "rank size nodes")
 
 
@@ -44,14 +46,15 @@ def shared(mpi_comm):
     """The mpi4py communicator of the ranks of ``mpi_comm`` on this rank's node, in the order of
     their ranks in ``mpi_comm`` (collective; the caller frees it). With MINIPAR_RANKS_PER_NODE=k
     a node's ranks are cut into groups of k."""
-    node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=mpi_comm.Get_rank())
-    k = ranks_per_node()
-    if k is None:
-        return node
-    try:
-        return node.Split(node.Get_rank() // k, key=node.Get_rank())
-    finally:
-        node.Free()
+    with watch.blocking("split by node", mpi_comm):
+        node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=mpi_comm.Get_rank())
+        k = ranks_per_node()
+        if k is None:
+            return node
+        try:
+            return node.Split(node.Get_rank() // k, key=node.Get_rank())
+        finally:
+            node.Free()
 
 
 def local(mpi_comm=None):
@@ -76,7 +79,8 @@ def span(comm):
     if comm not in _spans:
         mine = shared(comm.mpi)
         try:
-            _spans[comm] = comm.mpi.allreduce(int(mine.Get_rank() == 0), op=MPI.SUM)
+            with watch.blocking("count of nodes", comm.mpi):
+                _spans[comm] = comm.mpi.allreduce(int(mine.Get_rank() == 0), op=MPI.SUM)
         finally:
             mine.Free()
     return _spans[comm]

@@ -96,7 +96,8 @@ class Window:
         info = MPI.Info.Create()
         info.Set("alloc_shared_noncontig", "true")  # each part in its owner's memory (NUMA)
         size = self.head + 2 * cap if self.rank == 0 else cap
-        self.win = MPI.Win.Allocate_shared(size, 1, info, comm=self.comm)
+        with watch.blocking("shared window allocation", self.comm, size):
+            self.win = MPI.Win.Allocate_shared(size, 1, info, comm=self.comm)
         info.Free()
         self.win.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch, for Win.Sync (MPI-3 unified model)
         parts = [np.frombuffer(self.win.Shared_query(j)[0], np.uint8) for j in range(self.p)]
@@ -176,7 +177,8 @@ def window(c):
     several nodes (shared memory reaches only one node's ranks)."""
     if c not in _windows:
         local = node.shared(c.mpi)
-        nodes = c.mpi.allreduce(int(local.Get_rank() == 0), op=MPI.SUM)
+        with watch.blocking("count of nodes", c.mpi):
+            nodes = c.mpi.allreduce(int(local.Get_rank() == 0), op=MPI.SUM)
         if nodes > 1:
             local.Free()
             raise CommError(f"all_reduce 'shm': the {c.size} ranks span {nodes} nodes, and "

@@ -23,6 +23,7 @@ that it is blocked on this rank (it skipped a collective, or returned early), th
 names the peer and the call and aborts the job instead of leaving it waiting for ever.
 """
 import atexit
+import contextlib
 import os
 import sys
 import threading
@@ -44,6 +45,20 @@ def world_rank():
 # ----------------------------------------------------------------------------------------------
 # What this rank is doing
 # ----------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def blocking(op, mpi_comm, nbytes=0):
+    """Note a blocking call into MPI itself (a communicator split, a shared window's allocation,
+    a barrier) over the ranks of mpi4py communicator ``mpi_comm``, so that the watchdog and the
+    exit check see a rank waiting there as they see one in a send or a receive."""
+    peers = MPI.Group.Translate_ranks(mpi_comm.Get_group(), list(range(mpi_comm.Get_size())),
+                                      MPI.COMM_WORLD.Get_group())
+    state["call"] = (op, tuple(peers), nbytes, None, time.monotonic())
+    try:
+        yield
+    finally:
+        state["call"] = None
+
 
 def describe_call(call):
     op, peers, nbytes, tag, _ = call
