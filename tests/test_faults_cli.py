@@ -40,7 +40,7 @@ BAD = {  # id: (arguments after `python -m minipar.cli`, the start of the error 
                             "minipar bench: error: argument --max-bytes: no size is <= "),
     "bench unknown algorithm": ("bench allreduce --algorithms ring,rign",
                                 "minipar bench: error: argument --algorithms: unknown all-reduce "
-                                "algorithm 'rign': choose from mpi, parallel, "),
+                                "algorithm 'rign': choose from hierarchical, mpi, parallel, "),
     "bench --slow-max -1": ("bench allreduce --slow-max -1",
                             "minipar bench: error: argument --slow-max: must be an integer >= 0"),
     "bench without allreduce": ("bench", "minipar bench: error: the following arguments are "

@@ -98,7 +98,7 @@ def measure_body():
     padded = sum(u.numel for u in zero.units)
     order = [u.name for u in zero.order]
     plain = make_model("gpt", "float64")
-    ddp = DistributedDataParallel(plain, world, bucket_cap_mb=25.0)
+    ddp = DistributedDataParallel(plain, world, bucket_cap_mb=25.0, algorithm="ring")
     before = world.counters.bytes_sent
     loss_of("gpt", ddp, x[mine], y[mine]).backward()
     dp_sent = world.counters.bytes_sent - before
