@@ -16,15 +16,19 @@
 Timings on a shared machine are noisy: compare the ratios, measured side by side in one run.
 """
 import argparse
+import os
 import statistics
 import time
 
-import numpy as np
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # before NumPy loads:
+    os.environ.setdefault(_var, "1")  # ranks share the cores; more BLAS threads only fight
 
-import minipar
-from minipar import Tensor, comm
-from minipar.nn.moe import MoE
-from minipar.parallel.expert import ExpertParallelMoE
+import numpy as np  # noqa: E402
+
+import minipar  # noqa: E402
+from minipar import Tensor, comm  # noqa: E402
+from minipar.nn.moe import MoE  # noqa: E402
+from minipar.parallel.expert import ExpertParallelMoE  # noqa: E402
 
 
 def timed(world, fn):
