@@ -213,7 +213,9 @@ def main():
         [f"e{e}" for e in range(E)],
         {**{f"from rank {s}": counts[s].tolist() for s in range(p)},
          "dropped (all ranks)": [sum(pr[0][e] - pr[1][e] for pr in per_rank) for e in range(E)]},
-        title="kept tokens per expert by sending rank, and drops", ylabel="tokens"))
+        title="kept tokens per expert by sending rank, and drops", ylabel="tokens",
+        xlabel=f"expert (e0-e{E // p - 1} on rank 0{', ...' if p > 2 else ''}, "
+               f"e{E - E // p}-e{E - 1} on rank {p - 1})"))
     figure(args.plot, "12_balance", lambda figures: figures.loss_chart(
         {f"aux_coeff={c}": [h[1] for h in runs[c]] for c in runs},
         title="load balance while training (1 = balanced)", ylabel="l_aux"))
