@@ -316,11 +316,8 @@ class Communicator:
     def barrier(self):
         """Wait until every rank of this communicator arrives (MPI's barrier; moves no data)."""
         t0 = time.perf_counter()
-        _state["call"] = ("barrier", tuple(self.world_ranks), 0, None, time.monotonic())
-        try:
+        with watch.blocking("barrier", self.world_ranks):
             self.mpi.Barrier()
-        finally:
-            _state["call"] = None
         self._account(None, None, 0, t0)
         self._record("barrier", None, t0, 0)
 

@@ -46,7 +46,7 @@ def shared(mpi_comm):
     """The mpi4py communicator of the ranks of ``mpi_comm`` on this rank's node, in the order of
     their ranks in ``mpi_comm`` (collective; the caller frees it). With MINIPAR_RANKS_PER_NODE=k
     a node's ranks are cut into groups of k."""
-    with watch.blocking("split by node", mpi_comm):
+    with watch.blocking("split by node", watch.world_ranks(mpi_comm)):
         node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=mpi_comm.Get_rank())
         k = ranks_per_node()
         if k is None:
@@ -79,7 +79,7 @@ def span(comm):
     if comm not in _spans:
         mine = shared(comm.mpi)
         try:
-            with watch.blocking("count of nodes", comm.mpi):
+            with watch.blocking("count of nodes", comm.world_ranks):
                 _spans[comm] = comm.mpi.allreduce(int(mine.Get_rank() == 0), op=MPI.SUM)
         finally:
             mine.Free()

@@ -44,7 +44,6 @@ headers, so ranks that disagree raise the same CommError, each on its own, befor
 Device arrays (CuPy, or the strict stand-in) are staged: copied into the host slot and back
 out of R (one copy each way, as MPI's staging does), and reduced on the host by NumPy.
 """
-import time
 import weakref
 
 from mpi4py import MPI
@@ -96,7 +95,7 @@ class Window:
         info = MPI.Info.Create()
         info.Set("alloc_shared_noncontig", "true")  # each part in its owner's memory (NUMA)
         size = self.head + 2 * cap if self.rank == 0 else cap
-        with watch.blocking("shared window allocation", self.comm, size):
+        with watch.blocking("shared window allocation", watch.world_ranks(self.comm), size):
             self.win = MPI.Win.Allocate_shared(size, 1, info, comm=self.comm)
         info.Free()
         self.win.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch, for Win.Sync (MPI-3 unified model)
@@ -114,13 +113,10 @@ class Window:
 
     def sync(self, ranks):
         """Every rank's writes so far are seen by all (Win_sync, barrier, Win_sync)."""
-        watch.state["call"] = ("shared-memory barrier", ranks, 0, None, time.monotonic())
-        try:
+        with watch.blocking("shared-memory barrier", ranks):
             self.win.Sync()
             self.comm.Barrier()
             self.win.Sync()
-        finally:
-            watch.state["call"] = None
 
     def view(self, raw, dtype, n, offset=0):
         return raw[offset:offset + n * dtype.itemsize].view(dtype)
@@ -177,7 +173,7 @@ def window(c):
     several nodes (shared memory reaches only one node's ranks)."""
     if c not in _windows:
         local = node.shared(c.mpi)
-        with watch.blocking("count of nodes", c.mpi):
+        with watch.blocking("count of nodes", c.world_ranks):
             nodes = c.mpi.allreduce(int(local.Get_rank() == 0), op=MPI.SUM)
         if nodes > 1:
             local.Free()

@@ -46,13 +46,17 @@ def world_rank():
 # What this rank is doing
 # ----------------------------------------------------------------------------------------------
 
+def world_ranks(mpi_comm):
+    """The world ranks of the ranks of mpi4py communicator ``mpi_comm``, in its order."""
+    return tuple(MPI.Group.Translate_ranks(mpi_comm.Get_group(), list(range(mpi_comm.Get_size())),
+                                           MPI.COMM_WORLD.Get_group()))
+
+
 @contextlib.contextmanager
-def blocking(op, mpi_comm, nbytes=0):
-    """Note a blocking call into MPI itself (a communicator split, a shared window's allocation,
-    a barrier) over the ranks of mpi4py communicator ``mpi_comm``, so that the watchdog and the
-    exit check see a rank waiting there as they see one in a send or a receive."""
-    peers = MPI.Group.Translate_ranks(mpi_comm.Get_group(), list(range(mpi_comm.Get_size())),
-                                      MPI.COMM_WORLD.Get_group())
+def blocking(op, peers, nbytes=0):
+    """Note a blocking call into MPI itself (a barrier, a communicator split, a shared window's
+    allocation) that waits on world ranks ``peers``, so that the watchdog and the exit check see
+    a rank waiting there as they see one in a send or a receive."""
     state["call"] = (op, tuple(peers), nbytes, None, time.monotonic())
     try:
         yield
