@@ -66,7 +66,8 @@ def local(mpi_comm=None):
         rank, size = node.Get_rank(), node.Get_size()
     finally:
         node.Free()
-    nodes = mpi_comm.allreduce(int(rank == 0), op=MPI.SUM)
+    with watch.blocking("count of nodes", watch.world_ranks(mpi_comm)):
+        nodes = mpi_comm.allreduce(int(rank == 0), op=MPI.SUM)
     return Local(rank, size, nodes)
 
 
@@ -77,10 +78,5 @@ def span(comm):
     """How many nodes the ranks of Communicator ``comm`` span (collective on first call, then
     remembered): what ``auto`` asks before it weighs the shared-memory all-reduces."""
     if comm not in _spans:
-        mine = shared(comm.mpi)
-        try:
-            with watch.blocking("count of nodes", comm.world_ranks):
-                _spans[comm] = comm.mpi.allreduce(int(mine.Get_rank() == 0), op=MPI.SUM)
-        finally:
-            mine.Free()
+        _spans[comm] = local(comm.mpi).nodes
     return _spans[comm]

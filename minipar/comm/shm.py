@@ -172,15 +172,12 @@ def window(c):
     """c's Window, made on first use (collective); a CommError on every rank when c's ranks span
     several nodes (shared memory reaches only one node's ranks)."""
     if c not in _windows:
-        local = node.shared(c.mpi)
-        with watch.blocking("count of nodes", c.world_ranks):
-            nodes = c.mpi.allreduce(int(local.Get_rank() == 0), op=MPI.SUM)
+        nodes = node.span(c)
         if nodes > 1:
-            local.Free()
             raise CommError(f"all_reduce 'shm': the {c.size} ranks span {nodes} nodes, and "
                             f"shared memory reaches only the ranks of one node: use "
                             f"'hierarchical' (shm inside each node, ring across them) or 'auto'")
-        _windows[c] = Window(local)
+        _windows[c] = Window(node.shared(c.mpi))
     return _windows[c]
 
 
