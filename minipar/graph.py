@@ -142,7 +142,7 @@ class WeightPass:
     B calls ``split`` on each node; ``run`` then finishes what it left (module docstring)."""
 
     def __init__(self, weights):
-        self.weights = {id(w): w for w in weights}
+        self.weights = {id(w): w for w in weights if w.requires_grad}  # frozen ones: no W
         self.work = []   # (node, g, only): a node's weight gradient functions still to call
         self.kept = set()  # ids of the nodes in work: B does not release them
         self.held = {}   # id(weight) -> gradient computed in B by a node that cannot split

@@ -193,6 +193,23 @@ def test_b_then_w_equals_one_backward(conv):
     assert not weights.work and not weights.held
 
 
+@pytest.mark.parametrize("conv", [False, True])
+def test_w_leaves_frozen_weights_without_a_gradient(conv):
+    """A weight with requires_grad=False gets no gradient from W, as from a whole backward."""
+    from minipar import Tensor
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 2, 5, 5) if conv else (4, 5))
+    model = _mlp(conv)
+    frozen = model[0].weight
+    frozen.requires_grad_(False)
+    y = model(Tensor(x))
+    _, weights = _split(model, x, device(rng.standard_normal(y.shape)))
+    weights.run()
+    assert frozen.grad is None
+    assert all(q.grad is not None for q in model.parameters() if q.requires_grad)
+
+
 def test_b_calls_only_input_gradients_and_w_only_weight_gradients():
     """A spy op through ``apply``: which of its two gradient functions each pass calls."""
     from minipar import Tensor, nn

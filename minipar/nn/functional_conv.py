@@ -89,16 +89,16 @@ def conv2d(x, weight, bias=None, stride=1, padding=0):
         y = y + bias.data.reshape(1, O, 1, 1)
     y = xp.ascontiguousarray(y)
     parents = (x, weight) if bias is None else (x, weight, bias)
+    needs = tuple(p.requires_grad for p in parents)
 
-    def backward(g, only=None):  # a split backward (graph.py): gx in B, gw and gb in W
-        want = [p.requires_grad for p in parents] if only is None else only
+    def backward(g, only=needs):  # a split backward (graph.py): gx in B, gw and gb in W
         gx = gw = gb = None
-        if want[0]:
+        if only[0]:
             gcols = xp.tensordot(g, w, axes=([1], [0])).transpose(0, 3, 4, 5, 1, 2)
             gx = _unpad(add_windows(gcols, xpad.shape, stride), ph, pw)
-        if want[1]:
+        if only[1]:
             gw = xp.tensordot(g, cols, axes=([0, 2, 3], [0, 4, 5]))
-        if bias is not None and want[2]:
+        if bias is not None and only[2]:
             gb = g.sum(axis=(0, 2, 3))
         return (gx, gw) if bias is None else (gx, gw, gb)
 
