@@ -95,7 +95,9 @@ class DistributedDataParallel(Module):
         self.named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         params = [p for _, p in self.named]
         self.buckets = make_buckets(params, bucket_cap_mb * 2**20)
-        self.grad_buffers = bucket_buffers(self.buckets, self.comm)  # shared memory on one node
+        # in shared memory on one node, for the algorithms that read buckets there
+        self.grad_buffers = bucket_buffers(
+            self.buckets, self.comm, shared=None if algorithm in ("auto", "shm") else False)
         self.views = {id(p): buf[o:o + p.size].reshape(p.shape)  # p.grad lives here once ready
                       for b, buf in zip(self.buckets, self.grad_buffers)
                       for p, o in zip(b, offsets(b)[0])}
