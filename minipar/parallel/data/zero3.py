@@ -105,6 +105,7 @@ class ZeRO3:
         self.unit_of = {id(p): u for u in self.units for p in u.params}
         self.optimizer = make_optimizer([u.shard for u in self.units])
         self.order, self.slots, self.holder = [], [None] * SLOTS, [None] * SLOTS
+        self.slot_size = max(u.numel for u in self.units)  # a slot holds any unit whole
         self.peak_gathered_bytes, self.expect_backward, self.forwards = 0, False, 0
         module.register_forward_pre_hook(self._start_forward)
         for u in self.units:
@@ -142,10 +143,10 @@ class ZeRO3:
                                f"which is still computing: units nest two deep at most, their "
                                f"backward in the reverse order of their forward; choose units=")
         if self.slots[s] is None:
-            size = max(v.numel for v in self.units)
-            self.slots[s] = backend.get_array_module(u.shard.data).empty(size, u.shard.dtype)
-            peak = self.memory_bytes()["gathered"]
-            self.peak_gathered_bytes = max(self.peak_gathered_bytes, peak)
+            xp = backend.get_array_module(u.shard.data)
+            self.slots[s] = xp.empty(self.slot_size, u.shard.dtype)
+            gathered = sum(int(slot.nbytes) for slot in self.slots if slot is not None)
+            self.peak_gathered_bytes = max(self.peak_gathered_bytes, gathered)
         self.holder[s] = u
         full = self.slots[s][:u.numel].reshape(self.comm.size, -1)
         u.work = iall_gather(self.comm, u.shard.data, self.gather_algorithm, out=full)
