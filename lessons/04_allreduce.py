@@ -118,26 +118,17 @@ for algo in ("ring", "recursive_halving"):
               f"{most_sent[algo]:,} B")
 
 # ---- Part 3: why shared memory wins on one node ----------------------------------------------
-def median_ms(run):
-    """Median over REPEATS of the slowest rank's time of ``run()``, after one warm-up run."""
-    run()
-    times = []
-    for _ in range(REPEATS):
-        world.barrier()
-        t0 = time.perf_counter()
-        run()
-        times.append(world.mpi.allreduce(time.perf_counter() - t0, op=max))
-    return statistics.median(times) * 1e3
-
-
 if "shm" in exact and world.local.nodes == 1:
     t = {r["algorithm"]: r["time_us"] / 1e3 for r in rows if r["bytes"] == n_bytes}
     # in place, as DDP reduces its buckets: MPI's own, and shm on a bucket that lives in the
     # window from the start (shm.shared_array, as DDP lays its buckets out): nothing copied in
     private = xp.ones(n_bytes // 4, xp.float32)
     bucket = shm.shared_array(world, n_bytes).view(xp.float32)
-    t["mpi, in place"] = median_ms(lambda: world.all_reduce(private, algorithm="mpi", out=private))
-    t["shm, bucket"] = median_ms(lambda: world.all_reduce(bucket, algorithm="shm", out=bucket))
+    # ms: the median over REPEATS of the slowest rank's time, after one warm-up run
+    t["mpi, in place"] = 1e3 * fit.timed(
+        world, lambda: world.all_reduce(private, algorithm="mpi", out=private), REPEATS, warmup=1)
+    t["shm, bucket"] = 1e3 * fit.timed(
+        world, lambda: world.all_reduce(bucket, algorithm="shm", out=bucket), REPEATS, warmup=1)
     bucket[...] = 1
     world.all_reduce(bucket, algorithm="shm", out=bucket)
     exact["shm, bucket"] = bool((bucket == p).all())
