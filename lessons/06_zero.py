@@ -168,7 +168,7 @@ def draw_figures(directory, held, curves, N):
     for k in range(1, N + 1):
         for kind in KINDS:
             label = f"{'DP' if kind == 'DP' else kind} N={k}"
-            measured = sum(held[k, kind][key] for key in PARTS)
+            measured = total(held[k, kind])
             bars.append((label, measured, theory_bytes(kind, held[k, "DP"]["parameters"], k)))
     figure(directory, "06_memory", lambda figures: figures.memory_chart(
         bars, title="ZeRO: what one rank holds after backward (parameters + gradients + "
@@ -188,7 +188,7 @@ def main():
     held = part1_memory(world, data, tok.vocab_size)
     gap, curves, sent = part2_same_curve(world, data, tok.vocab_size,
                                          steps=4 if args.quick else 40)
-    parameters = world.broadcast_object(held[1, "DP"]["parameters"] if world.rank == 0 else None)
+    parameters = held[world.size, "DP"]["parameters"]  # DP's whole parameters, on every rank
     part3_traffic(world, sent, parameters)
     N = world.size
     if world.rank == 0:  # it holds the memory of every N
