@@ -108,19 +108,21 @@ def bar_chart(categories, series, title=None, ylabel=None, xlabel=None):
     fig, ax = new_figure()
     n = max(len(series), 1)
     width = 0.8 / n
+    crowded = len(categories) * n > 16  # values side by side would overlap: stand them up
     for i, (label, values) in enumerate(series.items()):
         bars = [(j + (i - (n - 1) / 2) * width, v) for j, v in enumerate(values) if v is not None]
         if not bars:
             continue
         container = ax.bar([x for x, _ in bars], [v for _, v in bars], width=width * 0.95,
                            color=colour(i), label=label, zorder=2)
-        ax.bar_label(container, labels=[_value_text(v) for _, v in bars], padding=2, fontsize=10)
+        ax.bar_label(container, labels=[_value_text(v) for _, v in bars], padding=2, fontsize=10,
+                     rotation=90 if crowded else 0)
     ax.set_xticks(range(len(categories)), categories)
     if len(categories) > 6 or max(map(len, categories), default=0) * len(categories) > 90:
         ax.tick_params(axis="x", labelrotation=20)
         for text in ax.get_xticklabels():
             text.set_horizontalalignment("right")
-    ax.margins(y=0.12)  # room for the value labels above the tallest bar
+    ax.margins(y=0.2 if crowded else 0.12)  # room for the value labels above the tallest bar
     ax.grid(False, axis="x")
     ax.set_axisbelow(True)
     ax.set_xlabel(xlabel or "")
