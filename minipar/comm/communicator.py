@@ -334,9 +334,7 @@ class Communicator:
         if algorithm == "mpi":
             return nonblocking.iall_reduce_mpi(self, x, op, out)
         pick("all_reduce", "ring" if algorithm == "auto" else algorithm, op)
-        if self._worker is None:
-            self._worker = nonblocking.AsyncWorker(self)
-        return self._worker.submit(x, op, algorithm, out)
+        return nonblocking.worker(self).start("all_reduce", x, op=op, algorithm=algorithm, out=out)
 
     @_collective
     def broadcast(self, x, root=0, algorithm="binomial", out=None, check=None):

@@ -72,10 +72,6 @@ class AsyncWorker:
         self.queue = queue.Queue()
         threading.Thread(target=self._loop, daemon=True, name="minipar-iall_reduce").start()
 
-    def submit(self, x, op, algorithm, out):
-        """Queue ``all_reduce(x, op, algorithm, out)``."""
-        return self.start("all_reduce", x, op=op, algorithm=algorithm, out=out)
-
     def start(self, collective, x, **options):
         """Queue ``comm.<collective>(x, **options)``; its ``Work`` returns the result."""
         work = Work()
@@ -94,7 +90,8 @@ class AsyncWorker:
 
 
 def worker(comm):
-    """``comm``'s background thread (made on first use; ``iall_reduce`` shares it)."""
+    """``comm``'s background thread, made on first use: iall_reduce, iall_gather and
+    ireduce_scatter queue on the same one, so they run in call order."""
     if comm._worker is None:
         comm._worker = AsyncWorker(comm)
     return comm._worker
