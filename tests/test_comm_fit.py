@@ -2,7 +2,7 @@
 (a round, or every round, far slower than the curve) is found and measured again, not fitted."""
 import pytest
 
-from minipar.comm.fit import in_line, stalled, unconfirmed
+from minipar.comm.fit import in_line, slopes, stalled, unconfirmed
 from minipar.testing import run_on_ranks
 
 CLEAN = {1 << 15: [40e-6, 41e-6, 44e-6], 1 << 16: [60e-6, 63e-6, 61e-6],
@@ -108,3 +108,13 @@ def test_benchmark_checks_the_model_at_a_size_it_never_fitted():
     assert lines[start + 2].split()[:3] == ["#", "98304", "ring"]
     assert lines[start + 3].startswith("# measured / model from 64KiB up: held out ")
     assert "over 1 rows" in lines[start + 3] and "goal 0.8-1.25" in lines[start + 3]
+
+
+def test_a_latency_as_dear_as_a_size_leaves_no_zero_beta():
+    """A stalled latency capped at 32 KiB's time would make beta(32 KiB) zero (an infinite
+    bandwidth, and a division by zero where it is printed): that size takes its neighbours'."""
+    send = {8: 4e-5, 32768: 4e-5, 65536: 5e-5, 131072: 6e-5}
+    betas = slopes(send, 8)
+    assert betas[65536] == pytest.approx((5e-5 - 4e-5) / (65536 - 8))
+    assert betas[32768] == betas[65536]  # beyond the readable sizes: the nearest one's
+    assert slopes({8: 1e-5, 4096: 1e-5}, 8) == {4096: 1e-5 / 4096}  # none readable

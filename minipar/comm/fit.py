@@ -142,6 +142,18 @@ def in_line(samples):
     return best
 
 
+def slopes(send, small):
+    """beta at each size of ``{size: fastest seconds}``: (t(m) - t(small)) / (m - small), the
+    seconds per byte once the latency t(small) is paid. Where load left the latency as dear as
+    a size (in_line caps it there), that difference is no reading at all, not an infinite
+    bandwidth: such a size takes the beta of the sizes around it that could be read (if none
+    could, t(m) / m, the latency counted in)."""
+    raw = {m: (t - send[small]) / (m - small) for m, t in send.items() if m != small}
+    read = {m: b for m, b in raw.items() if b > 0}
+    return {m: b if b > 0 else cost.interpolate(read, m) if read else send[m] / m
+            for m, b in raw.items()}
+
+
 def fit(comm, sizes=FIT_SIZES, small=8, algorithms=("ring",), rounds=3, retries=3,
         progress=None):
     """Fit alpha per algorithm (a tiny all-reduce's step), then beta (ring-step slope) and
@@ -185,8 +197,7 @@ def fit(comm, sizes=FIT_SIZES, small=8, algorithms=("ring",), rounds=3, retries=
             refitted[size] = refitted.get(size, 0) + 1
     unsettled = sorted(set(stalled(sends)) | set(stalled(adds)))
     send, add = in_line(sends), in_line(adds)  # the latency, too, no dearer than 32 KiB
-    latency = send[small]
-    betas = {m: max(send[m] - latency, 0) / (m - small) for m in sizes}
+    latency, betas = send[small], slopes(send, small)
     gammas = {m: add[m] / m for m in sizes}
     algorithms = [a for a in dict.fromkeys(("ring",) + tuple(algorithms))
                   if ALGORITHMS["all_reduce"][a].cost is not None]
