@@ -11,9 +11,8 @@ out: ``sendrecv`` (send and receive as one call) or non-blocking ``isend`` + ``r
 """
 import time
 
-import numpy as np
-
 from minipar import backend
+from minipar.comm import fit
 
 from _kit import arguments, check, finish, mpi_world, say
 
@@ -26,18 +25,15 @@ xp = backend.xp()  # the messages live where training would put them: NumPy, or 
 def ping_pong(nbytes, iters):
     """Seconds for one message of n bytes: half the median round trip."""
     buf = xp.zeros(nbytes, xp.uint8)
-    times = []
-    for _ in range(iters):
-        world.barrier()
-        t0 = time.perf_counter()
+
+    def round_trip():
         if rank == 0:
             world.send(buf, 1)
             world.recv(buf, 1)
         else:
             world.recv(buf, 0)
             world.send(buf, 0)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times)) / 2
+    return fit.timed(world, round_trip, iters) / 2
 
 
 say("1. Ping-pong: one message of n bytes takes alpha + n*beta",

@@ -14,7 +14,6 @@ bytes each rank moves through memory and the synchronisations, beside the times.
 import os
 import statistics
 import textwrap
-import time
 
 from minipar import backend
 from minipar.bench import busbw
@@ -46,7 +45,7 @@ for algo in ALGOS:
             mine.append(f"{'s>' if 'send' in op else 'r<'}{peer}:{nbytes}")
     world.trace = None
     mine = mine or ["(no message: the ranks read one another's shared memory)"]
-    lines = world.mpi.gather(mine) or []
+    lines = world.gather_object(mine) or []
     say(f"\n  {algo}", *(f"    rank {r}: " + " ".join(steps) for r, steps in enumerate(lines)))
 
 # ---- Part 2: the comparison table, measured ------------------------------------------------
@@ -63,15 +62,14 @@ sizes = (n_bytes // 8, n_bytes // 4, n_bytes // 2, n_bytes) if args.plot else (n
 for size, algo in progress([(m, a) for m in sizes for a in ALGOS + ["mpi"]], "all-reduces"):
     x = xp.ones(size // 4, xp.float32)
     world.all_reduce(x, algorithm=algo)  # warm up
-    times = []
-    for _ in range(REPEATS):
-        world.counters.reset()
-        world.barrier()
-        t0 = time.perf_counter()
-        total_of_ones = world.all_reduce(x, algorithm=algo)
-        times.append(world.mpi.allreduce(time.perf_counter() - t0, op=max))
-        exact[algo] = exact.get(algo, True) and bool((total_of_ones == p).all())
-    seconds = statistics.median(times)  # of the slowest rank's
+    sums = []
+
+    def run():
+        world.counters.reset()  # the counters below hold one all-reduce's bytes
+        sums.append(world.all_reduce(x, algorithm=algo))
+    times = [fit.timed(world, run, 1, warmup=0) for _ in range(REPEATS)]  # each the slowest rank's
+    exact[algo] = exact.get(algo, True) and all(bool((s == p).all()) for s in sums)
+    seconds = statistics.median(times)
     predicted = cost.predict("all_reduce", algo, p, size, model) if algo != "mpi" else None
     rows.append({"bytes": size, "algorithm": algo, "time_us": seconds * 1e6,
                  "busbw_GBps": busbw(size, seconds, p),
@@ -79,15 +77,15 @@ for size, algo in progress([(m, a) for m in sizes for a in ALGOS + ["mpi"]], "al
     if size != n_bytes:
         continue
     c = world.counters.snapshot()
-    peak = world.mpi.allreduce(c["bytes_sent"] + c["bytes_received"], op=max)
-    total = world.mpi.allreduce(c["bytes_sent"])
+    peak = max(world.all_gather_object(c["bytes_sent"] + c["bytes_received"]))
+    total = sum(world.all_gather_object(c["bytes_sent"]))
     model_text = (f"{predicted * 1e3:9.1f} {seconds / predicted:8.2f}" if predicted
                   else f"{'-':>9s} {'-':>8s}")
     moved = f"{peak / 1e6:13.1f} {total / 1e6:9.1f}" if algo != "mpi" else \
         f"{'(inside MPI)':>13s} {'':9s}"
     table.append(f"  {algo:18s} {spread([t * 1e3 for t in times], '{:.1f}'):>18s} {model_text} "
                  f"{moved}")
-    most_sent[algo] = world.mpi.allreduce(c["bytes_sent"], op=max)
+    most_sent[algo] = max(world.all_gather_object(c["bytes_sent"]))
     widest = max(widest, max(times) / min(times))
 ratios = [r["time_us"] / r["model_us"] for r in rows if r["model_us"] and r["bytes"] == n_bytes]
 cores = os.cpu_count() or 1

@@ -15,15 +15,13 @@ Part 3 times the same step with the buckets reduced during backward (overlap on)
 (off), taking turns, and prints what ``DistributedDataParallel``'s default chooses here and why:
 overlap hides communication only on a core that backward leaves idle.
 """
-import time
-
 import numpy as np
 
 import minipar
 import minipar.nn as nn
 from minipar import optim
 from minipar import functional as F
-from minipar.comm import ALGORITHMS
+from minipar.comm import ALGORITHMS, fit
 from minipar.data import load_digits
 from minipar.parallel.data import (DistributedDataParallel, DistributedSampler, ParameterServer,
                                    busiest_link, local_batch_size)
@@ -83,11 +81,8 @@ def part1_equal_to_serial(world, x, y, epochs):
 def time_steps(world, run_step, steps):
     """(seconds per step, the slowest rank's; bytes this rank sent a step; busiest link's)."""
     run_step()  # warm-up
-    world.barrier()
-    before, t0 = world.counters.snapshot(), time.perf_counter()
-    for _ in range(steps):
-        run_step()
-    seconds = world.mpi.allreduce(time.perf_counter() - t0, op=max) / steps  # a measurement
+    before = world.counters.snapshot()
+    seconds = fit.timed(world, run_step, steps, warmup=0)  # the median step: a measurement
     sent = world.counters.snapshot()["bytes_sent"] - before["bytes_sent"]
     return seconds, sent / steps, busiest_link(world, before)[0] / steps
 

@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 import minipar  # noqa: E402
 from minipar import Tensor, nn, optim  # noqa: E402
 from minipar import functional as F  # noqa: E402
+from minipar.comm import fit  # noqa: E402
 from minipar.data import load_digits  # noqa: E402
 from minipar.parallel.pipeline import Pipeline, balanced_split, build, stage_costs  # noqa: E402
 from minipar.parallel.pipeline.partition import measure_costs  # noqa: E402
@@ -58,13 +59,9 @@ def number(loss):
 
 def step_seconds(pipe, x, y, steps):
     """Median wall time of a training step, the slowest rank's (all ranks start together)."""
-    times, losses = [], []
-    for _ in range(steps):
-        world.barrier()
-        start = time.perf_counter()
-        losses.append(number(pipe.step(x, y)))
-        times.append(world.mpi.allreduce(time.perf_counter() - start, op=max))
-    return statistics.median(times), world.mpi.bcast(losses, root=p - 1)
+    losses = []
+    seconds = fit.timed(world, lambda: losses.append(number(pipe.step(x, y))), steps, warmup=0)
+    return seconds, world.broadcast_object(losses, root=p - 1)
 
 
 def main():
@@ -77,7 +74,7 @@ def main():
         f"{len(layers)} layers; {p} ranks")
 
     # 1. Where to cut: time each layer on rank 0, let the partitioner balance the stages.
-    costs = world.mpi.bcast(measure_costs(layers, Tensor(x)) if rank == 0 else None, root=0)
+    costs = world.broadcast_object(measure_costs(layers, Tensor(x)) if rank == 0 else None)
     bounds = balanced_split(costs, p)
     names = [type(layer).__name__ for layer in layers]
     for s, ((a, b), cost) in enumerate(zip(bounds, stage_costs(costs, bounds))):
@@ -96,8 +93,8 @@ def main():
         sgd.step()
         times.append(time.perf_counter() - start)
         serial_losses.append(loss.item())
-    serial, serial_losses = world.mpi.bcast((statistics.median(times), serial_losses)
-                                            if rank == 0 else None, root=0)
+    serial, serial_losses = world.broadcast_object((statistics.median(times), serial_losses)
+                                                   if rank == 0 else None)
     say(f"\none device, whole batch: {serial * 1e3:.1f} ms per step (speed-up 1)")
 
     # 3. Naive model parallelism (one micro-batch), then GPipe over a sweep of split sizes.
@@ -134,7 +131,8 @@ def main():
     losses = []
     for i in progress(range(4 if args.quick else 30), "training"):
         idx = order[(i * batch) % (len(images) - batch):][:batch]
-        losses.append(world.mpi.bcast(number(pipe.step(images[idx], labels[idx])), root=p - 1))
+        losses.append(world.broadcast_object(number(pipe.step(images[idx], labels[idx])),
+                                             root=p - 1))
     say(f"\ntraining with GPipe, split {best[1]}: loss {losses[0]:.3f} at step 1, "
         f"{losses[-1]:.3f} at step {len(losses)}")
     check(f"GPipe training: the loss falls over {len(losses)} steps", losses[-1] < losses[0],
