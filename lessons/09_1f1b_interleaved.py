@@ -61,7 +61,7 @@ def part1_memory(m, shape):
     for name in ("gpipe", "1f1b", "zb-h1"):
         pipe = Pipeline(model(width, 2 * p), build(name, p, m), world, mse, memory=True)
         pipe.step(x, x)
-        stats[name] = world.mpi.gather(pipe.stats, root=0)
+        stats[name] = world.gather_object(pipe.stats)
     say(f"{'rank':>4}{'GPipe live':>12}{'MB':>7}{'1F1B live':>11}{'MB':>7}{'theory p-r':>12}"
         f"{'ZB-H1 live':>12}{'MB':>7}")
     for r in range(p if rank == 0 else 0):
@@ -144,7 +144,7 @@ def part3_pipedream(m, width):
     pipe = Pipeline(layers, build("pipedream", p, m), world, mse,
                     optimizer=lambda ps: optim.SGD(ps, lr=0.01))
     pipe.step(x, x)
-    parts = world.mpi.gather(pipe.versions_used, root=0) or []
+    parts = world.gather_object(pipe.versions_used) or []
     used = {key: versions for part in parts for key, versions in part.items()}
     say("  mb " + "".join(f"{f'stage {s} F/B':>14}" for s in range(p)) + f"{'staleness':>22}")
     for k in range(m if rank == 0 else 0):

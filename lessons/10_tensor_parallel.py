@@ -40,7 +40,7 @@ def equal(what, diff):
 def worst(a, b):
     """The largest |a - b| over every rank, compared on the host (a GPU's arrays copied there)."""
     diff = np.abs(minipar.to_numpy(a) - minipar.to_numpy(b))
-    return world.mpi.allreduce(float(diff.max()), op=max)
+    return max(world.all_gather_object(float(diff.max())))
 
 
 def joined(pieces):
@@ -99,8 +99,8 @@ def part2_heads(B, T, C, H):
     attn = tp.ParallelSelfAttention(C, H, world).double()
     x = np.random.default_rng(1).standard_normal((B, T, C))
     heads = list(range(rank * attn.local_heads, (rank + 1) * attn.local_heads))
-    owned = world.mpi.gather((heads, tuple(attn.c_attn.weight.shape),
-                              tuple(attn.c_proj.weight.shape)))
+    owned = world.gather_object((heads, tuple(attn.c_attn.weight.shape),
+                                 tuple(attn.c_proj.weight.shape)))
     for r, (hs, qkv, proj) in enumerate(owned or []):
         say(f"  rank {r}: heads {hs}: c_attn rows for their q, k, v {qkv}, c_proj columns {proj}")
     diff = worst(attn(Tensor(x)).data, serial(Tensor(x)).data)

@@ -114,7 +114,7 @@ def main():
         say(f"  saved step {state['step']} to {args.save}")
     moved = {name: c.counters.snapshot() for name, c in
              (("tensor", groups.tensor), ("pipeline", groups.pipeline), ("data", groups.data))}
-    events = world.mpi.gather(trainer.pipe.events, root=0)
+    events = world.gather_object(trainer.pipe.events)
 
     if world.rank == 0:
         # With --plot the serial model trains through every step: the figure's reference curve.
@@ -158,7 +158,7 @@ def main():
                      for r, evs in enumerate(events) for e in evs]
             timeline.write_chrome_trace(every, args.trace, n_ranks=world.size)
             print(f"  all {world.size} ranks' timelines written to {args.trace} (ui.perfetto.dev)")
-    totals = world.mpi.gather(moved, root=0)
+    totals = world.gather_object(moved)
     if world.rank == 0:
         print(f"\n  bytes sent per step, summed over all {world.size} ranks "
               f"(each rank's own groups):")
