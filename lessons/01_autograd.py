@@ -12,6 +12,9 @@ that ships with Python itself (``pydoc_data``, 465 KB of English). The loss star
 ln(vocab) ≈ 4.6 (a uniform guess over 103 characters); the lesson passes when the validation loss
 falls below 1.6 nats per character, i.e. the model has learnt spelling and common words. Each step
 is forward (build the graph), backward (walk it in reverse), update (no graph).
+
+Read next: minipar/autograd.py, ops.py, graph.py, functional.py, then minipar/nn/; proved by
+tests/test_autograd_gradcheck.py.
 """
 import math
 import time

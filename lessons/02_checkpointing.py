@@ -12,6 +12,8 @@ The price is one more forward per step: with backward ≈ 2× forward, about a t
 This lesson measures all of it on a stack of 16 GPT blocks (with dropout, so the recomputation
 has to replay the random stream): peak bytes held for backward, the step time, and the gradients,
 which must equal the plain run's exactly.
+
+Read next: minipar/checkpoint.py, then memory.py; proved by tests/test_checkpoint.py.
 """
 import math
 import statistics

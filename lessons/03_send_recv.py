@@ -8,6 +8,8 @@ bandwidth. A ping-pong measures both: rank 0 sends, rank 1 sends it back; half t
 one message. Then a deadlock: both ranks send a large message first and receive second. A large
 send waits until the receiver posts its receive (rendezvous), so both wait for ever. Two ways
 out: ``sendrecv`` (send and receive as one call) or non-blocking ``isend`` + ``recv`` + ``wait``.
+
+Read next: minipar/comm/communicator.py, then watch.py; proved by tests/test_comm_p2p.py.
 """
 import time
 

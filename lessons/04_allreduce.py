@@ -10,6 +10,9 @@ trace. Part 2 fills the lecture's comparison table from the counters: time, peak
 node (the busiest rank's bytes in and out) and total bandwidth (bytes sent by all ranks), beside
 the cost model's formula for the time. Part 3 shows why, on one node, shared memory wins: the
 bytes each rank moves through memory and the synchronisations, beside the times.
+
+Read next: minipar/comm/allreduce.py, shm.py, hierarchical.py, cost.py, then fit.py; proved by
+tests/test_comm_collectives.py.
 """
 import os
 import statistics

@@ -14,6 +14,9 @@ sharded: one server's link carries 2(N-1)·n bytes a step, a ring rank's about 4
 Part 3 times the same step with the buckets reduced during backward (overlap on) and after it
 (off), taking turns, and prints what ``DistributedDataParallel``'s default chooses here and why:
 overlap hides communication only on a core that backward leaves idle.
+
+Read next: minipar/parallel/data/ddp.py, buckets.py, sampler.py, then param_server.py; proved by
+tests/test_dp_equivalence.py.
 """
 import numpy as np
 

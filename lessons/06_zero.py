@@ -17,6 +17,9 @@ on all ranks and prints the loss curves side by side: the same numbers. Part 3 c
 each rank sends per step (the communicator's counters): stages 1 and 2 send what plain DP sends,
 2 (N-1)/N of the parameters (a reduce-scatter plus an all-gather is an all-reduce); stage 3
 gathers twice, 3 (N-1)/N: 1.5x, the price of holding 1/N of everything.
+
+Read next: minipar/parallel/data/zero.py, then zero3.py; proved by tests/test_zero.py and
+tests/test_zero3.py.
 """
 import numpy as np
 

@@ -21,6 +21,9 @@ tutorial (ResNet-50 on two GPUs, time against split size). Here: the bundled UCI
 real 8x8 images), a small ResNet, the cut chosen by the partitioner from measured layer times,
 and the GPipe schedule run by minipar's pipeline runtime. BatchNorm normalises each
 micro-batch by its own statistics, as in the tutorial.
+
+Read next: minipar/parallel/pipeline/partition.py, then runtime.py; proved by
+tests/test_pipeline_runtime.py.
 """
 import os
 import statistics

@@ -17,6 +17,9 @@ their backwards come. Re-materialisation (Chen et al. 2016; GPipe's choice) keep
 stage's input and re-computes the forward just before the backward (the R actions): peak
 memory falls from m micro-batches' activations to m inputs plus one micro-batch's activations,
 for one more forward per micro-batch. Part 2 measures it on GPT blocks with ActivationMemory.
+
+Read next: minipar/parallel/pipeline/schedules.py, simulate.py, then runtime.py; proved by
+tests/test_pipeline_runtime_bubble.py.
 """
 import os
 

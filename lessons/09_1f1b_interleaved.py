@@ -17,6 +17,9 @@ W's: (p - 1)/(3 m + p - 1) when F = B = W.
 Part 3: PipeDream (Narayanan et al. 2019) drops the flush: every stage updates its weights after
 each backward. Weight stashing makes a micro-batch's backward use the weights its forward used,
 but stage r runs p - 1 - r versions behind the last stage: the staleness printed per micro-batch.
+
+Read next: minipar/parallel/pipeline/schedules.py, zero_bubble.py, runtime.py, then
+weight_stash.py; proved by tests/test_pipeline_schedules.py and tests/test_pipeline_zb.py.
 """
 import os
 

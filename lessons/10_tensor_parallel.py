@@ -13,6 +13,9 @@ This lesson measures, in float64 against the serial twin built from the same see
      gathering the logits;
   4. the whole GPT: equal losses over a few AdamW steps, and the all-reduces per layer and step
      beside Megatron's count, then the same with sequence parallelism.
+
+Read next: minipar/parallel/tensor/mappings.py, layers.py, embedding.py, then gpt.py; proved by
+tests/test_tensor_parallel.py.
 """
 import numpy as np
 

@@ -21,6 +21,9 @@ serial GPT loaded from the very same checkpoint: the (T, P) slices go back into 
 
     mpiexec -n 8 python lessons/11_3d_parallel.py --steps 200 --save ckpt
     mpiexec -n 4 python lessons/11_3d_parallel.py --tp 1 --pp 4 --steps 200 --resume ckpt
+
+Read next: minipar/parallel/groups.py, hybrid.py, then minipar/distributed/checkpoint.py; proved
+by tests/test_groups.py and tests/test_hybrid.py.
 """
 import math
 import time

@@ -16,6 +16,9 @@ measures, in float64 against the serial twin (the serial MoE on each rank's toke
   3. outputs and every gradient equal to the serial twin;
   4. an MoE GPT block trained with and without the load-balancing loss, equal to serial at
      every step: the load balance (l_aux, max/mean tokens per expert) and the drops.
+
+Read next: minipar/nn/moe.py, minipar/parallel/expert/dispatch.py, layer.py, then
+minipar/parallel/hybrid4d.py; proved by tests/test_expert_parallel.py and tests/test_hybrid_4d.py.
 """
 import numpy as np
 

@@ -2,15 +2,13 @@
 
     from _kit import arguments, check, finish, mpi_world, say
 
-    args = arguments(__doc__, ("--steps", 400, "training steps"), quick="a few steps")
+    args = arguments(__doc__, ("--steps", 400, "training steps"), quick="a few steps", plot=True)
     world = mpi_world(__doc__, ranks=(2, 4))   # a wrong mpiexec -n: one line, exit status 2
     say("Part 1. ...", "a second line")        # printed by rank 0 only
-    check("loss below 1.6", loss < 1.6, expected="< 1.6", measured=f"{loss:.3f}")
-    return finish("the tiny GPT learns")      # PASS: ... (FAIL: ..., status 1)
-
-    args = arguments(__doc__, plot=True)       # adds --plot DIR
     for step in progress(range(400), "training"): ...   # a bar on rank 0's terminal only
-    figure(args.plot, "08_bubble", lambda figures: figures.bubble_chart(points))
+    check("loss below 1.6", loss < 1.6, expected="< 1.6", measured=f"{loss:.3f}")
+    figure(args.plot, "08_bubble", lambda figures: figures.bubble_chart(points))  # --plot DIR
+    return finish("the tiny GPT learns")      # PASS: ... (FAIL: ..., status 1)
 
 A lesson imports this file as ``from _kit import ...``: Python puts a script's own folder first
 on sys.path wherever it is started from, and minipar.testing.run_on_ranks does the same.
