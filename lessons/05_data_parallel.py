@@ -82,10 +82,11 @@ def part1_equal_to_serial(world, x, y, epochs):
 
 
 def time_steps(world, run_step, steps):
-    """(seconds per step, the slowest rank's; bytes this rank sent a step; busiest link's)."""
+    """(seconds per step, the median of the slowest rank's; bytes this rank sent a step; busiest
+    link's)."""
     run_step()  # warm-up
     before = world.counters.snapshot()
-    seconds = fit.timed(world, run_step, steps, warmup=0)  # the median step: a measurement
+    seconds = fit.timed(world, run_step, steps, warmup=0)  # measured, not asserted
     sent = world.counters.snapshot()["bytes_sent"] - before["bytes_sent"]
     return seconds, sent / steps, busiest_link(world, before)[0] / steps
 
