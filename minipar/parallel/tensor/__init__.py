@@ -11,9 +11,7 @@ One file per idea, as in Megatron's ``tensor_parallel/`` (the theory: docs/tenso
     moe.py         mixture-of-experts blocks: experts over an expert group, each a ParallelMLP
 
     model = shard_from_serial(serial_gpt, group)    # lesson 10 runs it against the serial model
-    with CollectiveLog() as log:
-        ...                                         # forward, backward, model.finalize_grads()
-    print("\n".join(accounting(log.events, group.size)))
+    with CollectiveLog() as log: ...                # then accounting(log.events, group.size)
 """
 from .embedding import VocabParallelEmbedding, vocab_parallel_cross_entropy
 from .gpt import (ParallelBlock, ParallelGPTEmbedding, TensorParallelGPT, check_config,
