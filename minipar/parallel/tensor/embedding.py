@@ -26,7 +26,9 @@ class VocabParallelEmbedding(Module):
         self.num_embeddings = num_embeddings
         self.per_rank = divide(num_embeddings, group.size, "vocabulary size")
         self.vocab_start = group.rank * self.per_rank
-        self.group, self.sequence_parallel, self.where = group, sequence_parallel, "embedding"
+        self.group = group
+        self.sequence_parallel = sequence_parallel
+        self.where = "embedding"
         full = nn.Embedding(num_embeddings, embedding_dim, dtype)
         self.weight = Parameter(shard(full.weight.data, 0, group.rank, group.size))
         self.tp_split = {"weight": (0, 1)}

@@ -27,8 +27,9 @@ class ParallelGPTEmbedding(Module):
 
     def __init__(self, config, group, sequence_parallel=False):
         super().__init__()
-        self.block_size, self.group, self.sequence_parallel = config.block_size, group, \
-            sequence_parallel
+        self.block_size = config.block_size
+        self.group = group
+        self.sequence_parallel = sequence_parallel
         self.wte = VocabParallelEmbedding(config.vocab_size, config.n_embd, group,
                                           sequence_parallel)
         self.wpe = nn.Embedding(config.block_size, config.n_embd)

@@ -28,8 +28,9 @@ class ColumnParallelLinear(Module):
                  stride=1, sequence_parallel=False, dtype="float32"):
         super().__init__()
         divide(out_features // stride, group.size, "output size")
-        self.group, self.gather_output, self.sequence_parallel = group, gather_output, \
-            sequence_parallel
+        self.group = group
+        self.gather_output = gather_output
+        self.sequence_parallel = sequence_parallel
         self.where = "column"
         full = nn.Linear(in_features, out_features, bias, dtype)  # drawn whole on every rank
         self.weight = Parameter(shard(full.weight.data, 0, group.rank, group.size, stride))
@@ -53,8 +54,9 @@ class RowParallelLinear(Module):
                  sequence_parallel=False, dtype="float32"):
         super().__init__()
         divide(in_features, group.size, "input size")
-        self.group, self.input_is_parallel, self.sequence_parallel = group, input_is_parallel, \
-            sequence_parallel
+        self.group = group
+        self.input_is_parallel = input_is_parallel
+        self.sequence_parallel = sequence_parallel
         self.where = "row"
         full = nn.Linear(in_features, out_features, bias, dtype)
         self.weight = Parameter(shard(full.weight.data, 1, group.rank, group.size))
@@ -105,7 +107,9 @@ class ParallelSelfAttention(Module):
         super().__init__()
         if n_embd % n_head:
             raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}")
-        self.n_head, self.head_dim, self.p = n_head, n_embd // n_head, dropout
+        self.n_head = n_head
+        self.head_dim = n_embd // n_head
+        self.p = dropout
         self.local_heads = divide(n_head, group.size, "number of attention heads")
         self.c_attn = ColumnParallelLinear(n_embd, 3 * n_embd, group, stride=3,
                                            sequence_parallel=sequence_parallel, dtype=dtype)
