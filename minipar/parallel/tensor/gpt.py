@@ -104,7 +104,7 @@ class TensorParallelGPT(Module):
             self.lm_head = ColumnParallelLinear(config.n_embd, config.vocab_size, group,
                                                 bias=False, sequence_parallel=sequence_parallel)
         self.astype(serial.lm_head.weight.dtype)
-        copy_serial_slices(self, serial, group, self.serial_names())
+        copy_serial_slices(self, serial, group, self.serial_twin_names())
         for name, module in self.named_modules():  # accounting labels: "blocks.0.attn.c_proj"
             if hasattr(module, "where"):
                 module.where = name
@@ -118,7 +118,7 @@ class TensorParallelGPT(Module):
         return ParallelBlock(self.config.n_embd, self.config.n_head, self.group,
                              self.config.dropout, self.sequence_parallel)
 
-    def serial_names(self):
+    def serial_twin_names(self):
         """{parameter name: the serial twin's name} where they differ (None: nowhere)."""
         return None
 

@@ -82,6 +82,7 @@ class TensorParallelMoEGPT(TensorParallelGPT):
 
     def __init__(self, config, moe, tensor_group, expert_group):
         check_moe(config, moe, tensor_group.size, expert_group.size)
+        # set first: the base constructor calls serial_twin() and block(), which read them
         self.moe = moe
         self.expert_group = expert_group
         super().__init__(config, tensor_group)
@@ -92,14 +93,15 @@ class TensorParallelMoEGPT(TensorParallelGPT):
     def block(self):
         """ParallelBlock whose MLP is a TensorExpertParallelMoE: x + attn(ln_1(x));
         x + moe(ln_2(x))."""
-        config, moe = self.config, self.moe
+        config = self.config
+        moe = self.moe
         mlp = TensorExpertParallelMoE(config.n_embd, moe.n_experts, moe.top_k,
                                       moe.capacity_factor, moe.hidden, moe.aux_coeff,
                                       config.dropout, group=self.expert_group,
                                       tensor_group=self.group)
         return ParallelBlock(config.n_embd, config.n_head, self.group, config.dropout, mlp=mlp)
 
-    def serial_names(self):
+    def serial_twin_names(self):
         return serial_names(self)
 
     def moe_layers(self):
