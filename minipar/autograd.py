@@ -11,9 +11,6 @@ that require grad (``x @ W`` with a constant ``x`` never computes dL/dx). Fused 
 (``functional.py``) record their node directly with ``make_result``:
 
     out = make_result(y, (x,), lambda g: (g * mask,), "dropout")
-
-``Tensor.backward()`` hands the node to ``graph.run_backward``: a topological sort, then one loop
-backwards, the graph released as it is consumed.
 """
 import numbers
 
@@ -195,6 +192,7 @@ class Tensor:
             if grad.shape != self.shape:
                 raise ValueError(f"backward(grad): grad has shape {grad.shape} but the tensor has "
                                  f"shape {self.shape}")
+        # graph.py: a topological sort, then one loop backwards, the graph released as consumed
         run_backward([self], [grad], retain_graph=retain_graph)
 
     def _xp(self):

@@ -1,18 +1,11 @@
 """Gradient checkpointing (re-materialisation): keep a segment's inputs, recompute its insides.
 
-Backward needs the activations of the forward pass. Storing all of them for an n-layer network
-costs O(n) memory. Chen et al. 2016 ("Training Deep Nets with Sublinear Memory Cost") keep only
-the input of each of k segments and re-run a segment's forward when backward reaches it:
+Chen et al. 2016 ("Training Deep Nets with Sublinear Memory Cost") keep only the input of each of
+k segments and re-run a segment's forward when backward reaches it: O(√n) memory for an n-layer
+network at k = √n, for one extra forward pass (the arithmetic: docs/engine.md).
 
-    memory ≈ k · (one segment input) + (n / k) · (one layer's activations)
-    minimised at k = √n, giving O(√n) memory for the price of one extra forward pass (≈ +33 %
-    compute when backward costs twice the forward).
-
-``checkpoint(fn, *args)`` runs ``fn`` once, learns which parameters it used, and frees everything it
-saved for backward except the inputs. When backward arrives it re-runs ``fn`` on the saved inputs
-with the random stream rewound (so dropout draws the same masks) and ``is_recomputing()`` true (so
-BatchNorm does not update its running statistics a second time), then back-propagates through
-the fresh graph: parameters receive their gradients there, the inputs' gradients flow on.
+    y = checkpoint(block, x)                  # block's activations freed, recomputed in backward
+    y = checkpoint_sequential(layers, 4, x)   # four segments, every one but the last checkpointed
 
 Like ``torch.utils.checkpoint``, ``fn`` must receive every activation it reads as an argument.
 """
@@ -58,6 +51,8 @@ def checkpoint(fn, *args):
         return Tensor(out.data)
     _release_graph(out)  # frees every array the segment saved; only its inputs stay alive
 
+    # Backward re-runs fn on the saved inputs and back-propagates through the fresh graph: the
+    # parameters receive their gradients there, the inputs' gradients flow on.
     def backward(g):
         with recomputing(rng_state):
             fresh = _detached(args)

@@ -5,25 +5,12 @@ A node is a ``Tensor`` (see ``autograd.py``), but nothing here needs the class: 
 ``_backward(g)`` that maps dL/d(node) to one gradient per parent (None for a leaf).
 
 ``run_backward`` does what micrograd does: sort the graph topologically, walk it once backwards,
-and add each node's contribution into its parents (the chain rule, summed over uses). Only leaves
-(tensors made by the user, e.g. parameters) keep ``.grad``; like PyTorch, the graph is released as
-it is consumed, so a second backward through it is an error unless the first one passed
-``retain_graph=True``.
+and add each node's contribution into its parents (the chain rule, summed over uses). It can also
+run in two passes, the split backward of Zero Bubble (Qi et al. 2023; docs/engine.md):
 
-Split backward (Zero Bubble, Qi et al. 2023). A node's backward is a sum of independent parts,
-one gradient function per parent (``autograd.apply``), so the chain rule can run in two passes:
-
-    B   run_backward(roots, grads, defer=w)   w = WeightPass(weights): every gradient except the
-                                              weights' -- the input gradient the previous
-                                              pipeline stage waits for; each node that feeds a
-                                              weight keeps its output gradient g in w
-    W   w.run()                               each kept node's weight gradient functions on its g,
-                                              summed into the weights' .grad; nothing else
-
-B + W is one backward's arithmetic, as in the paper (dW = g^T x from the kept g and the layer's
-input x). A node computes a chosen few of its parents' gradients when its backward takes
-``only`` (a tuple of booleans, one per parent: ``splits``); one that cannot (a fused function
-that computes all at once, as layer_norm) runs whole in B, its weight gradients held for W.
+    B   run_backward(roots, grads, defer=w)   w = WeightPass(weights): every gradient but the
+                                              weights', the one the previous stage waits for
+    W   w.run()                               the weights' gradients, from what B kept
 """
 import contextlib
 import weakref
@@ -132,6 +119,8 @@ def run_backward(roots, grads, retain_graph=False, defer=None):
                 uses[id(parent)] -= 1
                 if uses[id(parent)] == 0 and id(parent) in pending:
                     _finish_leaf(parent, _apply_hooks(parent, pending.pop(id(parent))))
+        # Like PyTorch, the graph is released as it is consumed: a second backward through it is
+        # an error unless the first one passed retain_graph=True. Only leaves keep .grad.
         if not retain_graph and (weights is None or id(node) not in weights.kept):
             release(node)
 
@@ -139,7 +128,7 @@ def run_backward(roots, grads, retain_graph=False, defer=None):
 class WeightPass:
     """The W of a split backward: ``weights``' gradients, owed by the B that deferred them.
 
-    B calls ``split`` on each node; ``run`` then finishes what it left (module docstring)."""
+    B calls ``split`` on each node; ``run`` then finishes what it left (docs/engine.md)."""
 
     def __init__(self, weights):
         self.weights = {id(w): w for w in weights if w.requires_grad}  # frozen ones: no W
@@ -153,6 +142,9 @@ class WeightPass:
         weight = tuple(id(p) in self.weights for p in node._parents)
         if not any(weight):
             return node._backward(g)
+        # A node that can compute a chosen few of its parents' gradients (``splits``) leaves the
+        # weights' for W; one that cannot (a fused function that computes all at once, as
+        # layer_norm) runs whole here, its weight gradients held for W.
         if splits(node._backward):
             self.work.append((node, g, weight))
             self.kept.add(id(node))

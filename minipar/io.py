@@ -7,25 +7,9 @@ same tree back: Tensors as Tensors (``requires_grad`` kept; a Parameter as a Par
 arrays (a CuPy array goes to the host on save and comes back on the current device), integer
 dict keys as integers, tuples as tuples, floats to the bit.
 
-The format is a NumPy ``.npz`` (a zip of ``.npy`` arrays) read with ``allow_pickle=False``, plus a
-trailer. Why not pickle (``torch.save``'s format): unpickling runs whatever code the file names,
-so loading someone's checkpoint would trust them with your account. An ``.npy`` holds only a
-dtype, a shape and raw bytes, and NumPy refuses object arrays (the one place pickle hides in
-``.npz``) without ``allow_pickle``. Why not safetensors: one more dependency, and it holds only a
-flat name -> tensor map, so the tree, integer keys and Python values would need a second
-encoding anyway. Here the tree is JSON, stored as one more array (bytes) inside the zip:
-
-    entry "structure"   JSON: {"format", "version", "tree", "entries": {name: sha256, ...}}
-    entries a0, a1 ...  one per array leaf, in the order the tree lists them
-    trailer             b"\\nMINIPAR-SHA256 " + 64 hex digits of SHA-256(everything before it)
-
-Integrity. The trailer's digest covers every byte before it, and its fixed place at the very end
-makes a truncation or an appended byte as visible as a flipped bit; each array also carries its
-own SHA-256 in the structure, so when the file is damaged the error names the first damaged entry
-where one can be found. Either way ``load`` raises ``CheckpointError`` naming the file and returns
-nothing. Writes are atomic: the bytes go to a temporary file in the same folder, which is flushed,
-fsync'ed and renamed over ``path`` (``os.replace``), and the folder is fsync'ed, so a crash leaves
-the old file or the new one, never half of one. ``save`` writes exactly ``path``: no suffix added.
+The file is a NumPy ``.npz`` read with ``allow_pickle=False``: the tree as JSON in one entry, one
+entry per array, each with its SHA-256, and a SHA-256 trailer over the whole; it is written
+atomically. The layout, and why not pickle or safetensors: docs/engine.md.
 """
 import hashlib
 import io
@@ -131,7 +115,7 @@ def to_bytes(obj):
 
 
 def save(obj, path):
-    """Write ``obj`` to exactly ``path``, atomically (module docstring). Returns ``path``."""
+    """Write ``obj`` to exactly ``path`` (no suffix added), atomically. Returns ``path``."""
     data = to_bytes(obj)
     write_atomic(path, data)
     return path
@@ -149,7 +133,7 @@ def write_atomic(path, data):
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(temporary, path)
+        os.replace(temporary, path)  # a crash leaves the old file or the new one, never half
     except BaseException:
         if os.path.exists(temporary):
             os.unlink(temporary)
@@ -190,6 +174,9 @@ def read(path):
 
 
 def from_bytes(data, path="<bytes>"):
+    # The trailer's digest covers every byte before it, and its fixed place at the very end makes
+    # a truncation or an appended byte as visible as a flipped bit. Any damage: CheckpointError
+    # naming the file (and the first damaged entry where one can be found), nothing loaded.
     payload, trailer = data[:-TRAILER], data[-TRAILER:]
     if not trailer.startswith(MAGIC) or not _is_hex(trailer[len(MAGIC):]):
         if data[:1] == b"\x80" or data[:2] != b"PK":

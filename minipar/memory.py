@@ -11,8 +11,6 @@ parameters and input batches exist whether or not backward will run.
         loss = model(x).sum()
         loss.backward()
     print(mem.peak_bytes)
-
-This costs a few microseconds per op, so it is off unless a tracker is active.
 """
 import weakref
 
@@ -102,6 +100,7 @@ def saved_buffers(fn):
 
 def remember(node):
     """Called by the engine when ``node`` records a graph (no-op unless a tracker is active)."""
+    # Inspecting a node costs a few microseconds per op, so it is off unless a tracker is active.
     if not _active:
         return
     # A closure may keep a leaf's raw array (``linear`` keeps ``weight.data``): not an activation.

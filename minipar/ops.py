@@ -9,13 +9,8 @@ array and, right beside it, one gradient function per array input, ``g -> dL/d(i
 
 Ops know nothing of tensors or graphs: ``autograd.apply`` unwraps the tensors, runs the op, and in
 backward calls only the gradient functions of inputs that require grad. A gradient function keeps
-alive exactly the arrays it reads (``add``'s keep none), and that is what
-``memory.ActivationMemory`` counts. A trailing underscore (``sum_``) only avoids a builtin's name;
-the graph records the op as ``sum``.
-
-Broadcasting: NumPy stretches size-1 and missing leading axes in the forward pass; in the backward
-pass each input's gradient is the output gradient summed back over the axes it was stretched along
-(``unbroadcast``, which ``apply`` calls, so a gradient function may return the broadcast shape).
+alive exactly the arrays it reads (``add``'s keep none): what ``memory.ActivationMemory`` counts.
+A trailing underscore (``sum_``) only avoids a builtin's name; the graph records it as ``sum``.
 """
 import itertools
 
@@ -23,6 +18,9 @@ from . import backend
 
 
 # --- helpers ------------------------------------------------------------------------------------
+# Broadcasting: NumPy stretches size-1 and missing leading axes in the forward pass; in the
+# backward pass each input's gradient is the output gradient summed back over the axes it was
+# stretched along. ``apply`` calls this, so a gradient function may return the broadcast shape.
 def unbroadcast(g, shape):
     """Sum ``g`` down to ``shape``: over added leading axes, then over axes that were size 1."""
     if g.shape == shape:

@@ -150,10 +150,13 @@ def _gpt(group, seq):
     tag = "sp " if seq else ""
     minipar.manual_seed(7)
     serial = nn.GPT(config).double()
+    drawn = minipar.get_rng_state()  # the serial model's draws are the only ones kept
     model = shard_from_serial(serial, group, sequence_parallel=seq)
-    found = []
+    found = [(f"{tag}shard_from_serial draws nothing", float(minipar.get_rng_state() != drawn))]
     minipar.manual_seed(7)
     fresh = TensorParallelGPT(config, group, sequence_parallel=seq).double()
+    found.append((f"{tag}stream left where nn.GPT leaves it",
+                  float(minipar.get_rng_state() != drawn)))
     state = dict(model.named_parameters())
     found += [(f"{tag}init {n}", _err(q.data, state[n].data)) for n, q in fresh.named_parameters()]
     full = gather_to_serial(model, group)

@@ -1,8 +1,7 @@
 """A NumPy-backed stand-in for CuPy that keeps CuPy's rules (``MINIPAR_DEVICE=strict``).
 
-NumPy code works on a CPU whether or not it asks the array module for its functions: NumPy
-converts, mixes and reads back silently. CuPy does not, and code that was only ever run on NumPy
-breaks on the first GPU. This module is ``xp`` under ``MINIPAR_DEVICE=strict``: its arrays hold
+NumPy converts, mixes and reads back silently; CuPy does not, and code only ever run on NumPy
+breaks on the first GPU. Under ``MINIPAR_DEVICE=strict`` this module is ``xp``: its arrays hold
 host memory, yet refuse what a CuPy array refuses, so the one code path is proven on a laptop:
 
     numpy.asarray(a), numpy.exp(a), numpy.sum(a)   TypeError: use .get() / to_numpy, or xp.exp
@@ -13,8 +12,6 @@ host memory, yet refuse what a CuPy array refuses, so the one code path is prove
 
 Allowed as in CuPy: Python and NumPy scalars in arithmetic, ``xp.asarray(host)`` (a copy),
 a NumPy array as an index or assigned into a slice, ``a.get()``, ``a.set(host)``, ``a.item()``.
-What it cannot model (streams, kernels' rounding, CuPy's own random numbers) is left to the GPU
-tests. A reduction gives a 0-d array, not a NumPy scalar, as CuPy's does.
 """
 import operator as _op
 import weakref as _weakref
@@ -27,7 +24,8 @@ _OWNERS = _weakref.WeakValueDictionary()  # id(host memory) -> the device array 
 
 
 def _wrap(x):
-    """NumPy results as device arrays (scalars become 0-d arrays, as CuPy returns them)."""
+    """NumPy results as device arrays (scalars become 0-d arrays, as CuPy returns them: a
+    reduction gives a 0-d array, not a NumPy scalar)."""
     if isinstance(x, (_HOST, _np.generic)):
         out = ndarray.__new__(ndarray)
         out._a = _np.asarray(x) if isinstance(x, _np.generic) else x

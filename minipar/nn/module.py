@@ -1,8 +1,7 @@
 """Parameters and Modules: a model is a tree of Modules whose leaves are Parameters.
 
-A ``Parameter`` is a ``Tensor`` subclass that always requires gradients, so ``isinstance(x,
-Parameter)`` tells a weight from an activation. A ``Module`` finds its parameters, buffers and
-children by walking its own attributes in assignment order (needle's ``_unpack_params``), so
+A ``Module`` finds its parameters, buffers and children by walking its own attributes in
+assignment order (needle's ``_unpack_params``), so
 
     class Net(Module):
         def __init__(self):
@@ -11,26 +10,16 @@ children by walking its own attributes in assignment order (needle's ``_unpack_p
             self.fc2 = Linear(8, 2)
 
 gives ``named_parameters()`` = fc1.weight, fc1.bias, fc2.weight, fc2.bias, in that order on every
-rank. A parameter shared by two modules (tied weights) is listed once, under its first name.
-Only attributes are searched: keep layers in a ``ModuleList`` or ``Sequential``, not a plain list.
-
-Forward hooks (torch's ``register_forward_pre_hook`` / ``register_forward_hook``) run around
-every call of the module; fully sharded data parallelism gathers a layer's parameters in them.
-
-Buffers are state that is not trained but is saved (BatchNorm's running statistics): plain
-backend arrays registered with ``register_buffer`` and updated in place.
-
-``state_dict()`` maps dotted names to the live backend arrays (no copy, like PyTorch's detached
-tensors; copy them, or ``to_numpy`` them, for a snapshot). ``load_state_dict`` copies values in
-place, from NumPy or CuPy arrays, and with ``strict=True`` names every missing, unexpected and
-mis-shaped key before changing anything.
+rank. Only attributes are searched: keep layers in a ``ModuleList`` or ``Sequential``, not a plain
+list. ``state_dict()`` and ``load_state_dict`` map dotted names to arrays, as PyTorch's do.
 """
 from .. import backend
 from ..autograd import Tensor
 
 
 class Parameter(Tensor):
-    """A trainable tensor: a leaf with ``requires_grad=True``."""
+    """A trainable tensor: a leaf with ``requires_grad=True``; ``isinstance(x, Parameter)``
+    tells a weight from an activation."""
 
     __slots__ = ()
 
@@ -63,6 +52,8 @@ class Module:
             out = out if new is None else new
         return out
 
+    # Forward hooks (torch's) run around every call of the module; fully sharded data
+    # parallelism gathers a layer's parameters in them.
     def register_forward_pre_hook(self, hook):
         """``hook(module, args) -> None or new args`` runs before each forward (torch's)."""
         self.__dict__.setdefault("_forward_hooks", ([], []))[0].append(hook)
@@ -105,7 +96,8 @@ class Module:
         return (module for _, module in self.named_modules())
 
     def named_parameters(self, prefix=""):
-        """(dotted name, Parameter), depth first in assignment order, shared ones once."""
+        """(dotted name, Parameter), depth first in assignment order; a parameter shared by two
+        modules (tied weights) once, under its first name."""
         seen = set()
         for mod_name, module in self.named_modules(prefix):
             for name, value in module._members():
@@ -117,7 +109,8 @@ class Module:
         return [p for _, p in self.named_parameters()]
 
     def register_buffer(self, name, array):
-        """Saved, not trained: ``self.<name>`` is a backend array that forward updates in place."""
+        """Saved, not trained (BatchNorm's running statistics): ``self.<name>`` is a backend
+        array that forward updates in place."""
         if name not in self._buffers:
             self._buffers.append(name)
         setattr(self, name, array)
@@ -170,15 +163,18 @@ class Module:
 
     # --- saving and loading ------------------------------------------------------------------
     def state_dict(self):
-        """{dotted name: live backend array} for parameters, then buffers."""
+        """{dotted name: live backend array} for parameters, then buffers: no copy, like
+        PyTorch's detached tensors (copy them, or ``to_numpy`` them, for a snapshot)."""
         state = {name: p.data for name, p in self.named_parameters()}
         state.update(self.named_buffers())
         return state
 
     def load_state_dict(self, state, strict=True):
-        """Copy ``state``'s arrays into this module's parameters and buffers, in place.
+        """Copy ``state``'s arrays (NumPy or CuPy) into this module's parameters and buffers, in
+        place.
 
-        Mis-shaped keys are always an error; with ``strict``, so are missing and unexpected keys.
+        Mis-shaped keys are always an error; with ``strict``, so are missing and unexpected keys,
+        every one named before anything changes.
         Returns ``(missing, unexpected)`` name lists, as PyTorch does.
         """
         own = self.state_dict()

@@ -2,35 +2,16 @@
 
     p = softmax(x W_rᵀ)                    (N, E)  router probabilities, W_r the router (no bias)
     e_1 .. e_k = the k largest p_e          top-k experts of each token (ties: lower index)
-    gates:  k = 1   g = p_e1                Switch (Fedus et al. 2021): the raw probability,
-                                            so the router learns through the gate
-            k >= 2  g_j = p_ej / Σ_i p_ei   GShard / Mixtral: the kept top-k renormalised
-                                            to sum 1 (before capacity drops anything)
-    y = Σ_j g_j · keep_j · expert_ej(x)
-
-Capacity (GShard's expert capacity): each expert takes at most
-
-    capacity = ceil(capacity_factor · N · k / E)
-
-of the N·k assignments of a group of N tokens, first come first served in token order (a
-token never picks one expert twice, so the order within an expert is the token order). A
-dropped assignment contributes zero; in a block x + moe(ln(x)) the token's residual passes on.
-``capacity_factor=None`` keeps everything (capacity = N).
-
-Load balance (Switch's auxiliary loss, as Megatron-core computes it for top-k):
-
-    l_aux = E · Σ_e f_e · P_e       f_e = (assignments to e, before drops) / (N·k),
-                                    P_e = mean over tokens of p_e
-
-1 when perfectly balanced, up to E when all tokens go to one expert. It reaches the gradient
-the Megatron way (MoEAuxLossAutoScaler): ``y`` passes through an identity whose backward also
-hands ``aux_coeff · aux_scale`` to l_aux as its gradient, so the loss the trainer returns is
-unchanged and the balance still trains, in any pipeline stage. Set ``aux_scale`` to what the
-main loss is scaled by (1/m when m micro-batches are averaged).
+    y = Σ_j g_j · keep_j · expert_ej(x)     g_j its gates, keep_j: within the expert's capacity
+    capacity = ceil(capacity_factor · N · k / E)    GShard's expert capacity (None: keep all)
+    l_aux = E · Σ_e f_e · P_e               Switch's load-balancing loss, as Megatron-core's
 
 The experts run on rows laid out expert by expert (expert 0's kept tokens in token order, then
 expert 1's, ...): ``Routing.order``. Expert parallelism cuts exactly this layout between ranks
-(minipar/parallel/expert/).
+(minipar/parallel/expert/). What l_aux measures, and how it trains: docs/engine.md.
+
+    moe = MoE(n_embd=64, n_experts=4, top_k=2)
+    y = moe(x)                              # then moe.last_routing: counts, drops, l_aux
 """
 import dataclasses
 import math
@@ -87,6 +68,9 @@ def route(expert, n_experts, cap):
     """The ``Routing`` of top-k choices ``expert`` (N, k host ints) under capacity ``cap``."""
     host = backend.numpy
     N, k = expert.shape
+    # First come first served in token order: a token never picks one expert twice, so the
+    # order within an expert is the token order. A dropped assignment contributes zero; in a
+    # block x + moe(ln(x)) the token's residual passes on.
     flat = expert.reshape(-1)  # assignments in token order: (token 0, choice 0), (0, 1), ...
     by_expert = host.argsort(flat, kind="stable")  # stable: token order within an expert
     assigned = host.bincount(flat, minlength=n_experts)
@@ -127,6 +111,7 @@ class MoE(Module):
             raise ValueError(f"capacity_factor must be > 0 (or None: drop nothing), "
                              f"got {capacity_factor}")
         self.n_embd, self.n_experts, self.top_k = n_embd, n_experts, top_k
+        # aux_scale: what the main loss is scaled by (1/m when m micro-batches are averaged)
         self.capacity_factor, self.aux_coeff, self.aux_scale = capacity_factor, aux_coeff, 1.0
         self.router = Linear(n_embd, n_experts, bias=False)
         self.experts = ModuleList(*[MLP(n_embd, dropout, hidden) for _ in range(n_experts)])
@@ -142,6 +127,8 @@ class MoE(Module):
         expert = backend.numpy.argsort(-p, axis=1, kind="stable")[:, :self.top_k]
         cap = capacity(len(p), self.n_experts, self.top_k, self.capacity_factor)
         routing = route(expert, self.n_experts, cap)
+        # k = 1: Switch's raw probability, so the router learns through the gate. k >= 2: GShard
+        # and Mixtral renormalise the kept top-k to sum 1 (before capacity drops anything).
         gates = probs.gather(1, expert)
         if self.top_k > 1:
             gates = gates / gates.sum(axis=-1, keepdims=True)
@@ -176,6 +163,8 @@ class MoE(Module):
         y = self.apply_experts(flat, gates, routing)
         self.last_routing = routing
         aux = self.balance_loss(probs, routing)
+        # The loss the trainer returns is unchanged, and the balance still trains, in any
+        # pipeline stage: y's identity hands l_aux its gradient in backward.
         return aux_loss_autoscaler(y, aux, self.aux_coeff * self.aux_scale).reshape(shape)
 
 

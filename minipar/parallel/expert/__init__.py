@@ -5,7 +5,8 @@ different ranks, tokens travelling to them and back through the hand-coded all-t
                   all_to_all_v, the counts matrix printed as a table
     layer.py      ExpertParallelMoE: nn.moe.MoE with this rank's experts; from_serial
 
-Lesson 12 runs it against its serial twin, ``nn.moe.MoE`` on each rank's tokens.
+Lesson 12 runs it against its serial twin, ``nn.moe.MoE`` on each rank's tokens; the theory is
+in docs/tensor_parallel.md.
 """
 from .dispatch import Plan, all_to_all_v, combine, counts_matrix, dispatch, plan, table
 from .layer import ExpertParallelMoE

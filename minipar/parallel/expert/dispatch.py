@@ -1,26 +1,16 @@
 """Dispatch and combine: each token travels to the rank that holds its expert, and back.
 
-The E experts are sharded over an expert group of ep ranks: rank r holds experts
-[r·E/ep, (r+1)·E/ep). Every rank routes its own tokens with the replicated router and lays its
-kept assignments out expert by expert (``nn.moe.Routing.order``). A rank's experts are
-consecutive, so that layout is already grouped by the rank each row must go to:
+Every rank routes its own tokens and lays its kept assignments out expert by expert
+(``nn.moe.Routing.order``). A rank's experts are consecutive, so that layout is already grouped
+by the rank each row must go to:
 
     rank 0's rows   | e0 e0 e0 | e1 |  e2 e2 | e3 e3 e3 e3 |       E = 4 experts, ep = 2
                     |- to rank 0 --|---------- to rank 1 -----|
 
-    counts[s, e]    rows that rank s sends to expert e: the counts matrix (``table``)
-
-  1. plan       an all_to_all of each rank's counts, cut (ep, E/ep): every rank learns how many
-                rows will arrive from each rank for each of its experts
-  2. dispatch   all_to_all_v of the rows: rank j gets send_counts[j] = Σ counts[me, j's experts];
-                they arrive by source rank, then expert; ``order`` puts each expert's together
-  3. experts    local expert i runs on its rows from every source at once
-  4. combine    the inverse order, all_to_all_v back (the counts swapped), and at home each token
-                sums its k expert outputs weighted by its gates (``nn.moe.combine``)
-
-Both all-to-alls are differentiable: the gradient of one is the other with the counts swapped.
-Rank r sends Σ_{j≠r} send_counts[j] rows of C numbers on each trip: dispatch and combine in the
-forward pass, the same two in backward. Kept rows only: dropped tokens never travel.
+    p = plan(routing.kept_per_expert, group)         # 1. an all_to_all of the counts
+    rows = dispatch(flat[routing.order], p, group)   # 2. all_to_all_v of the rows
+    out = run_experts(rows, p.per_expert)            # 3. local expert i on its rows from all
+    y = combine(out, p, group, gates, routing)       # 4. back home, each token's gated sum
 """
 import dataclasses
 
@@ -55,7 +45,9 @@ class Plan:
 
 
 def plan(kept_per_expert, group):
-    """The ``Plan`` of this rank's kept rows per expert (step 1: one all_to_all of counts)."""
+    """The ``Plan`` of this rank's kept rows per expert (step 1: one all_to_all of counts, cut
+    (ep, E/ep): every rank learns how many rows will arrive from each rank for each of its
+    experts)."""
     host = backend.numpy
     sent = host.asarray(kept_per_expert, dtype=host.int64).reshape(group.size, -1)
     received = group.all_to_all(sent)  # row s: what rank s sends to my experts
@@ -68,11 +60,15 @@ def plan(kept_per_expert, group):
 
 def dispatch(rows, plan, group):
     """This rank's kept rows (expert-major) -> the rows of its own experts, expert-major."""
+    # Rank j gets send_counts[j] = Σ counts[me, j's experts] rows of C numbers, kept rows only
+    # (dropped tokens never travel); they arrive by source rank, then expert, and ``order``
+    # puts each expert's together.
     return all_to_all_v(rows, plan.send_counts, plan.recv_counts, group)[plan.order]
 
 
 def combine(expert_rows, plan, group, gates, routing):
-    """The experts' outputs back to the ranks that sent them, then each token's gated sum."""
+    """The experts' outputs back to the ranks that sent them (the inverse order, the counts
+    swapped), then each token's gated sum (``nn.moe.combine``)."""
     inverse = backend.numpy.argsort(plan.order)
     home = all_to_all_v(expert_rows[inverse], plan.recv_counts, plan.send_counts, group)
     return moe.combine(home, gates, routing)

@@ -1,20 +1,13 @@
 """ExpertParallelMoE: the mixture of experts with its experts spread over an expert group.
 
 Rank r of a group of ep ranks holds experts [r·E/ep, (r+1)·E/ep) and the whole (replicated)
-router. Each rank routes its own tokens: capacity counts per rank (GShard's "groups"), so the
-serial twin of expert parallelism on ep ranks is ``nn.moe.MoE`` applied to each rank's tokens
-separately with the same parameters. Outputs are equal, and so are gradients once the router's
-are summed over the group (each rank saw only its tokens; ``router_grads_sum``); an expert's
-gradient already sums every rank's tokens, since they were all computed where it lives.
+router. Its serial twin is ``nn.moe.MoE`` applied to each rank's tokens separately with the same
+parameters (why, and how a data-parallel trainer averages it: docs/tensor_parallel.md).
 
     serial = MoE(C, E, top_k=2)                        # same seed on every rank
     layer = ExpertParallelMoE.from_serial(serial, group)
     y = layer(x)                                       # x: this rank's tokens
     print(*table(counts_matrix(layer.last_routing, group), group.size), sep="\n")
-
-In a data-parallel trainer the expert group is (part of) the data-parallel group: average the
-router over the data-parallel ranks as usual, and each expert over the ranks that hold a copy
-of it (the expert-data-parallel group, Megatron's name), as it has seen all of the group's tokens.
 """
 import numbers
 

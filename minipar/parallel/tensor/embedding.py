@@ -1,15 +1,11 @@
 """The vocabulary split over the tensor group: the token table going in, the loss coming out.
 
-A GPT has two matrices with a row per token of its vocabulary of V: the token table and lm_head.
-Both split by those rows, rank i holding tokens [i·V/p, (i+1)·V/p):
+Rank i holds the rows of tokens [i·V/p, (i+1)·V/p) of the token table and of lm_head (why the
+logits are never gathered: docs/tensor_parallel.md):
 
-    VocabParallelEmbedding         a token's row lives on one rank; the others give zeros, and
-                                   g (an all-reduce) sums the one real row into every rank
-    vocab_parallel_cross_entropy   lm_head is column-parallel, so each rank has the logits of
-                                   its own V/p tokens. Gathering them would move B·T·V numbers;
-                                   the loss needs only three numbers per token (max, sum of
-                                   exponentials, target logit), all-reduced, and its backward
-                                   needs none
+    VocabParallelEmbedding         a token's row lives on one rank; g sums it into every rank
+    vocab_parallel_cross_entropy   the loss from each rank's V/p logits: three numbers per
+                                   token all-reduced (max, sum of exponentials, target logit)
 """
 from ... import backend, nn, ops
 from ... import functional as F
@@ -30,7 +26,9 @@ class VocabParallelEmbedding(Module):
         self.num_embeddings = num_embeddings
         self.per_rank = divide(num_embeddings, group.size, "vocabulary size")
         self.vocab_start = group.rank * self.per_rank
-        self.group, self.sequence_parallel, self.where = group, sequence_parallel, "embedding"
+        self.group = group
+        self.sequence_parallel = sequence_parallel
+        self.where = "embedding"
         full = nn.Embedding(num_embeddings, embedding_dim, dtype)
         self.weight = Parameter(shard(full.weight.data, 0, group.rank, group.size))
         self.tp_split = {"weight": (0, 1)}

@@ -1,20 +1,13 @@
-"""The parallel layers: a linear layer split by its output rows or by its input columns.
+"""The parallel layers: a linear layer Y = X Aᵀ split by its output rows or its input columns.
 
-A linear layer Y = X Aᵀ (A of shape (out, in), as in ``nn.Linear``) splits over the p ranks of a
-tensor group in two ways:
+    column parallel   A's output rows split: rank i holds A_i and computes Y_i = X A_iᵀ
+    row parallel      A's input columns split: rank i holds A_i and X_i; Y = Σ_i X_i A_iᵀ
 
-    column parallel   A's output rows split: rank i holds A_i, computes Y_i = X A_iᵀ, a slice
-                      of Y's features. X must be whole on every rank.
-    row parallel      A's input columns split: rank i holds A_i and the matching slice X_i of
-                      the input; Y = Σ_i X_i A_iᵀ, one all-reduce.
+The MLP and attention are a column-parallel layer followed by a row-parallel one (why:
+docs/tensor_parallel.md). Each layer draws its serial twin's weight whole and keeps its slice
+(shard.py), and enters and leaves the parallel region through mappings.py's operators.
 
-The MLP GeLU(X A₁ᵀ) A₂ᵀ takes A₁ column-parallel and A₂ row-parallel. GeLU acts elementwise, so
-it commutes with slicing features: each rank applies it to its own slice, and the only sum comes
-at the end. Splitting A₁ by rows would leave partial sums, and GeLU(a + b) ≠ GeLU(a) + GeLU(b),
-so an all-reduce would be needed before the GeLU. Attention splits the same way, by heads.
-
-Each layer draws its serial twin's weight whole and keeps its slice (shard.py), and enters and
-leaves the parallel region through mappings.py's operators.
+    fc = ColumnParallelLinear(C, 4 * C, group)    # with the same seed: nn.Linear(C, 4 * C)'s rows
 """
 from ... import nn
 from ... import functional as F
@@ -35,8 +28,9 @@ class ColumnParallelLinear(Module):
                  stride=1, sequence_parallel=False, dtype="float32"):
         super().__init__()
         divide(out_features // stride, group.size, "output size")
-        self.group, self.gather_output, self.sequence_parallel = group, gather_output, \
-            sequence_parallel
+        self.group = group
+        self.gather_output = gather_output
+        self.sequence_parallel = sequence_parallel
         self.where = "column"
         full = nn.Linear(in_features, out_features, bias, dtype)  # drawn whole on every rank
         self.weight = Parameter(shard(full.weight.data, 0, group.rank, group.size, stride))
@@ -60,8 +54,9 @@ class RowParallelLinear(Module):
                  sequence_parallel=False, dtype="float32"):
         super().__init__()
         divide(in_features, group.size, "input size")
-        self.group, self.input_is_parallel, self.sequence_parallel = group, input_is_parallel, \
-            sequence_parallel
+        self.group = group
+        self.input_is_parallel = input_is_parallel
+        self.sequence_parallel = sequence_parallel
         self.where = "row"
         full = nn.Linear(in_features, out_features, bias, dtype)
         self.weight = Parameter(shard(full.weight.data, 1, group.rank, group.size))
@@ -79,8 +74,8 @@ class RowParallelLinear(Module):
 
 class ParallelMLP(Module):
     """nn.MLP split: c_fc column-parallel -> GeLU on each rank's slice -> c_proj row-parallel.
-    One all-reduce forward (g) and one backward (f). The GeLU is what decides the split: see the
-    module docstring."""
+    One all-reduce forward (g) and one backward (f). The GeLU is what decides the split: see
+    docs/tensor_parallel.md."""
 
     def __init__(self, n_embd, group, dropout=0.0, hidden=None, sequence_parallel=False,
                  dtype="float32"):
@@ -112,7 +107,9 @@ class ParallelSelfAttention(Module):
         super().__init__()
         if n_embd % n_head:
             raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}")
-        self.n_head, self.head_dim, self.p = n_head, n_embd // n_head, dropout
+        self.n_head = n_head
+        self.head_dim = n_embd // n_head
+        self.p = dropout
         self.local_heads = divide(n_head, group.size, "number of attention heads")
         self.c_attn = ColumnParallelLinear(n_embd, 3 * n_embd, group, stride=3,
                                            sequence_parallel=sequence_parallel, dtype=dtype)

@@ -1,7 +1,7 @@
 """Megatron's conjugate operators: how tensors enter and leave the tensor-parallel region.
 
 The names are those of Megatron's ``tensor_parallel/mappings.py``. Each operator's backward is
-its conjugate's forward:
+its conjugate's forward (why: docs/tensor_parallel.md):
 
     operator                              forward              backward
     copy_to_tensor_region (f)             identity             all-reduce
@@ -12,17 +12,6 @@ its conjugate's forward:
     scatter_to_sequence_region            keep my T slice      all-gather T
     gather_from_sequence_region           all-gather T         reduce-scatter T
     reduce_scatter_to_sequence_region     reduce-scatter T     all-gather T
-
-With sequence parallelism, LayerNorm, dropout and the residual stream work on 1/p of the
-sequence. Each f becomes an all-gather of T and each g a reduce-scatter of T. The bytes stay the
-same (a ring all-reduce *is* a reduce-scatter followed by an all-gather), and the activations
-outside the matmuls are stored p times smaller. The replicated parameters (LayerNorms, biases,
-the position table) then see only their rank's tokens: ``allreduce_replicated_grads`` sums their
-gradients over the group after backward.
-
-Each operator is differentiable and runs its collective on the group it is given. Every
-collective is also written to the active ``CollectiveLog``s, so a lesson or a test can count
-what a layer moved (report.py tabulates it).
 """
 from ... import backend
 from ...autograd import as_tensor, make_result
@@ -35,6 +24,8 @@ SEQ = 1  # the sequence axis of (B, T, C) activations
 # The collectives, logged for accounting
 # ----------------------------------------------------------------------------------------------
 
+# Every collective below is also written to the active CollectiveLogs, so a lesson or a test can
+# count what a layer moved (report.py tabulates it).
 _logs = []  # the active CollectiveLogs
 
 
@@ -99,6 +90,7 @@ def _reduce_scatter(a, group, axis, note):
 
 
 def _mapping(op, x, group, where, forward, backward, axis):
+    # Each operator is differentiable and runs its collectives on the group it is given.
     x = as_tensor(x)
     out = forward(x.data, group, axis, (where, "forward"))
     return make_result(out, (x,), lambda g: (backward(g, group, axis, (where, "backward")),), op)

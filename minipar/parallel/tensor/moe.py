@@ -10,24 +10,17 @@ with tensor group T (size tp) and expert group X (size ep):
     blocks.i.mlp.experts         this expert rank's E/ep experts (``expert_ids``), each a
                                  ParallelMLP over T: c_fc by rows, c_proj by columns
 
-The tp ranks of a tensor group hold the same tokens and route them alike, so each runs the
-same all-to-all inside its own expert group (the ranks with its tensor coordinate): the rows
-that reach an expert are the same on all tp ranks, which is what ParallelMLP needs (its input
-whole, its output summed by one all-reduce over T). The price: every tensor rank sends the
-same rows, so the all-to-alls move tp times the bytes of one copy. Megatron-core refuses MoE
-with tp > 1 unless sequence parallelism is on, so that each tensor rank dispatches only its 1/tp
-of the tokens; this module keeps the tokens whole for clarity. Local expert i is serial expert
-expert_ids[i]: ``serial_names`` maps every parameter to its serial name, so the serial twin's
-weights load into the parallel model (``load_serial``) and its gradients compare to it.
+    model = TensorParallelMoEGPT(config, MoEConfig(n_experts=4), groups.tensor, groups.expert)
 """
 import dataclasses
 
-from ... import backend, nn, random
+from ... import nn
 from ...nn import ModuleList, Sequential
 from ...nn.moe import MoEBlock
 from ..expert import ExpertParallelMoE
-from .gpt import ParallelBlock, TensorParallelGPT, local_slices
+from .gpt import ParallelBlock, TensorParallelGPT
 from .layers import ParallelMLP
+from .shard import local_slices
 
 
 @dataclasses.dataclass
@@ -53,24 +46,23 @@ def moe_gpt(config, moe):
 
 class TensorExpertParallelMoE(ExpertParallelMoE):
     """``ExpertParallelMoE`` over ``group`` whose experts are ``ParallelMLP``s over
-    ``tensor_group``; routing, dispatch and combine are ExpertParallelMoE's."""
+    ``tensor_group``; routing, dispatch and combine are ExpertParallelMoE's.
+
+    The tp ranks of a tensor group hold the same tokens and route them alike, so each runs the
+    same all-to-all inside its own expert group (the ranks with its tensor coordinate): the rows
+    that reach an expert are the same on all tp ranks, which is what ParallelMLP needs (its input
+    whole, its output summed by one all-reduce over T)."""
 
     def __init__(self, n_embd, n_experts, top_k=2, capacity_factor=1.25, hidden=None,
                  aux_coeff=0.01, dropout=0.0, *, group, tensor_group):
         super().__init__(n_embd, n_experts, top_k, capacity_factor, hidden, aux_coeff, dropout,
                          group=group)
+        # The price of whole tokens: every tensor rank sends the same rows, so the all-to-alls
+        # move tp times the bytes of one copy. Megatron-core refuses MoE with tp > 1 unless
+        # sequence parallelism is on, so that each tensor rank dispatches only its 1/tp of the
+        # tokens; minipar keeps the tokens whole for clarity.
         self.experts = ModuleList(*[ParallelMLP(n_embd, tensor_group, dropout, hidden)
                                     for _ in self.expert_ids])
-
-
-class ParallelMoEBlock(ParallelBlock):
-    """ParallelBlock whose MLP is a TensorExpertParallelMoE: x + attn(ln_1(x)); x + moe(ln_2(x))."""
-
-    def __init__(self, n_embd, n_head, moe, tensor_group, expert_group, dropout=0.0):
-        super().__init__(n_embd, n_head, tensor_group, dropout)
-        self.mlp = TensorExpertParallelMoE(
-            n_embd, moe.n_experts, moe.top_k, moe.capacity_factor, moe.hidden, moe.aux_coeff,
-            dropout, group=expert_group, tensor_group=tensor_group)
 
 
 def check_moe(config, moe, tp, ep):
@@ -90,17 +82,27 @@ class TensorParallelMoEGPT(TensorParallelGPT):
 
     def __init__(self, config, moe, tensor_group, expert_group):
         check_moe(config, moe, tensor_group.size, expert_group.size)
-        serial = moe_gpt(config, moe)
-        with random.fork_rng():  # the parallel layers' own draws are overwritten below
-            super().__init__(config, tensor_group)
-            self.blocks = Sequential(*[
-                ParallelMoEBlock(config.n_embd, config.n_head, moe, tensor_group, expert_group,
-                                 config.dropout) for _ in range(config.n_layer)])
+        # set first: the base constructor calls serial_twin() and block(), which read them
         self.moe = moe
-        load_serial(self, serial, tensor_group)
-        for name, module in self.named_modules():  # accounting labels, as TensorParallelGPT's
-            if hasattr(module, "where"):
-                module.where = name
+        self.expert_group = expert_group
+        super().__init__(config, tensor_group)
+
+    def serial_twin(self):
+        return moe_gpt(self.config, self.moe)
+
+    def block(self):
+        """ParallelBlock whose MLP is a TensorExpertParallelMoE: x + attn(ln_1(x));
+        x + moe(ln_2(x))."""
+        config = self.config
+        moe = self.moe
+        mlp = TensorExpertParallelMoE(config.n_embd, moe.n_experts, moe.top_k,
+                                      moe.capacity_factor, moe.hidden, moe.aux_coeff,
+                                      config.dropout, group=self.expert_group,
+                                      tensor_group=self.group)
+        return ParallelBlock(config.n_embd, config.n_head, self.group, config.dropout, mlp=mlp)
+
+    def serial_twin_names(self):
+        return serial_names(self)
 
     def moe_layers(self):
         return [block.mlp for block in self.blocks]
@@ -125,16 +127,4 @@ def serial_names(model):
 def serial_slices(model, full, tensor_group):
     """{parameter name in ``model``: this rank's slice} of arrays ``full`` keyed by the serial
     twin's names (weights or gradients): its expert, its tensor slice."""
-    names = serial_names(model)
-    missing = sorted(set(names.values()) - set(full))
-    if missing:
-        raise KeyError(f"the serial model has no parameters {missing}")
-    return local_slices(model, {name: full[names[name]] for name in names}, tensor_group)
-
-
-def load_serial(model, serial, tensor_group):
-    """Load every parameter of ``model`` with its slice of the serial twin's parameter."""
-    parts = serial_slices(model, {n: p.data for n, p in serial.named_parameters()}, tensor_group)
-    for name, p in model.named_parameters():
-        p.data[...] = backend.get_array_module(p.data).asarray(parts[name], dtype=p.dtype)
-    return model
+    return local_slices(model, full, tensor_group, serial_names(model))
