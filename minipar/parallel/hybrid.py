@@ -29,16 +29,14 @@ only data-parallel rank 0 writes them, and a replicated parameter only tensor ra
 ``load_state_dict`` takes whole arrays and keeps this rank's slices of its stages, so a checkpoint
 of one (tp, pp) layout loads into another, or into the serial GPT.
 """
-import copy
-
 from .. import backend, random
-from ..distributed.sharded import ShardedTensor, box
+from ..distributed.hybrid_state import Trainer3DState
 from ..optim import AdamW
 from .data.allreduce_optimizer import AllReduceOptimizer
 from .groups import ParallelGroups  # noqa: F401  (re-exported: its old home)
 from .pipeline.runtime import Pipeline
 from .pipeline.schedules import build
-from .tensor import TensorParallelGPT, check_config, shard, split_specs
+from .tensor import TensorParallelGPT, check_config
 
 
 def default_optimizer(params):
@@ -105,81 +103,14 @@ class Trainer3D:
         self.groups.pipeline.broadcast(value, root=last, out=value)
         return value[0]
 
-    # --- checkpoints ---------------------------------------------------------------------------
-    def _held(self):
-        """(serial name, Parameter, (axis, stride) or None) of every parameter of this rank's
-        stages, in the optimizer's order."""
-        names = {id(p): name for name, p in self.model.named_parameters()}
-        specs = split_specs(self.model)
-        return [(names[id(p)], p, specs.get(names[id(p)])) for p in self.pipe.params]
-
-    def _writes(self, p):
-        """Whether this rank writes ``p`` among the ranks holding copies of it: data rank 0."""
-        return self.groups.coords["dp"] == 0
-
-    def _sharded(self, local, spec, dp0):
-        """``local`` (this rank's slice) as a piece of the serial tensor; ``dp0``: this rank
-        writes it among its data-parallel copies."""
-        tp = self.groups.tensor
-        if spec is None:  # replicated over the tensor group
-            return ShardedTensor(local.shape, local.dtype, [(box(local.shape), local)],
-                                 write=dp0 and tp.rank == 0)
-        axis, stride = spec
-        n = local.shape[axis] // stride
-        shape = list(local.shape)
-        shape[axis] *= tp.size
-        pieces = []
-        for b in range(stride):  # block b (q, k or v of a fused weight): rows of this rank
-            start = (b * tp.size + tp.rank) * n
-            index = [slice(0, m) for m in shape]
-            part = [slice(None)] * local.ndim
-            index[axis], part[axis] = slice(start, start + n), slice(b * n, (b + 1) * n)
-            pieces.append((tuple(index), local[tuple(part)]))
-        return ShardedTensor(shape, local.dtype, pieces, write=dp0)
-
-    def _optimizer(self):
-        return self.pipe.optimizer.optimizer if self.pipe.optimizer else None
+    # --- checkpoints: the serial GPT's names and shapes (distributed/hybrid_state.py) --------
+    state_adapter = Trainer3DState
 
     def state_dict(self):
         """{"model": {name: sharded}, "optimizer": {"state": {name: {...}}, "hyperparameters"}}
         with the serial GPT's names: this rank's slices of its stages."""
-        held, opt = self._held(), self._optimizer()
-        state = {}
-        for i, (name, p, spec) in enumerate(held):
-            if opt is not None and i in opt.state:
-                state[name] = {key: self._sharded(value, spec, self._writes(p))
-                               if hasattr(value, "shape")
-                               else value for key, value in opt.state[i].items()}
-        return {"model": {name: self._sharded(p.data, spec, self._writes(p))
-                          for name, p, spec in held},
-                "optimizer": {"state": state,
-                              "hyperparameters": opt.hyperparameters() if opt else {}}}
+        return self.state_adapter(self).state_dict()
 
     def load_state_dict(self, state_dict):
         """Load whole (serial) arrays; every problem is named before anything changes."""
-        tp, model, saved = self.groups.tensor, state_dict["model"], state_dict["optimizer"]
-
-        def mine(full, name, p, spec):
-            full, shape = backend.to_numpy(full), list(p.shape)
-            if spec is not None:
-                shape[spec[0]] *= tp.size
-            if full.shape != tuple(shape):
-                raise ValueError(f"{name} has shape {full.shape} in the checkpoint and "
-                                 f"{tuple(shape)} in this model")
-            return full if spec is None else shard(full, spec[0], tp.rank, tp.size, spec[1])
-
-        held, opt = self._held(), self._optimizer()
-        lacking = [name for name, _, _ in held if name not in model]
-        if lacking:
-            raise KeyError(f"the checkpoint has no parameters {lacking}")
-        values = [mine(model[name], name, p, spec) for name, p, spec in held]
-        named = {"state": {i: {key: mine(v, name, p, spec) if hasattr(v, "shape") else v
-                               for key, v in saved["state"][name].items()}
-                           for i, (name, p, spec) in enumerate(held) if name in saved["state"]},
-                 "hyperparameters": saved["hyperparameters"]}
-        if opt is not None:
-            copy.copy(opt).load_state_dict(named)  # a dry run: raises, changes nothing
-        for (_, p, _), value in zip(held, values):
-            p.data[...] = backend.get_array_module(p.data).asarray(value, dtype=p.dtype)
-        if opt is not None:
-            opt.load_state_dict(named)
+        self.state_adapter(self).load_state_dict(state_dict)

@@ -30,6 +30,7 @@ micro-batches must be of equal size for that one number to be right.
     loss = trainer.step(ids, targets)                       # the global batch, on every rank
 """
 from .. import backend, random
+from ..distributed.hybrid_state import Trainer4DState
 from .data.buckets import flatten_grads, offsets
 from .hybrid import Trainer3D, default_optimizer
 from .tensor.moe import (MoEConfig, TensorParallelMoEGPT, moe_gpt, serial_names,  # noqa: F401
@@ -84,7 +85,9 @@ class Trainer4D(Trainer3D):
                          dtype, algorithm, trace)
         for layer in self.model.moe_layers():  # the main loss of a micro-batch is scaled 1/m
             layer.aux_scale = 1.0 / self.schedule.microbatches
-        self._experts = {id(p) for p in self.model.expert_parameters()}
+
+    # checkpoints: Trainer3D's, each expert under its serial name (distributed/hybrid_state.py)
+    state_adapter = Trainer4DState
 
     def build_model(self, config, groups):
         return TensorParallelMoEGPT(config, self.moe, groups.tensor, groups.expert)
@@ -102,18 +105,6 @@ class Trainer4D(Trainer3D):
                              f"into {m} equal micro-batches: the load-balancing loss is scaled "
                              f"by 1/m, right only for equal micro-batches")
         return shard
-
-    # --- checkpoints: Trainer3D's, with each expert under its serial name ----------------------
-    def _held(self):
-        names = serial_names(self.model)
-        return [(names[name], p, spec) for name, p, spec in super()._held()]
-
-    def _writes(self, p):
-        """An expert is written by expert-data rank 0 of the ranks holding it (one per expert
-        rank), the rest by data rank 0."""
-        if id(p) in self._experts:
-            return self.groups.coords["edp"] == 0
-        return super()._writes(p)
 
     def held(self):
         """{name in ``self.model``: Parameter} of this rank's stages, in the optimizer's order."""

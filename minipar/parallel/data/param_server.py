@@ -28,14 +28,11 @@ Checkpoints: ``state_dict()``/``load_state_dict()`` in ``distributed.AppState``'
 (the servers' optimizer state as pieces of each parameter), so a checkpoint loads on another
 number of ranks, sharded or not, or into a serial model and its optimizer.
 """
-import copy
-
 from ... import backend
 from ...comm import Request, chunk_bounds, world
-from ...distributed.sharded import flat_chunk, flat_pieces
+from ...distributed import flat_state  # the module: its import of buckets comes back here
 from ...nn.module import Parameter
-from .buckets import (broadcast_parameters, flatten_grads, flatten_parameters, gradient_bytes,
-                      offsets)
+from .buckets import broadcast_parameters, flatten_grads, flatten_parameters, gradient_bytes
 
 PUSH, PULL = 11, 12  # message tags
 
@@ -97,37 +94,17 @@ class ParameterServer:
                 "optimizer_state": self.optimizer.state_bytes() if self.optimizer else 0}
 
 
-    # --- checkpoints ---------------------------------------------------------------------------
-    def _members(self):
-        """This rank's flat range [lo, hi) and [(name, parameter, offset)] of the vector."""
-        names = {id(p): name for name, p in self.module.named_parameters()}
-        r, starts = self.comm.rank, offsets(self.params)[0]
-        return (self.bounds[r], self.bounds[r + 1],
-                [(names[id(p)], p, o) for p, o in zip(self.params, starts)])
-
+    # --- checkpoints: serial names, the servers' pieces (distributed/flat_state.py) -----------
     def state_dict(self):
         """{"model": whole parameters, "optimizer": {"state": {name: {...}},
         "hyperparameters"}}: serial names, the servers' pieces of the optimizer state."""
-        lo, hi, members = self._members()
-        own = self.optimizer.state.get(0, {}) if self.optimizer else {}
-        state = {name: s for name, s in flat_pieces(members, lo, hi, own).items() if s}
-        return {"model": self.module.state_dict(),
-                "optimizer": {"state": state, "hyperparameters":
-                              self.optimizer.hyperparameters() if self.optimizer else {}}}
+        return flat_state.ParameterServerState(self).state_dict()
 
     def load_state_dict(self, state_dict):
         """Load whole arrays in the format of ``state_dict()``; every problem is named before
         anything changes."""
-        named = None
-        if self.optimizer is not None:
-            lo, hi, members = self._members()
-            chunk = flat_chunk(members, lo, hi, state_dict["optimizer"]["state"], self.flat.dtype)
-            named = {"state": {} if chunk is None else {0: chunk},
-                     "hyperparameters": state_dict["optimizer"]["hyperparameters"]}
-            copy.copy(self.optimizer).load_state_dict(named)  # a dry run: raises, changes nothing
-        self.module.load_state_dict(state_dict["model"])
-        if named is not None:
-            self.optimizer.load_state_dict(named)
+        flat_state.ParameterServerState(self).load_state_dict(state_dict)
+
 
 def busiest_link(comm, before):
     """(bytes, rank): the most bytes one rank sent plus received since the counters read

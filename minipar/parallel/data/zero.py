@@ -35,11 +35,10 @@ their flattened arrays (the padding is dropped). ``load_state_dict`` takes that 
 arrays (``minipar.distributed.checkpoint.load`` builds them) and keeps this rank's chunk, so a
 checkpoint of N ranks loads on M, or into a serial model and its optimizer.
 """
-import copy
-
 from ... import backend
 from ...comm import chunk_bounds, world
-from ...distributed.sharded import flat_chunk, flat_pieces
+# the module, not its names: flat_state imports buckets, whose package imports this file
+from ...distributed import flat_state
 from ...nn.module import Parameter
 from .buckets import (ReadyQueue, broadcast_parameters, flatten_grads, flatten_parameters,
                       gradient_bytes, make_buckets, offsets)
@@ -107,71 +106,13 @@ class ZeRO:
                 "gradients": gradient_bytes(self.params) + gradient_bytes(self.shards),
                 "optimizer_state": self.optimizer.state_bytes()}
 
-    # --- checkpoints ---------------------------------------------------------------------------
-    def _groups(self):
-        return [(bucket, flat.size) for bucket, flat in zip(self.buckets, self.flats)]
-
+    # --- checkpoints: serial names, this rank's pieces (distributed/flat_state.py) ---------------
     def state_dict(self):
         """{"model": whole parameters, "optimizer": {"state": {name: {"step", name: sharded}},
         "hyperparameters"}}: serial names, this rank's pieces of the optimizer state."""
-        return sharded_state_dict(self.module, self._groups(), self.optimizer, self.comm)
+        return flat_state.ZeROState(self).state_dict()
 
     def load_state_dict(self, state_dict):
         """Load whole arrays in the format of ``state_dict()``; every problem is named before
         anything changes."""
-        load_sharded_state_dict(self.module, self._groups(), self.optimizer, self.comm,
-                                state_dict)
-
-
-def owned_chunks(module, groups, comm):
-    """(i, lo, hi, [(name, parameter, offset)]): this rank's chunk [lo, hi) of each flat group of
-    ``groups`` = [(parameters, padded size)], its members named as in the serial model."""
-    names = {id(p): name for name, p in module.named_parameters()}
-    for i, (params, size) in enumerate(groups):
-        lo, hi = chunk_bounds(size, comm.size)[comm.rank:comm.rank + 2]
-        yield i, lo, hi, [(names[id(p)], p, o) for p, o in zip(params, offsets(params)[0])]
-
-
-def sharded_state_dict(module, groups, optimizer, comm, shards=None):
-    """ZeRO's checkpoint: the optimizer state of flat group i (its index in ``optimizer``) cut
-    into ``ShardedTensor`` pieces; the parameters whole, or, given ``shards`` (the flat chunks of
-    the parameters themselves, ZeRO-3), cut into pieces in the same way."""
-    model, state = module.state_dict(), {}
-    for i, lo, hi, members in owned_chunks(module, groups, comm):
-        state.update(flat_pieces(members, lo, hi, optimizer.state.get(i, {})))
-        if shards is not None:
-            pieces = flat_pieces(members, lo, hi, {"value": shards[i]})
-            model.update((name, piece["value"]) for name, piece in pieces.items())
-    order = [name for name, _ in module.named_parameters() if state.get(name)]
-    return {"model": model,
-            "optimizer": {"state": {name: state[name] for name in order},
-                          "hyperparameters": optimizer.hyperparameters()}}
-
-
-def load_sharded_state_dict(module, groups, optimizer, comm, state_dict, shards=None):
-    """The inverse of ``sharded_state_dict``, from whole arrays (``distributed.checkpoint.load``
-    builds them): this rank keeps its chunks. Every problem is named before anything changes."""
-    saved, model = state_dict["optimizer"]["state"], state_dict["model"]
-    chunks, values, own = {}, {}, module.state_dict()
-    missing, unexpected = [k for k in own if k not in model], [k for k in model if k not in own]
-    if shards is not None and (missing or unexpected):
-        raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
-    for i, lo, hi, members in owned_chunks(module, groups, comm):
-        dtype = members[0][1].dtype
-        chunk = flat_chunk(members, lo, hi, saved, dtype)
-        if chunk is not None:
-            chunks[i] = chunk
-        if shards is not None:
-            whole = {name: {"value": model[name]} for name, _, _ in members if name in model}
-            values[i] = flat_chunk(members, lo, hi, whole, dtype)
-    named = {"state": chunks, "hyperparameters": state_dict["optimizer"]["hyperparameters"]}
-    copy.copy(optimizer).load_state_dict(named)  # a dry run: raises, changes nothing
-    if shards is None:
-        module.load_state_dict(model)
-    else:
-        sharded = {name for _, _, _, members in owned_chunks(module, groups, comm)
-                   for name, _, _ in members}
-        module.load_state_dict({k: v for k, v in model.items() if k not in sharded}, strict=False)
-        for i, value in values.items():
-            shards[i][...] = backend.asarray(value["value"], dtype=shards[i].dtype)
-    optimizer.load_state_dict(named)
+        flat_state.ZeROState(self).load_state_dict(state_dict)

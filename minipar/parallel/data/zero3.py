@@ -44,9 +44,10 @@ from ... import backend
 from ...autograd import Tensor, is_grad_enabled
 from ...comm import chunk_bounds, world
 from ...comm.nonblocking import iall_gather, ireduce_scatter
+from ...distributed import flat_state  # the module: its import of buckets comes back here
 from ...nn.module import Parameter
 from .buckets import broadcast_parameters, flatten_grads, flatten_parameters, offsets
-from .zero import ALL_GATHER_TWIN, load_sharded_state_dict, sharded_state_dict
+from .zero import ALL_GATHER_TWIN
 
 SLOTS = 2  # gathered copies a rank holds at once: the unit computing and the one prefetched
 
@@ -274,17 +275,14 @@ class ZeRO3:
                 "optimizer_state": self.optimizer.state_bytes(),
                 "gathered": sum(int(s.nbytes) for s in self.slots if s is not None)}
 
-    # --- checkpoints ---------------------------------------------------------------------------
-    def _layout(self):
-        return self.module, [(u.params, u.numel) for u in self.units], self.optimizer, self.comm
-
+    # --- checkpoints: ZeRO's format, the parameters in pieces too (distributed/flat_state.py) --
     def state_dict(self):
         """{"model": {name: ShardedTensor}, "optimizer": ...}: serial names, this rank's pieces."""
-        return sharded_state_dict(*self._layout(), [u.shard.data for u in self.units])
+        return flat_state.ZeRO3State(self).state_dict()
 
     def load_state_dict(self, state_dict):
         """Whole arrays (``dcp.load`` builds them); this rank keeps its chunks."""
-        load_sharded_state_dict(*self._layout(), state_dict, [u.shard.data for u in self.units])
+        flat_state.ZeRO3State(self).load_state_dict(state_dict)
 
     @contextlib.contextmanager
     def summon_full_params(self):
