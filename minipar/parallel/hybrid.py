@@ -33,7 +33,6 @@ from .. import backend, random
 from ..distributed.hybrid_state import Trainer3DState
 from ..optim import AdamW
 from .data.allreduce_optimizer import AllReduceOptimizer
-from .groups import ParallelGroups  # noqa: F401  (re-exported: its old home)
 from .pipeline.runtime import Pipeline
 from .pipeline.schedules import build
 from .tensor import TensorParallelGPT, check_config

@@ -29,12 +29,11 @@ micro-batches must be of equal size for that one number to be right.
     trainer = Trainer4D(config, MoEConfig(n_experts=4), groups, microbatches=2)
     loss = trainer.step(ids, targets)                       # the global batch, on every rank
 """
-from .. import backend, random
+from .. import backend
 from ..distributed.hybrid_state import Trainer4DState
 from .data.buckets import flatten_grads, offsets
-from .hybrid import Trainer3D, default_optimizer
-from .tensor.moe import (MoEConfig, TensorParallelMoEGPT, moe_gpt, serial_names,  # noqa: F401
-                         serial_slices)
+from .hybrid import Trainer3D
+from .tensor.moe import TensorParallelMoEGPT
 
 
 class ExpertDataParallelOptimizer:
@@ -105,49 +104,3 @@ class Trainer4D(Trainer3D):
                              f"into {m} equal micro-batches: the load-balancing loss is scaled "
                              f"by 1/m, right only for equal micro-batches")
         return shard
-
-    def held(self):
-        """{name in ``self.model``: Parameter} of this rank's stages, in the optimizer's order."""
-        names = {id(p): name for name, p in self.model.named_parameters()}
-        return {names[id(p)]: p for p in self.pipe.params}
-
-
-def train_serial_4d(model, optimizer, batches, dp, microbatches):
-    """The serial twin of a Trainer4D run: each global batch cut into dp shards and each shard
-    into m micro-batches, one forward per (shard, micro-batch) (its own capacity group), the
-    loss scaled by 1/m, every gradient summed then divided by dp; one optimizer step per batch.
-    Returns the global mean losses, as floats."""
-    losses, m = [], microbatches
-    for block in model.blocks:
-        block.mlp.aux_scale = 1.0 / m
-    for ids, targets in batches:
-        if len(ids) % (dp * m):
-            raise ValueError(f"a batch of {len(ids)} sequences does not cut into {dp} shards of "
-                             f"{m} equal micro-batches")
-        model.zero_grad()
-        total = 0.0
-        for d in range(dp):
-            shard = slice(d * len(ids) // dp, (d + 1) * len(ids) // dp)
-            for x, t in zip(_cut(ids[shard], m), _cut(targets[shard], m)):
-                _, loss = model(x, t)
-                (loss * (1.0 / m)).backward()
-                total += loss.item() / m / dp
-        for p in model.parameters():
-            if p.grad is not None:
-                p.grad = p.grad / dp
-        optimizer.step()
-        losses.append(total)
-    return losses
-
-
-def _cut(array, m):
-    n = len(array) // m
-    return [array[k * n:(k + 1) * n] for k in range(m)]
-
-
-def serial_model(config, moe, seed=0, dtype="float32"):
-    """The serial MoE GPT a Trainer4D with the same ``seed`` starts from, and its optimizer's
-    default (``default_optimizer``)."""
-    random.manual_seed(seed)
-    model = moe_gpt(config, moe).astype(dtype)
-    return model, default_optimizer(model.parameters())
