@@ -1,39 +1,15 @@
 """ZeRO (Rajbhandari et al. 2020): data parallelism without N copies of the optimizer state.
 
-Plain data parallelism keeps, on every rank, the parameters (n values), the gradients (n) and the
-optimizer state (2n for Adam). Yet after the all-reduce every rank computes the same update of
-every element: N-fold redundant. ZeRO splits the work by element instead:
-
-    stage 1 (optimizer state sharded)     reduce-scatter the gradients: rank r gets the average
-                                          of its 1/N shard only; it updates that shard with its
-                                          shard of the optimizer state; all-gather the parameters
-    stage 2 (gradients sharded too)       as in stage 1, but each bucket is reduce-scattered as
-                                          soon as its gradients are ready during backward, and the
-                                          full gradients are freed: a rank keeps n/N gradients
-
-A reduce-scatter plus an all-gather moves the same bytes as one ring all-reduce (which is that
-pair), so stage 1 and 2 cost no extra communication. Stage 3 (parameters sharded too, 1.5x the
-traffic) is ``ZeRO3`` in zero3.py.
-
-Layout. Parameters are grouped in reverse order into buckets (``bucket_cap_mb``; None: one bucket
-of everything, the textbook picture). Each bucket is one flat vector, padded with zeros to a
-multiple of N, and every parameter's ``.data`` becomes a view into it. Rank r owns chunk r of
-every bucket, so a bucket's reduce-scatter lands on the owners and its all-gather writes straight
-into the parameters. The optimizer sees one Parameter per bucket, a view of the owned chunk, and
-so keeps state for about n/N elements (plus at most N-1 padding elements per bucket). Optimizer
-updates are elementwise, so updating a flat shard gives the bits a per-parameter update gives;
-global-norm clipping would need one more all-reduce and is not supported. No gradient
-accumulation (``no_sync``) here.
+Stage 1 reduce-scatters the gradients, so that rank r averages only its 1/N shard and updates it
+with its shard of the optimizer state, then all-gathers the parameters; stage 2 reduce-scatters
+each bucket as soon as its gradients are ready during backward and frees the full gradients.
+Both move the bytes of one ring all-reduce. Stage 3 (parameters sharded too) is zero3.py.
 
     zero = ZeRO(model, lambda params: optim.AdamW(params, lr=1e-3), comm, stage=2)
     loss.backward(); zero.step(); zero.zero_grad()
 
-Checkpoints. ``state_dict()`` names everything by the serial model's parameter names
-(``distributed.AppState``'s format): the parameters whole (every rank holds them), the optimizer
-state as ``ShardedTensor``s, each rank's flat chunk cut at the parameters' edges into ranges of
-their flattened arrays (the padding is dropped). ``load_state_dict`` takes that format with whole
-arrays (``minipar.distributed.checkpoint.load`` builds them) and keeps this rank's chunk, so a
-checkpoint of N ranks loads on M, or into a serial model and its optimizer.
+Memory and traffic per stage: docs/zero.md. Checkpoints: serial names, this rank's pieces of the
+optimizer state (distributed/flat_state.py; docs/checkpoints.md).
 """
 from ... import backend
 from ...comm import chunk_bounds, world
@@ -56,19 +32,31 @@ class ZeRO:
             raise ValueError(f"ZeRO stage {stage} is not here: choose 1 or 2 (stage 3, parameters "
                              f"sharded too, is minipar.parallel.data.ZeRO3)")
         self.module, self.comm = module, comm or world()
-        self.stage, self.algorithm = stage, algorithm
+        self.stage = stage
+        self.algorithm = algorithm
         self.mismatched = broadcast_parameters(module, self.comm, on_mismatch)
         self.params = [p for p in module.parameters() if p.requires_grad]
         cap = float("inf") if bucket_cap_mb is None else bucket_cap_mb * 2**20
+        # parameters grouped in reverse order into buckets (None: one bucket of everything, the
+        # textbook picture); each bucket one flat vector, every parameter's .data a view into it
         self.buckets = make_buckets(self.params, cap)
-        self.flats, self.shards = [], []
-        N, r = self.comm.size, self.comm.rank
+        self.flats = []
+        self.shards = []
+        N = self.comm.size
+        r = self.comm.rank
         for bucket in self.buckets:
             n = offsets(bucket)[1]
             flat = flatten_parameters(bucket, -(-n // N) * N)  # padded to a multiple of N
+            # rank r owns chunk r of every bucket: a bucket's reduce-scatter lands on the owners
+            # and its all-gather writes straight into the parameters
             lo, hi = chunk_bounds(flat.size, N)[r:r + 2]
             self.flats.append(flat)
             self.shards.append(Parameter(flat[lo:hi]))  # a view: updates land in the model
+        # The optimizer sees one Parameter per bucket, the owned chunk, so it keeps state for
+        # about n/N elements (plus at most N-1 padding elements per bucket). Its updates are
+        # elementwise, so updating a flat shard gives the bits a per-parameter update gives;
+        # global-norm clipping would need one more all-reduce and is not supported, nor is
+        # gradient accumulation (no_sync).
         self.optimizer = make_optimizer(self.shards)
         if stage == 2:
             self.queue = ReadyQueue(self.buckets, self._reduce_scatter, lambda: None)
