@@ -1,33 +1,16 @@
 """3D parallelism: data × tensor × pipeline on Megatron's rank grid (Narayanan et al. 2021).
 
 Each rank has coordinates (tp, dp, pp) in the grid of ``groups.RankGrid`` and belongs to one group
-of each kind. The three strategies nest, each using only its own group:
-
-    tensor    the layers of the GPT are split over the tensor group (tensor/):
-              two all-reduces per transformer layer forward and two backward
-    pipeline  the split GPT's layers are cut into pp stages, one per rank of the pipeline group,
-              run by a schedule (pipeline/runtime.py): activations and their gradients move
-              between neighbouring stages
-    data      the ranks of a data group hold the same slices of the same stages and see
-              different shards of the batch; after the pipeline's last backward, each
-              averages its gradients over the data group, then every rank steps its optimizer
-              (data/allreduce_optimizer.py)
-
-So a step on the global batch of N sequences goes: rank (tp, dp, pp) takes the dp-th shard of
-N/dp sequences (the same shard for every tp and pp coordinate), the pipeline splits it into m
-micro-batches, and the gradients that reach the optimizer are those of the mean loss over all N:
-the serial model's (``tests/test_hybrid.py`` checks the losses step by step).
+of each kind; the three strategies nest, each using only its own group. The gradients that reach
+the optimizer are those of the mean loss over the whole global batch: the serial model's
+(``tests/test_hybrid.py`` checks the losses step by step).
 
     groups = ParallelGroups(world, tp=2, pp=2)      # dp = world.size / (tp·pp)
     trainer = Trainer3D(config, groups, schedule="1f1b", microbatches=4)
     loss = trainer.step(ids, targets)               # the global batch, the same on every rank
 
-Checkpoints. ``state_dict()`` describes this rank's part of the serial model with the serial
-names (``distributed.AppState``'s format): each parameter it holds, and its optimizer state, as a
-``ShardedTensor`` of the serial shape (the tensor split's boxes: a fused QKV weight gives three);
-only data-parallel rank 0 writes them, and a replicated parameter only tensor rank 0 as well.
-``load_state_dict`` takes whole arrays and keeps this rank's slices of its stages, so a checkpoint
-of one (tp, pp) layout loads into another, or into the serial GPT.
+Checkpoints: the serial GPT's names and shapes, so a checkpoint of one (tp, pp) layout loads into
+another or into the serial GPT (distributed/hybrid_state.py; docs/checkpoints.md).
 """
 from .. import backend, random
 from ..distributed.hybrid_state import Trainer3DState
@@ -64,8 +47,14 @@ class Trainer3D:
                              f"of {schedule!r} on pp={groups.grid.pp}")
         self.config, self.groups = config, groups
         random.manual_seed(seed)
+        # tensor: the GPT's layers split over the tensor group (tensor/), two all-reduces per
+        # transformer layer forward and two backward
         self.model = self.build_model(config, groups).astype(dtype)
         make_optimizer = make_optimizer or default_optimizer
+        # pipeline: the split GPT's layers cut into pp stages, one per rank of the pipeline group,
+        # run by the schedule: activations and their gradients move between neighbouring stages;
+        # data: after the pipeline's last backward, each rank averages its gradients over the
+        # data group (ranks holding the same slices of the same stages), then steps
         self.pipe = Pipeline(
             self.model.to_sequential(), self.schedule, groups.pipeline, self.model.loss,
             optimizer=lambda ps: self.reducer(ps, make_optimizer, algorithm), trace=trace)
@@ -80,7 +69,10 @@ class Trainer3D:
 
     def local_shard(self, array):
         """This rank's rows of the global batch: the dp-th of dp equal shards."""
-        dp, n = self.groups.grid.dp, len(array)
+        # rank (tp, dp, pp) takes the dp-th shard of N/dp sequences, the same for every tp and pp
+        # coordinate; the pipeline splits it into m micro-batches
+        dp = self.groups.grid.dp
+        n = len(array)
         if n % dp:
             raise ValueError(f"the global batch of {n} sequences does not divide among the "
                              f"{dp} data-parallel ranks")

@@ -1,29 +1,12 @@
 """4D parallelism: data × tensor × pipeline × expert, for a GPT with mixture-of-experts blocks.
 
-The 3D trainer (hybrid.py) with every block's MLP a mixture of experts (nn/moe.py). The rank
-grid gains the expert dimension (groups.py): ep divides dp, and each data group of dp ranks is
-cut into expert groups of ep ranks (different experts) and expert-data groups of dp/ep ranks
-(the same experts). Each part of the model uses its groups:
-
-    attention, router, LayerNorms, embeddings, head    split over tp as in 3D; replicated over dp
-    experts      E/ep per expert rank (expert group: tokens go there and back by all-to-all),
-                 each split over tp like the dense MLP (ETP = TP; tensor/moe.py)
-    stages       pp, as in 3D: an expert group sits at one stage and runs the same schedule,
-                 so its all-to-alls pair up micro-batch by micro-batch
-
-Gradients (Megatron's finalize_model_grads). The global loss is L = (1/dp) Σ_d L_d, L_d the
-mean loss of data rank d's shard. A dense parameter's gradient on rank d is ∂L_d/∂θ, so it is
-averaged over the data group, as in 3D. An expert's gradient on a rank already sums the losses
-of its whole expert group (their tokens came to it), Σ_{d ∈ expert group} ∂L_d/∂θ, so it is
-summed over the expert-data group and divided by dp: an average over the dp/ep ranks of the
-expert-data group, times 1/ep (Megatron scales expert gradients by 1/dp the same way).
-
-Capacity and the auxiliary loss are per group of tokens: each rank routes its micro-batch of
-its shard alone (GShard's groups), so the serial twin is the serial MoE GPT run once per (data
-rank, micro-batch) with the same parameters (``train_serial_4d``), not on the whole batch.
-Every micro-batch's main loss is scaled by 1/m in the pipeline; each MoE layer's ``aux_scale``
-is 1/m too, so its load-balancing term reaches the gradient in the same proportion. The
-micro-batches must be of equal size for that one number to be right.
+The 3D trainer (hybrid.py) with every block's MLP a mixture of experts (nn/moe.py). The rank grid
+gains the expert dimension (groups.py): ep divides dp, and each data group of dp ranks is cut into
+expert groups of ep ranks (different experts) and expert-data groups of dp/ep ranks (the same
+experts). Attention, router, LayerNorms, embeddings and head are split over tp as in 3D and
+replicated over dp; the experts, E/ep per expert rank, receive their tokens by all-to-all within
+the expert group, each split over tp like the dense MLP (tensor/moe.py); an expert group sits at
+one stage and runs the same schedule, so its all-to-alls pair up micro-batch by micro-batch.
 
     groups = ParallelGroups(world, tp=2, pp=2, ep=2)          # dp = world / (tp·pp), ep | dp
     trainer = Trainer4D(config, MoEConfig(n_experts=4), groups, microbatches=2)
@@ -82,7 +65,10 @@ class Trainer4D(Trainer3D):
         self.moe = moe
         super().__init__(config, groups, schedule, microbatches, chunks, make_optimizer, seed,
                          dtype, algorithm, trace)
-        for layer in self.model.moe_layers():  # the main loss of a micro-batch is scaled 1/m
+        # Every micro-batch's main loss is scaled by 1/m in the pipeline; each MoE layer's
+        # aux_scale is 1/m too, so its load-balancing term reaches the gradient in the same
+        # proportion (right only for micro-batches of equal size: local_shard checks).
+        for layer in self.model.moe_layers():
             layer.aux_scale = 1.0 / self.schedule.microbatches
 
     # checkpoints: Trainer3D's, each expert under its serial name (distributed/hybrid_state.py)
@@ -91,11 +77,21 @@ class Trainer4D(Trainer3D):
     def build_model(self, config, groups):
         return TensorParallelMoEGPT(config, self.moe, groups.tensor, groups.expert)
 
+    # Gradients (Megatron's finalize_model_grads). The global loss is L = (1/dp) Σ_d L_d, L_d the
+    # mean loss of data rank d's shard. A dense parameter's gradient on rank d is ∂L_d/∂θ, so it
+    # is averaged over the data group, as in 3D. An expert's gradient on a rank already sums the
+    # losses of its whole expert group (their tokens came to it), Σ_{d ∈ expert group} ∂L_d/∂θ,
+    # so it is summed over the expert-data group and divided by dp: an average over the dp/ep
+    # ranks of the expert-data group, times 1/ep (Megatron scales expert gradients by 1/dp).
     def reducer(self, params, make_optimizer, algorithm):
         experts = self.model.expert_parameters()
         return ExpertDataParallelOptimizer(params, experts, make_optimizer, self.groups.data,
                                            self.groups.expert_data, algorithm)
 
+    # Capacity and the auxiliary loss are per group of tokens: each rank routes its micro-batch of
+    # its shard alone (GShard's groups), so the serial twin is the serial MoE GPT run once per
+    # (data rank, micro-batch) with the same parameters (tests/test_hybrid_4d.py), not on the
+    # whole batch.
     def local_shard(self, array):
         shard = super().local_shard(array)
         m = self.schedule.microbatches
