@@ -1,10 +1,9 @@
 """Checkpoint adapters of the 3D and 4D trainers (parallel/hybrid.py, hybrid4d.py).
 
-``state_dict()`` describes this rank's part of the serial GPT with the serial names
-(``AppState``'s format): each parameter of its stages, and its optimizer state, as a
-``ShardedTensor`` of the serial shape (the tensor split's boxes: a fused QKV weight gives three).
-``load_state_dict`` takes whole arrays and keeps this rank's slices of its stages, so a
-checkpoint of one (tp, pp) layout loads into another, or into the serial GPT.
+``state_dict()`` gives this rank's slices of its stages as ``ShardedTensor``s of the serial GPT's
+parameters, under the serial names (``AppState``'s format); ``load_state_dict`` takes whole
+arrays and keeps this rank's slices, so a checkpoint of one (tp, pp) layout loads into another,
+or into the serial GPT.
 
     Trainer3DState(trainer).state_dict()            # what trainer.state_dict() returns
 
