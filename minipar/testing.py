@@ -10,35 +10,8 @@
     def test_body():                   # runs in pytest, launches the ranks
         values = run_on_ranks(body, nprocs=4, args=(10,))   # one value per rank
 
-``target`` is a function defined at the top level of a file (as above), a string
-``"package.module:function"`` or ``"path/to/file.py:function"``, or ``"path/to/script.py"``
-(run as ``__main__``). A function defined in a notebook cell or in ``__main__`` (a lambda, a
-closure) travels to the ranks pickled by value with cloudpickle (``pip install
-'minipar[notebook]'``). Whatever each rank prints is kept: ``values.outputs[r]``, and
-``show_output=True`` prints it here with every line prefixed ``[rank r]``.
-
-Each rank writes its result or its traceback to a temporary folder; the parent then
-
-- returns the list of per-rank return values when every rank succeeded;
-- raises ``AssertionError`` listing every failing rank with its traceback, and the ranks that
-  left no result (killed when the job was aborted, or crashed), with the tail of the output;
-- after ``timeout`` seconds raises ``AssertionError`` naming the ranks that did not finish,
-  each with the point-to-point call it is blocked in (op, peer, bytes) and its Python stacks,
-  then kills the whole process group. Nothing hangs.
-
-A failing rank waits ``grace`` seconds for the others to finish (so that when all ranks raise,
-all tracebacks are collected), then aborts the job so peers blocked on it end too.
-
-Group many cases into one launch (a body that loops over a table of cases and returns the
-failures) rather than one mpiexec per case: a launch costs about 0.3 s of start-up per rank
-count, and ranks beyond the cores share them.
-
-Environment given to the ranks: one BLAS/OpenMP thread each (``RANK_ENV``), plus ``env``.
-MPICH busy-polls while it waits and calls ``sched_yield`` every 1000 polls by default, which
-measured best for message-bound tests on 2 cores with 8 ranks. ``heavy_yield=True`` sets
-``MPIR_CVAR_ENABLE_HEAVY_YIELD=1`` (waiting ranks sleep instead): a rank computing while 7
-others wait ran 2x faster, but every message became 3-7x slower, so it suits compute-bound
-bodies (training steps with idle ranks), not collective tests.
+A failing rank's traceback, a crash or a hang (with the call each rank is blocked in) comes back
+as one ``AssertionError``: nothing hangs. Also the serial twins the parallel layouts must equal.
 """
 import importlib
 import importlib.util
@@ -56,6 +29,11 @@ import threading
 import time
 import traceback
 
+# One BLAS/OpenMP thread per rank. MPICH busy-polls while it waits and calls sched_yield every
+# 1000 polls by default, which measured best for message-bound tests on 2 cores with 8 ranks.
+# heavy_yield=True sets MPIR_CVAR_ENABLE_HEAVY_YIELD=1 (waiting ranks sleep instead): a rank
+# computing while 7 others wait ran 2x faster, but every message became 3-7x slower, so it suits
+# compute-bound bodies (training steps with idle ranks), not collective tests.
 RANK_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
 
@@ -148,9 +126,25 @@ def _target_name(target, folder):
 def run_on_ranks(target, nprocs, timeout=120, args=(), env=None, grace=2.0, heavy_yield=False,
                  show_output=False):
     """Run ``target(*args)`` on ``nprocs`` ranks; return the per-rank values (a ``RankValues``
-    list, with what each rank printed) or raise ``AssertionError`` with every failing rank's
-    traceback (see the module docstring). ``show_output=True`` prints the ranks' output here,
-    each line prefixed ``[rank r]`` (what a notebook wants)."""
+    list, with what each rank printed). ``show_output=True`` prints the ranks' output here, each
+    line prefixed ``[rank r]`` (what a notebook wants); ``env`` adds to ``RANK_ENV``.
+
+    ``target`` is a function defined at the top level of a file, a string
+    ``"package.module:function"`` or ``"path/to/file.py:function"``, or ``"path/to/script.py"``
+    (run as ``__main__``). A function defined in a notebook cell or in ``__main__`` (a lambda, a
+    closure) travels to the ranks pickled by value with cloudpickle (``pip install
+    'minipar[notebook]'``).
+
+    Each rank writes its result or its traceback to a temporary folder. ``AssertionError`` lists
+    every failing rank with its traceback, and the ranks that left no result (killed when the job
+    was aborted, or crashed), with the tail of the output; after ``timeout`` seconds it names the
+    ranks that did not finish, each with the point-to-point call it is blocked in (op, peer,
+    bytes) and its Python stacks, then kills the whole process group. A failing rank waits
+    ``grace`` seconds for the others (so that all tracebacks are collected), then aborts the job.
+
+    Group many cases into one launch (a body that loops over a table of cases and returns the
+    failures) rather than one mpiexec per case: a launch costs about 0.3 s of start-up per rank
+    count, and ranks beyond the cores share them."""
     shown = getattr(target, "__qualname__", None) or str(target)
     rank_env = {**os.environ, **RANK_ENV, **({"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
                                              if heavy_yield else {}), **(env or {})}

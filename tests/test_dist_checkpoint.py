@@ -165,7 +165,8 @@ def trainer_run(folder, tp, pp, dropout, steps, load=False, save_at=None):
     import minipar
     from minipar import comm
     from minipar.distributed import checkpoint as dcp
-    from minipar.parallel.hybrid import ParallelGroups, Trainer3D
+    from minipar.parallel.groups import ParallelGroups
+    from minipar.parallel.hybrid import Trainer3D
 
     groups = ParallelGroups(comm.world(), tp=tp, pp=pp)
     trainer = Trainer3D(gpt_config(dropout), groups, microbatches=2, dtype="float64",

@@ -65,7 +65,8 @@ def agreement_body():
 
     from minipar import comm, functional, nn, optim
     from minipar.parallel.data import DistributedDataParallel, ParameterServer, ZeRO
-    from minipar.parallel.hybrid import ParallelGroups, Trainer3D
+    from minipar.parallel.groups import ParallelGroups
+    from minipar.parallel.hybrid import Trainer3D
     from minipar.parallel.pipeline import build
     from minipar.parallel.pipeline.runtime import Pipeline
     from minipar.parallel.tensor import vocab_parallel_cross_entropy

@@ -22,7 +22,8 @@ def batches(n=8, steps=STEPS, seed=1):
 def layouts_body(layouts, schedule):
     """On every rank: train each (dp, tp, pp) layout and the serial model; return the losses."""
     from minipar import comm
-    from minipar.parallel.hybrid import ParallelGroups, Trainer3D
+    from minipar.parallel.groups import ParallelGroups
+    from minipar.parallel.hybrid import Trainer3D
     from minipar.testing import serial_losses
 
     world = comm.world()
@@ -66,7 +67,8 @@ def test_eight_ranks_2x2x2_equal_serial():
 
 def bad_input_body():
     from minipar import comm, nn
-    from minipar.parallel.hybrid import ParallelGroups, Trainer3D
+    from minipar.parallel.groups import ParallelGroups
+    from minipar.parallel.hybrid import Trainer3D
 
     world = comm.world()
     return value_errors(

@@ -29,6 +29,57 @@ def check_communicators(world, groups):
     return wrong
 
 
+def held(trainer):
+    """{name in ``trainer.model``: Parameter} of this rank's stages, in the optimizer's order."""
+    names = {id(p): name for name, p in trainer.model.named_parameters()}
+    return {names[id(p)]: p for p in trainer.pipe.params}
+
+
+def serial_moe_gpt(gpt, moe, seed=0, dtype="float32"):
+    """The serial MoE GPT a ``Trainer4D`` with the same ``seed`` starts from, and its optimizer's
+    default (``default_optimizer``)."""
+    from minipar import random
+    from minipar.parallel.hybrid import default_optimizer
+    from minipar.parallel.tensor.moe import moe_gpt
+
+    random.manual_seed(seed)
+    model = moe_gpt(gpt, moe).astype(dtype)
+    return model, default_optimizer(model.parameters())
+
+
+def train_serial_4d(model, optimizer, batches, dp, microbatches):
+    """The serial twin of a Trainer4D run: each global batch cut into dp shards and each shard
+    into m micro-batches, one forward per (shard, micro-batch) (its own capacity group), the
+    loss scaled by 1/m, every gradient summed then divided by dp; one optimizer step per batch.
+    Returns the global mean losses, as floats."""
+    losses, m = [], microbatches
+    for block in model.blocks:
+        block.mlp.aux_scale = 1.0 / m
+    for ids, targets in batches:
+        if len(ids) % (dp * m):
+            raise ValueError(f"a batch of {len(ids)} sequences does not cut into {dp} shards of "
+                             f"{m} equal micro-batches")
+        model.zero_grad()
+        total = 0.0
+        for d in range(dp):
+            shard = slice(d * len(ids) // dp, (d + 1) * len(ids) // dp)
+            for x, t in zip(_cut(ids[shard], m), _cut(targets[shard], m)):
+                _, loss = model(x, t)
+                (loss * (1.0 / m)).backward()
+                total += loss.item() / m / dp
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad = p.grad / dp
+        optimizer.step()
+        losses.append(total)
+    return losses
+
+
+def _cut(array, m):
+    n = len(array) // m
+    return [array[k * n:(k + 1) * n] for k in range(m)]
+
+
 def layouts_body(cases, folder):
     """On every rank: each (dp, tp, pp, ep) layout, schedule and capacity factor trained beside
     its serial twin; losses, the largest gradient difference, the drops, and failures. The
@@ -38,8 +89,8 @@ def layouts_body(cases, folder):
     from minipar.backend import to_numpy
     from minipar.distributed import checkpoint as dcp
     from minipar.parallel.groups import ParallelGroups
-    from minipar.parallel.hybrid4d import (MoEConfig, Trainer4D, serial_model, serial_slices,
-                                           train_serial_4d)
+    from minipar.parallel.hybrid4d import Trainer4D
+    from minipar.parallel.tensor.moe import MoEConfig, serial_slices
 
     world = comm.world()
     results = {}
@@ -47,7 +98,7 @@ def layouts_body(cases, folder):
         groups = ParallelGroups(world, tp=tp, pp=pp, ep=ep, order=order)
         assert (groups.grid.dp, groups.grid.ep) == (dp, ep)
         moe = MoEConfig(n_experts=4, top_k=2, capacity_factor=capacity_factor, hidden=32)
-        serial, optimizer = serial_model(config(), moe, dtype="float64")
+        serial, optimizer = serial_moe_gpt(config(), moe, dtype="float64")
         trainer = Trainer4D(config(), moe, groups, schedule=schedule,
                             microbatches=MICROBATCHES, dtype="float64")
         losses, reference, grad_error, dropped = [], [], 0.0, 0
@@ -58,7 +109,7 @@ def layouts_body(cases, folder):
             losses.append(float(trainer.step(ids, targets)))
             full = {name: to_numpy(p.grad) for name, p in serial.named_parameters()}
             expected = serial_slices(trainer.model, full, groups.tensor)
-            for name, p in trainer.held().items():
+            for name, p in held(trainer).items():
                 grad_error = max(grad_error, float(np.abs(to_numpy(p.grad) -
                                                           expected[name]).max()))
             if not results and len(losses) == SAVE_AT:
@@ -81,12 +132,12 @@ def serial_after_load(folder, cases):
     """In pytest (no mpiexec): the checkpoint loaded into the serial MoE GPT and AdamW, one
     step of the serial twin with each of the first two layouts' data-parallel grouping."""
     from minipar.distributed import AppState, checkpoint as dcp
-    from minipar.parallel.hybrid4d import MoEConfig, serial_model, train_serial_4d
+    from minipar.parallel.tensor.moe import MoEConfig
 
     losses = []
     for (dp, _, _, _), _, capacity_factor, _ in cases[:2]:
         moe = MoEConfig(n_experts=4, top_k=2, capacity_factor=capacity_factor, hidden=32)
-        model, optimizer = serial_model(config(), moe, seed=7, dtype="float64")
+        model, optimizer = serial_moe_gpt(config(), moe, seed=7, dtype="float64")
         state = {"trainer": AppState(model, optimizer), "step": None}
         dcp.load(state, checkpoint_id=folder)
         losses += train_serial_4d(model, optimizer, batches()[state["step"]:][:1], dp,
@@ -133,7 +184,8 @@ def test_eight_ranks_4d_equal_serial(tmp_path):
 def bad_input_body():
     from minipar import comm, nn
     from minipar.parallel.groups import ParallelGroups
-    from minipar.parallel.hybrid4d import MoEConfig, Trainer4D
+    from minipar.parallel.hybrid4d import Trainer4D
+    from minipar.parallel.tensor.moe import MoEConfig
 
     world = comm.world()
     gpt = nn.GPTConfig(vocab_size=16, block_size=8, n_head=2, n_embd=16, n_layer=2)

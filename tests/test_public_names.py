@@ -21,7 +21,7 @@ PUBLIC = {
     "minipar.parallel.data": "DistributedDataParallel DistributedSampler local_batch_size ZeRO "
                              "ParameterServer busiest_link",
     "minipar.parallel.groups": "RankGrid ParallelGroups",
-    "minipar.parallel.hybrid": "Trainer3D ParallelGroups",
+    "minipar.parallel.hybrid": "Trainer3D",
     "minipar.backend": "device asarray xp to_numpy",
     "minipar.cli": "main build_parser SUBCOMMANDS",
 }

@@ -5,18 +5,12 @@
     dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)      # in place, as in torch
     p.grad /= dist.get_world_size()
 
-process_group.py: init_process_group, get_rank, get_world_size, new_group, ReduceOp, the
-all-reduce algorithm (``all_reduce_algorithm=`` or ``MINIPAR_ALLREDUCE``); collectives.py:
-all_reduce, broadcast, reduce, all_gather, reduce_scatter, send/recv/isend/irecv, barrier, each
-overwriting the Tensor's data or the array it is given.
-
-    from minipar.distributed import checkpoint as dcp
-    dcp.save({"app": dcp.AppState(model, optimizer)}, checkpoint_id="ckpt/step-10")
-    dcp.load(state, checkpoint_id="ckpt/step-10")          # fills ``state`` in place
-
-``checkpoint``: save on N ranks, load on M (resharding); ``sharded.ShardedTensor``: how a wrapper
-describes the slices of the serial tensors its rank holds; ``state.AppState``: a model and its
-optimizer under the serial names; ``tree``: a state dict as (path, leaf) items and back.
+process_group.py: init_process_group, new_group, ReduceOp, the all-reduce algorithm;
+collectives.py: all_reduce, broadcast, all_gather, send/recv, ... in place; checkpoint.py: save
+on N ranks, load on M (``dcp.save(state, checkpoint_id=...)``, docs/checkpoints.md); sharded.py:
+the slices of the serial tensors a rank holds; state.py: ``AppState``, a model and its optimizer
+under the serial names; tree.py: a state dict as (path, leaf) items; flat_state.py and
+hybrid_state.py: the trainers' checkpoint adapters.
 """
 from . import checkpoint  # noqa: F401
 from .sharded import ShardedTensor  # noqa: F401

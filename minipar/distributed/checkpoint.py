@@ -7,27 +7,10 @@
     dcp.load(state, checkpoint_id="ckpt/step-100")     # fills ``state`` in place
 
 The state dict's values are trees (``{"model": module.state_dict()}``) or Stateful objects,
-anything with ``state_dict()`` and ``load_state_dict()``: a module, an optimizer, ``AppState``
-(a model and its optimizer), ZeRO, the 3D trainer. ``save`` is collective over
-``process_group`` (default: the world when minipar.comm is in use, else one process;
-``no_dist=True``, torch's old flag: this process alone, e.g. rank 0 saving a serial model).
-
-The layout on disk. Every rank writes ``shard-<rank>.npz`` (minipar.save's format) holding the
-pieces of tensors it owns; rank 0 then writes ``manifest.npz``: for every global tensor its name
-(the path of keys down the tree), shape, dtype and which rank's file holds which slice
-(``sharded.ShardedTensor``); the Python values (step, RNG state, hyperparameters) of every rank;
-and each shard file's SHA-256. A plain array in the tree is taken to be the same on every rank
-(a replicated parameter) and is written by rank 0 only.
-
-Loading needs no communication: every rank reads the manifest, checks that every shard file is
-there and is the very file the manifest names (so a missing shard, a damaged one or a manifest of
-another save is an error naming the file, on every rank alike, before anything changes), then
-builds each global tensor from its pieces and keeps what its own layout needs. A tree's arrays are
-filled in place; a Stateful object gets the global tree (its serial model's names and shapes)
-through ``load_state_dict`` and keeps its own slices. A rank reads whole tensors to take a slice:
-simple, and cheap at this scale (torch's planner reads only the overlapping pieces). A Python
-value comes back from the same rank when the world size is unchanged, else from the lowest rank
-that saved it. So a checkpoint of N ranks loads in a plain process started without mpiexec.
+anything with ``state_dict()`` and ``load_state_dict()``: a module, an optimizer, ``AppState``,
+ZeRO, the 3D trainer. Every rank writes ``shard-<rank>.npz``, rank 0 then ``manifest.npz``; a load
+needs no communication, so a checkpoint of N ranks loads in a plain process started without
+mpiexec. The layout on disk and how a load reshards: docs/checkpoints.md.
 """
 import os
 import sys
@@ -65,7 +48,9 @@ def _group(process_group, no_dist=False):
 
 def save(state_dict, *, checkpoint_id, process_group=None, no_dist=False):
     """Write this rank's shard and (rank 0) the manifest into the folder ``checkpoint_id``.
-    Collective: every rank of ``process_group`` calls it; returns once the manifest is on disk."""
+    Collective: every rank of ``process_group`` (default: the world when minipar.comm is in use,
+    else one process; ``no_dist=True``, torch's old flag: this process alone, e.g. rank 0 saving
+    a serial model) calls it; returns once the manifest is on disk."""
     comm = _group(process_group, no_dist)
     rank, size = (comm.rank, comm.size) if comm else (0, 1)
     os.makedirs(checkpoint_id, exist_ok=True)
@@ -76,7 +61,7 @@ def save(state_dict, *, checkpoint_id, process_group=None, no_dist=False):
         if isinstance(leaf, ShardedTensor):
             pieces = leaf.pieces if leaf.write else []
             shape, dtype = leaf.shape, leaf.dtype
-        elif is_array(leaf):
+        elif is_array(leaf):  # the same on every rank (a replicated parameter): rank 0 writes it
             pieces = [(box(leaf.shape), leaf)] if rank == 0 else []
             shape, dtype = tuple(leaf.shape), leaf.dtype
         else:
@@ -145,6 +130,8 @@ def load(state_dict, *, checkpoint_id, process_group=None, no_dist=False):
     comm = _group(process_group, no_dist)
     rank, size = (comm.rank, comm.size) if comm else (0, 1)
     manifest, files = read(checkpoint_id)
+    # a Python value comes back from the same rank when the world size is unchanged, else from
+    # the lowest rank that saved it
     same = manifest["world_size"] == size
     tree = _tree(manifest, files, rank if same else None)
     plan, missing = [], []
@@ -156,7 +143,9 @@ def load(state_dict, *, checkpoint_id, process_group=None, no_dist=False):
 
 
 def read(checkpoint_id):
-    """The manifest and every shard file's pieces, each file checked against the manifest."""
+    """The manifest and every shard file's pieces, each file checked against the manifest: a
+    missing shard, a damaged one or a manifest of another save is an error naming the file, on
+    every rank alike, before anything changes."""
     where = os.path.join(checkpoint_id, MANIFEST)
     manifest = io.load(where)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -252,6 +241,8 @@ def _copies(mine, theirs, path):
     if tuple(mine.shape) != theirs.shape:
         raise ValueError(f"{name} has shape {tuple(mine.shape)} here and {theirs.shape} in the "
                          f"checkpoint")
+    # a rank reads whole tensors to take a slice: simple, and cheap at this scale (torch's
+    # planner reads only the overlapping pieces)
     full = theirs.array()
 
     def copy(index, array):

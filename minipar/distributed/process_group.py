@@ -8,18 +8,10 @@
 The names and signatures follow torch.distributed; ``backend`` may also say ``"gloo"`` or
 ``"nccl"`` (a torch script unchanged), and every group runs over MPI (``get_backend()`` says so).
 Ranks given to the collectives (``src``, ``dst``) are ranks of the world, as in torch; a group's
-own numbering is ``get_group_rank``.
-
-Which all-reduce runs: ``init_process_group(all_reduce_algorithm=NAME)``, else the environment
-variable ``MINIPAR_ALLREDUCE``, else ``"auto"`` (the cost model's choice among minipar's
-hand-coded ones). NAME is any entry of ``minipar.comm.ALGORITHMS["all_reduce"]``, so a student's
-own ring, registered before ``init_process_group``, runs under an unchanged training script:
-
-    from minipar.comm.registry import algorithm
-    @algorithm("all_reduce", "my_ring")
-    def my_ring(c, x, buf, op, tag):    # c: the communicator, x: flat input, buf: flat result
-        ...
-    # MINIPAR_ALLREDUCE=my_ring mpiexec -n 4 python train.py
+own numbering is ``get_group_rank``. The all-reduce that runs: ``init_process_group``'s
+``all_reduce_algorithm=NAME``, else ``$MINIPAR_ALLREDUCE``, else ``"auto"`` (the cost model's
+choice among minipar's hand-coded ones); NAME is any entry of
+``minipar.comm.ALGORITHMS["all_reduce"]``, a student's own too (``_algorithm`` below).
 """
 import datetime
 import enum
@@ -78,6 +70,13 @@ def _timeout_s(timeout):
     return timeout
 
 
+# A student's own ring, registered before init_process_group, runs under an unchanged script:
+#
+#     from minipar.comm.registry import algorithm
+#     @algorithm("all_reduce", "my_ring")
+#     def my_ring(c, x, buf, op, tag):    # c: the communicator, x: flat input, buf: flat result
+#         ...
+#     # MINIPAR_ALLREDUCE=my_ring mpiexec -n 4 python train.py
 def _algorithm(name):
     """The all-reduce to run: ``name``, ``$MINIPAR_ALLREDUCE`` or auto (checked against the
     registry, so a typo fails at start-up with the valid names)."""

@@ -2,22 +2,15 @@
 and loaded by another (torch's ShardedTensor/DTensor, reduced to what a checkpoint needs).
 
 A ``ShardedTensor`` is the serial tensor of ``shape`` of which this rank holds ``pieces``, each a
-pair ``(index, array)``:
-
-    a tuple of slices       a box of the global tensor: tensor parallelism's row or column split
-                            (a fused QKV weight is three boxes, one each of q, k and v)
-    one slice               a range of the global tensor flattened in C order: ZeRO's flat
-                            shards, which cut through parameters wherever the bucket is cut
-
-``write=False`` marks a replica (a data-parallel copy of a shard held elsewhere too): it is loaded
-into but not written, so every element goes to disk once.
+pair ``(index, array)``: a tuple of slices is a box of the global tensor (tensor parallelism's
+row or column split; a fused QKV weight is three boxes), one slice a range of the global tensor
+flattened in C order (ZeRO's flat shards, which cut through parameters wherever a bucket is cut).
 
     ShardedTensor((8, 4), "float64", [((slice(4, 8), slice(0, 4)), local)])   rows 4..7
     ShardedTensor((8, 4), "float64", [(slice(10, 20), flat_piece)])          elements 10..19
 
-``assemble`` builds the global array back from pieces, checking that they cover all of it.
-``flat_pieces`` and ``flat_chunk`` go from the optimizer state of a flat shard (ZeRO's, a
-parameter server's) to per-parameter pieces and back.
+``write=False`` marks a replica (a data-parallel copy of a shard held elsewhere too): it is loaded
+into but not written, so every element goes to disk once.
 """
 import numpy
 

@@ -47,7 +47,17 @@ class AppState:
                                f"{', '.join(map(str, unknown))}")
             named = {"state": {index[n]: s for n, s in saved["state"].items()},
                      "hyperparameters": saved["hyperparameters"]}
-            copy.copy(self.optimizer).load_state_dict(named)  # a dry run: raises, changes nothing
-        self.model.load_state_dict(state_dict["model"])
-        if named is not None:
-            self.optimizer.load_state_dict(named)
+        load_after_dry_run(self.optimizer, named,
+                           lambda: self.model.load_state_dict(state_dict["model"]))
+
+
+def load_after_dry_run(optimizer, named, load_model):
+    """Load ``named`` (an optimizer's ``state_dict()``) into ``optimizer`` (or None) and the model
+    (``load_model()``) so that every problem is named before anything changes: the optimizer's
+    part is tried on a copy first, then the model checks its own, then the optimizer loads. Every
+    trainer's checkpoint adapter loads through here."""
+    if optimizer is not None:
+        copy.copy(optimizer).load_state_dict(named)  # a dry run: raises, changes nothing
+    load_model()
+    if optimizer is not None:
+        optimizer.load_state_dict(named)

@@ -1,44 +1,24 @@
 """3D parallelism: data × tensor × pipeline on Megatron's rank grid (Narayanan et al. 2021).
 
 Each rank has coordinates (tp, dp, pp) in the grid of ``groups.RankGrid`` and belongs to one group
-of each kind. The three strategies nest, each using only its own group:
-
-    tensor    the layers of the GPT are split over the tensor group (tensor/):
-              two all-reduces per transformer layer forward and two backward
-    pipeline  the split GPT's layers are cut into pp stages, one per rank of the pipeline group,
-              run by a schedule (pipeline/runtime.py): activations and their gradients move
-              between neighbouring stages
-    data      the ranks of a data group hold the same slices of the same stages and see
-              different shards of the batch; after the pipeline's last backward, each
-              averages its gradients over the data group, then every rank steps its optimizer
-              (data/allreduce_optimizer.py)
-
-So a step on the global batch of N sequences goes: rank (tp, dp, pp) takes the dp-th shard of
-N/dp sequences (the same shard for every tp and pp coordinate), the pipeline splits it into m
-micro-batches, and the gradients that reach the optimizer are those of the mean loss over all N:
-the serial model's (``tests/test_hybrid.py`` checks the losses step by step).
+of each kind; the three strategies nest, each using only its own group. The gradients that reach
+the optimizer are those of the mean loss over the whole global batch: the serial model's
+(``tests/test_hybrid.py`` checks the losses step by step).
 
     groups = ParallelGroups(world, tp=2, pp=2)      # dp = world.size / (tp·pp)
     trainer = Trainer3D(config, groups, schedule="1f1b", microbatches=4)
     loss = trainer.step(ids, targets)               # the global batch, the same on every rank
 
-Checkpoints. ``state_dict()`` describes this rank's part of the serial model with the serial
-names (``distributed.AppState``'s format): each parameter it holds, and its optimizer state, as a
-``ShardedTensor`` of the serial shape (the tensor split's boxes: a fused QKV weight gives three);
-only data-parallel rank 0 writes them, and a replicated parameter only tensor rank 0 as well.
-``load_state_dict`` takes whole arrays and keeps this rank's slices of its stages, so a checkpoint
-of one (tp, pp) layout loads into another, or into the serial GPT.
+Checkpoints: the serial GPT's names and shapes, so a checkpoint of one (tp, pp) layout loads into
+another or into the serial GPT (distributed/hybrid_state.py; docs/checkpoints.md).
 """
-import copy
-
 from .. import backend, random
-from ..distributed.sharded import ShardedTensor, box
+from ..distributed.hybrid_state import Trainer3DState
 from ..optim import AdamW
 from .data.allreduce_optimizer import AllReduceOptimizer
-from .groups import ParallelGroups  # noqa: F401  (re-exported: its old home)
 from .pipeline.runtime import Pipeline
 from .pipeline.schedules import build
-from .tensor import TensorParallelGPT, check_config, shard, split_specs
+from .tensor import TensorParallelGPT, check_config
 
 
 def default_optimizer(params):
@@ -67,8 +47,14 @@ class Trainer3D:
                              f"of {schedule!r} on pp={groups.grid.pp}")
         self.config, self.groups = config, groups
         random.manual_seed(seed)
+        # tensor: the GPT's layers split over the tensor group (tensor/), two all-reduces per
+        # transformer layer forward and two backward
         self.model = self.build_model(config, groups).astype(dtype)
         make_optimizer = make_optimizer or default_optimizer
+        # pipeline: the split GPT's layers cut into pp stages, one per rank of the pipeline group,
+        # run by the schedule: activations and their gradients move between neighbouring stages;
+        # data: after the pipeline's last backward, each rank averages its gradients over the
+        # data group (ranks holding the same slices of the same stages), then steps
         self.pipe = Pipeline(
             self.model.to_sequential(), self.schedule, groups.pipeline, self.model.loss,
             optimizer=lambda ps: self.reducer(ps, make_optimizer, algorithm), trace=trace)
@@ -83,7 +69,10 @@ class Trainer3D:
 
     def local_shard(self, array):
         """This rank's rows of the global batch: the dp-th of dp equal shards."""
-        dp, n = self.groups.grid.dp, len(array)
+        # rank (tp, dp, pp) takes the dp-th shard of N/dp sequences, the same for every tp and pp
+        # coordinate; the pipeline splits it into m micro-batches
+        dp = self.groups.grid.dp
+        n = len(array)
         if n % dp:
             raise ValueError(f"the global batch of {n} sequences does not divide among the "
                              f"{dp} data-parallel ranks")
@@ -105,81 +94,14 @@ class Trainer3D:
         self.groups.pipeline.broadcast(value, root=last, out=value)
         return value[0]
 
-    # --- checkpoints ---------------------------------------------------------------------------
-    def _held(self):
-        """(serial name, Parameter, (axis, stride) or None) of every parameter of this rank's
-        stages, in the optimizer's order."""
-        names = {id(p): name for name, p in self.model.named_parameters()}
-        specs = split_specs(self.model)
-        return [(names[id(p)], p, specs.get(names[id(p)])) for p in self.pipe.params]
-
-    def _writes(self, p):
-        """Whether this rank writes ``p`` among the ranks holding copies of it: data rank 0."""
-        return self.groups.coords["dp"] == 0
-
-    def _sharded(self, local, spec, dp0):
-        """``local`` (this rank's slice) as a piece of the serial tensor; ``dp0``: this rank
-        writes it among its data-parallel copies."""
-        tp = self.groups.tensor
-        if spec is None:  # replicated over the tensor group
-            return ShardedTensor(local.shape, local.dtype, [(box(local.shape), local)],
-                                 write=dp0 and tp.rank == 0)
-        axis, stride = spec
-        n = local.shape[axis] // stride
-        shape = list(local.shape)
-        shape[axis] *= tp.size
-        pieces = []
-        for b in range(stride):  # block b (q, k or v of a fused weight): rows of this rank
-            start = (b * tp.size + tp.rank) * n
-            index = [slice(0, m) for m in shape]
-            part = [slice(None)] * local.ndim
-            index[axis], part[axis] = slice(start, start + n), slice(b * n, (b + 1) * n)
-            pieces.append((tuple(index), local[tuple(part)]))
-        return ShardedTensor(shape, local.dtype, pieces, write=dp0)
-
-    def _optimizer(self):
-        return self.pipe.optimizer.optimizer if self.pipe.optimizer else None
+    # --- checkpoints: the serial GPT's names and shapes (distributed/hybrid_state.py) --------
+    state_adapter = Trainer3DState
 
     def state_dict(self):
         """{"model": {name: sharded}, "optimizer": {"state": {name: {...}}, "hyperparameters"}}
         with the serial GPT's names: this rank's slices of its stages."""
-        held, opt = self._held(), self._optimizer()
-        state = {}
-        for i, (name, p, spec) in enumerate(held):
-            if opt is not None and i in opt.state:
-                state[name] = {key: self._sharded(value, spec, self._writes(p))
-                               if hasattr(value, "shape")
-                               else value for key, value in opt.state[i].items()}
-        return {"model": {name: self._sharded(p.data, spec, self._writes(p))
-                          for name, p, spec in held},
-                "optimizer": {"state": state,
-                              "hyperparameters": opt.hyperparameters() if opt else {}}}
+        return self.state_adapter(self).state_dict()
 
     def load_state_dict(self, state_dict):
         """Load whole (serial) arrays; every problem is named before anything changes."""
-        tp, model, saved = self.groups.tensor, state_dict["model"], state_dict["optimizer"]
-
-        def mine(full, name, p, spec):
-            full, shape = backend.to_numpy(full), list(p.shape)
-            if spec is not None:
-                shape[spec[0]] *= tp.size
-            if full.shape != tuple(shape):
-                raise ValueError(f"{name} has shape {full.shape} in the checkpoint and "
-                                 f"{tuple(shape)} in this model")
-            return full if spec is None else shard(full, spec[0], tp.rank, tp.size, spec[1])
-
-        held, opt = self._held(), self._optimizer()
-        lacking = [name for name, _, _ in held if name not in model]
-        if lacking:
-            raise KeyError(f"the checkpoint has no parameters {lacking}")
-        values = [mine(model[name], name, p, spec) for name, p, spec in held]
-        named = {"state": {i: {key: mine(v, name, p, spec) if hasattr(v, "shape") else v
-                               for key, v in saved["state"][name].items()}
-                           for i, (name, p, spec) in enumerate(held) if name in saved["state"]},
-                 "hyperparameters": saved["hyperparameters"]}
-        if opt is not None:
-            copy.copy(opt).load_state_dict(named)  # a dry run: raises, changes nothing
-        for (_, p, _), value in zip(held, values):
-            p.data[...] = backend.get_array_module(p.data).asarray(value, dtype=p.dtype)
-        if opt is not None:
-            opt.load_state_dict(named)
+        self.state_adapter(self).load_state_dict(state_dict)

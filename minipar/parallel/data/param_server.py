@@ -1,41 +1,22 @@
 """Parameter-server training (Li et al. 2014, "Scaling Distributed Machine Learning with the
 Parameter Server"), synchronous: the data-parallel design before all-reduce.
 
-Every rank is a worker: it computes the gradient of its local batch. Servers own the parameters
-and the optimizer. One step:
+Every rank is a worker computing the gradient of its local batch; servers own the parameters and
+the optimizer. One step: push (every worker sends server j the slice it owns), update (each
+server averages the N gradients of its slice and steps its optimizer), pull (every worker
+receives the new parameters).
 
-    push   every worker sends the servers its gradient (server j gets the slice it owns)
-    update each server averages the N gradients of its slice, in rank order, and applies its
-           optimizer (the only optimizer state in the job lives on the servers)
-    pull   every worker receives the new parameters from the servers
+    ps = ParameterServer(model, lambda params: optim.SGD(params, lr=0.1), comm, sharded=True)
+    loss.backward(); ps.step(); ps.zero_grad()
 
-Layout. The parameters are laid end to end in one flat vector (each ``p.data`` becomes a view of
-it). ``sharded=False``: one server, rank 0, which is also a worker, owns the whole vector.
-``sharded=True``: every rank is a server too and owns chunk r (``chunk_bounds``), 1/N of it.
-
-Cost per step, n the bytes of the parameters (the gradients are as big), counting what a link
-carries both ways (sent + received):
-
-    one server     the server's link carries (N-1)·n in and (N-1)·n out: 2(N-1)·n, growing with
-                   N, while a worker's carries 2n. The server is the bottleneck.
-    sharded        every link carries 2(N-1)·n/N in and as much out: 4(N-1)·n/N < 4n for any N,
-                   spread evenly; the bytes of a ring all-reduce. (This push/update/pull is also
-                   ZeRO-1 without the ring: a reduce-scatter, a sharded update, an all-gather.)
-
-``busiest_link`` measures it from the counters: the rank that sent plus received the most.
-
-Checkpoints: ``state_dict()``/``load_state_dict()`` in ``distributed.AppState``'s format, as ZeRO
-(the servers' optimizer state as pieces of each parameter), so a checkpoint loads on another
-number of ranks, sharded or not, or into a serial model and its optimizer.
+Cost per step (one server is the bottleneck; sharded, the bytes of a ring all-reduce):
+docs/zero.md. Checkpoints: as ZeRO's (distributed/flat_state.py).
 """
-import copy
-
 from ... import backend
 from ...comm import Request, chunk_bounds, world
-from ...distributed.sharded import flat_chunk, flat_pieces
+from ...distributed import flat_state  # the module: its import of buckets comes back here
 from ...nn.module import Parameter
-from .buckets import (broadcast_parameters, flatten_grads, flatten_parameters, gradient_bytes,
-                      offsets)
+from .buckets import broadcast_parameters, flatten_grads, flatten_parameters, gradient_bytes
 
 PUSH, PULL = 11, 12  # message tags
 
@@ -48,10 +29,14 @@ class ParameterServer:
         self.comm, self.module = comm or world(), module
         self.mismatched = broadcast_parameters(module, self.comm, on_mismatch)
         self.params = [p for p in module.parameters() if p.requires_grad]
+        # the parameters end to end in one flat vector (each p.data becomes a view of it)
         self.flat = flatten_parameters(self.params)
         n = self.flat.size
-        N, r = self.comm.size, self.comm.rank
-        self.bounds = chunk_bounds(n, N) if sharded else [0] + [n] * N  # server j owns [b_j, b_j+1)
+        N = self.comm.size
+        r = self.comm.rank
+        # server j owns [b_j, b_j+1): sharded, every rank is a server of chunk j, 1/N of it;
+        # else rank 0 (also a worker) owns the whole vector
+        self.bounds = chunk_bounds(n, N) if sharded else [0] + [n] * N
         self.grad = backend.get_array_module(self.flat).empty_like(self.flat)
         lo, hi = self.bounds[r], self.bounds[r + 1]
         self.shard = Parameter(self.flat[lo:hi]) if hi > lo else None
@@ -69,8 +54,9 @@ class ParameterServer:
         # push: my gradient's slice j to server j
         sends = [c.isend(self._owned(j, self.grad), j, PUSH) for j in self.servers() if j != r]
         if self.shard is not None:  # update: sum the N gradients in rank order, average, step
-            mine, got = self._owned(r, self.grad), backend.get_array_module(self.grad).empty(
-                self.shard.size, self.grad.dtype)
+            # (the only optimizer state in the job lives on the servers)
+            mine = self._owned(r, self.grad)
+            got = backend.get_array_module(self.grad).empty(self.shard.size, self.grad.dtype)
             total = mine.copy() if r == 0 else c.recv(got, 0, PUSH).copy()
             for j in range(1, c.size):
                 total += mine if j == r else c.recv(got, j, PUSH)
@@ -96,38 +82,17 @@ class ParameterServer:
                 "gradients": gradient_bytes(self.params + shard, [self.grad]),
                 "optimizer_state": self.optimizer.state_bytes() if self.optimizer else 0}
 
-
-    # --- checkpoints ---------------------------------------------------------------------------
-    def _members(self):
-        """This rank's flat range [lo, hi) and [(name, parameter, offset)] of the vector."""
-        names = {id(p): name for name, p in self.module.named_parameters()}
-        r, starts = self.comm.rank, offsets(self.params)[0]
-        return (self.bounds[r], self.bounds[r + 1],
-                [(names[id(p)], p, o) for p, o in zip(self.params, starts)])
-
+    # --- checkpoints: serial names, the servers' pieces (distributed/flat_state.py) -----------
     def state_dict(self):
         """{"model": whole parameters, "optimizer": {"state": {name: {...}},
         "hyperparameters"}}: serial names, the servers' pieces of the optimizer state."""
-        lo, hi, members = self._members()
-        own = self.optimizer.state.get(0, {}) if self.optimizer else {}
-        state = {name: s for name, s in flat_pieces(members, lo, hi, own).items() if s}
-        return {"model": self.module.state_dict(),
-                "optimizer": {"state": state, "hyperparameters":
-                              self.optimizer.hyperparameters() if self.optimizer else {}}}
+        return flat_state.ParameterServerState(self).state_dict()
 
     def load_state_dict(self, state_dict):
         """Load whole arrays in the format of ``state_dict()``; every problem is named before
         anything changes."""
-        named = None
-        if self.optimizer is not None:
-            lo, hi, members = self._members()
-            chunk = flat_chunk(members, lo, hi, state_dict["optimizer"]["state"], self.flat.dtype)
-            named = {"state": {} if chunk is None else {0: chunk},
-                     "hyperparameters": state_dict["optimizer"]["hyperparameters"]}
-            copy.copy(self.optimizer).load_state_dict(named)  # a dry run: raises, changes nothing
-        self.module.load_state_dict(state_dict["model"])
-        if named is not None:
-            self.optimizer.load_state_dict(named)
+        flat_state.ParameterServerState(self).load_state_dict(state_dict)
+
 
 def busiest_link(comm, before):
     """(bytes, rank): the most bytes one rank sent plus received since the counters read

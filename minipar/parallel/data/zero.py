@@ -1,45 +1,20 @@
 """ZeRO (Rajbhandari et al. 2020): data parallelism without N copies of the optimizer state.
 
-Plain data parallelism keeps, on every rank, the parameters (n values), the gradients (n) and the
-optimizer state (2n for Adam). Yet after the all-reduce every rank computes the same update of
-every element: N-fold redundant. ZeRO splits the work by element instead:
-
-    stage 1 (optimizer state sharded)     reduce-scatter the gradients: rank r gets the average
-                                          of its 1/N shard only; it updates that shard with its
-                                          shard of the optimizer state; all-gather the parameters
-    stage 2 (gradients sharded too)       as in stage 1, but each bucket is reduce-scattered as
-                                          soon as its gradients are ready during backward, and the
-                                          full gradients are freed: a rank keeps n/N gradients
-
-A reduce-scatter plus an all-gather moves the same bytes as one ring all-reduce (which is that
-pair), so stage 1 and 2 cost no extra communication. Stage 3 (parameters sharded too, 1.5x the
-traffic) is ``ZeRO3`` in zero3.py.
-
-Layout. Parameters are grouped in reverse order into buckets (``bucket_cap_mb``; None: one bucket
-of everything, the textbook picture). Each bucket is one flat vector, padded with zeros to a
-multiple of N, and every parameter's ``.data`` becomes a view into it. Rank r owns chunk r of
-every bucket, so a bucket's reduce-scatter lands on the owners and its all-gather writes straight
-into the parameters. The optimizer sees one Parameter per bucket, a view of the owned chunk, and
-so keeps state for about n/N elements (plus at most N-1 padding elements per bucket). Optimizer
-updates are elementwise, so updating a flat shard gives the bits a per-parameter update gives;
-global-norm clipping would need one more all-reduce and is not supported. No gradient
-accumulation (``no_sync``) here.
+Stage 1 reduce-scatters the gradients, so that rank r averages only its 1/N shard and updates it
+with its shard of the optimizer state, then all-gathers the parameters; stage 2 reduce-scatters
+each bucket as soon as its gradients are ready during backward and frees the full gradients.
+Both move the bytes of one ring all-reduce. Stage 3 (parameters sharded too) is zero3.py.
 
     zero = ZeRO(model, lambda params: optim.AdamW(params, lr=1e-3), comm, stage=2)
     loss.backward(); zero.step(); zero.zero_grad()
 
-Checkpoints. ``state_dict()`` names everything by the serial model's parameter names
-(``distributed.AppState``'s format): the parameters whole (every rank holds them), the optimizer
-state as ``ShardedTensor``s, each rank's flat chunk cut at the parameters' edges into ranges of
-their flattened arrays (the padding is dropped). ``load_state_dict`` takes that format with whole
-arrays (``minipar.distributed.checkpoint.load`` builds them) and keeps this rank's chunk, so a
-checkpoint of N ranks loads on M, or into a serial model and its optimizer.
+Memory and traffic per stage: docs/zero.md. Checkpoints: serial names, this rank's pieces of the
+optimizer state (distributed/flat_state.py; docs/checkpoints.md).
 """
-import copy
-
 from ... import backend
 from ...comm import chunk_bounds, world
-from ...distributed.sharded import flat_chunk, flat_pieces
+# the module, not its names: flat_state imports buckets, whose package imports this file
+from ...distributed import flat_state
 from ...nn.module import Parameter
 from .buckets import (ReadyQueue, broadcast_parameters, flatten_grads, flatten_parameters,
                       gradient_bytes, make_buckets, offsets)
@@ -57,19 +32,31 @@ class ZeRO:
             raise ValueError(f"ZeRO stage {stage} is not here: choose 1 or 2 (stage 3, parameters "
                              f"sharded too, is minipar.parallel.data.ZeRO3)")
         self.module, self.comm = module, comm or world()
-        self.stage, self.algorithm = stage, algorithm
+        self.stage = stage
+        self.algorithm = algorithm
         self.mismatched = broadcast_parameters(module, self.comm, on_mismatch)
         self.params = [p for p in module.parameters() if p.requires_grad]
         cap = float("inf") if bucket_cap_mb is None else bucket_cap_mb * 2**20
+        # parameters grouped in reverse order into buckets (None: one bucket of everything, the
+        # textbook picture); each bucket one flat vector, every parameter's .data a view into it
         self.buckets = make_buckets(self.params, cap)
-        self.flats, self.shards = [], []
-        N, r = self.comm.size, self.comm.rank
+        self.flats = []
+        self.shards = []
+        N = self.comm.size
+        r = self.comm.rank
         for bucket in self.buckets:
             n = offsets(bucket)[1]
             flat = flatten_parameters(bucket, -(-n // N) * N)  # padded to a multiple of N
+            # rank r owns chunk r of every bucket: a bucket's reduce-scatter lands on the owners
+            # and its all-gather writes straight into the parameters
             lo, hi = chunk_bounds(flat.size, N)[r:r + 2]
             self.flats.append(flat)
             self.shards.append(Parameter(flat[lo:hi]))  # a view: updates land in the model
+        # The optimizer sees one Parameter per bucket, the owned chunk, so it keeps state for
+        # about n/N elements (plus at most N-1 padding elements per bucket). Its updates are
+        # elementwise, so updating a flat shard gives the bits a per-parameter update gives;
+        # global-norm clipping would need one more all-reduce and is not supported, nor is
+        # gradient accumulation (no_sync).
         self.optimizer = make_optimizer(self.shards)
         if stage == 2:
             self.queue = ReadyQueue(self.buckets, self._reduce_scatter, lambda: None)
@@ -107,71 +94,13 @@ class ZeRO:
                 "gradients": gradient_bytes(self.params) + gradient_bytes(self.shards),
                 "optimizer_state": self.optimizer.state_bytes()}
 
-    # --- checkpoints ---------------------------------------------------------------------------
-    def _groups(self):
-        return [(bucket, flat.size) for bucket, flat in zip(self.buckets, self.flats)]
-
+    # --- checkpoints: serial names, this rank's pieces (distributed/flat_state.py) ---------------
     def state_dict(self):
         """{"model": whole parameters, "optimizer": {"state": {name: {"step", name: sharded}},
         "hyperparameters"}}: serial names, this rank's pieces of the optimizer state."""
-        return sharded_state_dict(self.module, self._groups(), self.optimizer, self.comm)
+        return flat_state.ZeROState(self).state_dict()
 
     def load_state_dict(self, state_dict):
         """Load whole arrays in the format of ``state_dict()``; every problem is named before
         anything changes."""
-        load_sharded_state_dict(self.module, self._groups(), self.optimizer, self.comm,
-                                state_dict)
-
-
-def owned_chunks(module, groups, comm):
-    """(i, lo, hi, [(name, parameter, offset)]): this rank's chunk [lo, hi) of each flat group of
-    ``groups`` = [(parameters, padded size)], its members named as in the serial model."""
-    names = {id(p): name for name, p in module.named_parameters()}
-    for i, (params, size) in enumerate(groups):
-        lo, hi = chunk_bounds(size, comm.size)[comm.rank:comm.rank + 2]
-        yield i, lo, hi, [(names[id(p)], p, o) for p, o in zip(params, offsets(params)[0])]
-
-
-def sharded_state_dict(module, groups, optimizer, comm, shards=None):
-    """ZeRO's checkpoint: the optimizer state of flat group i (its index in ``optimizer``) cut
-    into ``ShardedTensor`` pieces; the parameters whole, or, given ``shards`` (the flat chunks of
-    the parameters themselves, ZeRO-3), cut into pieces in the same way."""
-    model, state = module.state_dict(), {}
-    for i, lo, hi, members in owned_chunks(module, groups, comm):
-        state.update(flat_pieces(members, lo, hi, optimizer.state.get(i, {})))
-        if shards is not None:
-            pieces = flat_pieces(members, lo, hi, {"value": shards[i]})
-            model.update((name, piece["value"]) for name, piece in pieces.items())
-    order = [name for name, _ in module.named_parameters() if state.get(name)]
-    return {"model": model,
-            "optimizer": {"state": {name: state[name] for name in order},
-                          "hyperparameters": optimizer.hyperparameters()}}
-
-
-def load_sharded_state_dict(module, groups, optimizer, comm, state_dict, shards=None):
-    """The inverse of ``sharded_state_dict``, from whole arrays (``distributed.checkpoint.load``
-    builds them): this rank keeps its chunks. Every problem is named before anything changes."""
-    saved, model = state_dict["optimizer"]["state"], state_dict["model"]
-    chunks, values, own = {}, {}, module.state_dict()
-    missing, unexpected = [k for k in own if k not in model], [k for k in model if k not in own]
-    if shards is not None and (missing or unexpected):
-        raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
-    for i, lo, hi, members in owned_chunks(module, groups, comm):
-        dtype = members[0][1].dtype
-        chunk = flat_chunk(members, lo, hi, saved, dtype)
-        if chunk is not None:
-            chunks[i] = chunk
-        if shards is not None:
-            whole = {name: {"value": model[name]} for name, _, _ in members if name in model}
-            values[i] = flat_chunk(members, lo, hi, whole, dtype)
-    named = {"state": chunks, "hyperparameters": state_dict["optimizer"]["hyperparameters"]}
-    copy.copy(optimizer).load_state_dict(named)  # a dry run: raises, changes nothing
-    if shards is None:
-        module.load_state_dict(model)
-    else:
-        sharded = {name for _, _, _, members in owned_chunks(module, groups, comm)
-                   for name, _, _ in members}
-        module.load_state_dict({k: v for k, v in model.items() if k not in sharded}, strict=False)
-        for i, value in values.items():
-            shards[i][...] = backend.asarray(value["value"], dtype=shards[i].dtype)
-    optimizer.load_state_dict(named)
+        flat_state.ZeROState(self).load_state_dict(state_dict)

@@ -1,42 +1,12 @@
 """ZeRO stage 3 (Rajbhandari et al. 2020), PyTorch's fully sharded data parallel (Zhao et al.
-2023): the parameters are sharded too, so a rank keeps 1/N of parameters, gradients and
-optimizer state, and gathers each layer whole only while that layer computes.
+2023): parameters, gradients and optimizer state all sharded, 1/N per rank; each layer (a unit)
+is gathered whole only while it computes.
 
     zero = ZeRO3(model, lambda params: optim.AdamW(params, lr=1e-3), comm)
     loss = loss_fn(model(x_local), y_local); loss.backward(); zero.step(); zero.zero_grad()
 
-Units. A unit is one layer: by default each module holding parameters of its own (Linear,
-LayerNorm, Embedding); ``units=[...]`` names coarser ones (each GPT Block), each taking every
-parameter below it. A unit's parameters lie end to end in one flat vector padded to a multiple
-of N; rank r keeps chunk r as a Parameter, the only one the optimizer sees (updates are
-elementwise). Between uses a parameter's ``.data`` is a zero-stride placeholder of its shape.
-
-One step, per unit, in the order the model calls them (recorded on the first forward):
-
-    before its forward   wait for its all-gather (started one unit earlier), start the next
-                         unit's all-gather (prefetch), point the parameters into the gathered copy
-    after its forward    free it: the parameters go back to placeholders
-    before its backward  (a hook on its output's gradient) all-gather it again, start the
-                         gather of the unit before it
-    after its backward   (its parameters' gradients are final) reduce-scatter the flat gradient
-                         (average); this rank keeps its chunk as the shard's gradient
-    step()               update the shards (their gradients came at the end of backward)
-
-Where "free" is real. A layer's backward closures keep views of the arrays it read, so its
-gathered copy cannot be dropped and made anew for backward. The copies live in two slots of
-``max unit`` elements, unit i in slot i mod 2, always at the same place: while unit i computes,
-unit i+1 is gathered into the other slot, over unit i-1's copy (forward) or unit i+1's
-(backward, done). Re-gathering unit i writes into the very memory its closures read (PyTorch
-frees and re-allocates the storage under its tensors instead). So a rank holds two units whole
-at most, none after backward. This needs the units' backward in the reverse order of their
-forward (a stack of layers); a gather over a unit still computing is a RuntimeError.
-
-Traffic per rank and step, Psi elements: all-gather (forward), all-gather (backward) and
-reduce-scatter, (N-1)/N Psi each: 3 (N-1)/N Psi, 1.5x plain data parallelism's all-reduce.
-All collectives run on the communicator's background thread in the order they are started, the
-same on every rank. Each unit's module runs once per forward, its parameters used in that call
-only; a forward's backward comes before the next forward; no gradient accumulation or clipping
-(both need the whole gradient). Checkpoints: ZeRO's format, the parameters in pieces too.
+One step, unit by unit, its memory and its traffic (1.5x data parallelism's all-reduce):
+docs/zero.md. Checkpoints: ZeRO's format, the parameters in pieces too (distributed/flat_state.py).
 """
 import contextlib
 
@@ -44,15 +14,20 @@ from ... import backend
 from ...autograd import Tensor, is_grad_enabled
 from ...comm import chunk_bounds, world
 from ...comm.nonblocking import iall_gather, ireduce_scatter
+from ...distributed import flat_state  # the module: its import of buckets comes back here
 from ...nn.module import Parameter
 from .buckets import broadcast_parameters, flatten_grads, flatten_parameters, offsets
-from .zero import ALL_GATHER_TWIN, load_sharded_state_dict, sharded_state_dict
+from .zero import ALL_GATHER_TWIN
 
+# A layer's backward closures keep views of the arrays it read, so its gathered copy cannot be
+# dropped and made anew for backward: unit i is gathered into slot i mod 2, always the same
+# memory, and a rank holds two units whole at most (docs/zero.md, "where free is real").
 SLOTS = 2  # gathered copies a rank holds at once: the unit computing and the one prefetched
 
 
 def layer_units(module):
-    """The default units: (module, its own trainable parameters) for each module holding some."""
+    """(module, its own trainable parameters) for each module holding some (Linear, LayerNorm,
+    Embedding); ``units=[...]`` names coarser ones (a GPT Block), taking every parameter below."""
     pairs = [(m, [v for _, v in m._members() if isinstance(v, Parameter) and v.requires_grad])
              for m in module.modules()]
     return [(m, params) for m, params in pairs if params]
@@ -69,13 +44,19 @@ class _Unit:
 
     def __init__(self, name, module, params, comm):
         self.name, self.module, self.params = name, module, params
+        # the parameters lie end to end in one flat vector padded to a multiple of N; rank r
+        # keeps chunk r as a Parameter, the only one the optimizer sees (updates are elementwise)
         self.starts, n = offsets(params)
-        self.numel = -(-n // comm.size) * comm.size  # padded to a multiple of N
+        self.numel = -(-n // comm.size) * comm.size
         flat = flatten_parameters(params, self.numel)
         lo, hi = chunk_bounds(self.numel, comm.size)[comm.rank:comm.rank + 2]
         self.shard = Parameter(flat[lo:hi].copy())
-        self.slot = self.work = self.grad_work = None
-        self.state, self.missing, self.reduced = "sharded", len(params), False
+        self.slot = None  # its gathered copy's slot, from the first forward on
+        self.work = None  # the all-gather under way
+        self.grad_work = None  # the reduce-scatter under way
+        self.state = "sharded"  # -> gathered (forward) -> resharded -> backward -> done
+        self.missing = len(params)  # gradients backward has still to produce
+        self.reduced = False  # its gradient was reduce-scattered since the last step
         self.release()
 
     def point(self, flat):
@@ -84,6 +65,8 @@ class _Unit:
             p.data = flat[o:o + p.size].reshape(p.shape)
 
     def release(self):
+        """Every parameter back to its placeholder: between uses ``.data`` is a zero-stride
+        array of its shape."""
         for p in self.params:
             p.data = placeholder(p)
 
@@ -96,17 +79,22 @@ class ZeRO3:
     def __init__(self, module, make_optimizer, comm=None, units=None, algorithm="ring",
                  prefetch=True, on_mismatch="warn"):
         self.module, self.comm = module, comm or world()
-        self.algorithm, self.prefetch = algorithm, prefetch  # the reduce-scatter's algorithm
+        self.algorithm = algorithm  # the reduce-scatter's
         self.gather_algorithm = ALL_GATHER_TWIN.get(algorithm, algorithm)
+        self.prefetch = prefetch
         self.mismatched = broadcast_parameters(module, self.comm, on_mismatch)
         self.units = self._make_units(module, layer_units(module) if units is None else
                                       [(m, [p for p in m.parameters() if p.requires_grad])
                                        for m in units])
         self.unit_of = {id(p): u for u in self.units for p in u.params}
         self.optimizer = make_optimizer([u.shard for u in self.units])
-        self.order, self.slots, self.holder = [], [None] * SLOTS, [None] * SLOTS
+        self.order = []  # the units in forward order, recorded on the first forward
+        self._drop_slots()  # no slot, no holder (the unit whose copy a slot holds)
         self.slot_size = max(u.numel for u in self.units)  # a slot holds any unit whole
-        self.peak_gathered_bytes, self.expect_backward, self.forwards = 0, False, 0
+        self.peak_gathered_bytes = 0
+        self.expect_backward = False  # the forward under way recorded a graph
+        self.forwards = 0
+        # the hooks run one step, per unit, in the order the model calls them (docs/zero.md)
         module.register_forward_pre_hook(self._start_forward)
         for u in self.units:
             u.module.register_forward_pre_hook(lambda m, args, u=u: self._before_forward(u))
@@ -137,7 +125,8 @@ class ZeRO3:
     # --- gathering into the slots ----------------------------------------------------------------
     def _gather(self, u):
         """Start the all-gather of unit u into its slot (allocated on first use)."""
-        s, holder = u.slot, self.holder[u.slot]
+        s = u.slot
+        holder = self.holder[s]
         if self._busy(u):
             raise RuntimeError(f"ZeRO3: unit {u.name!r} needs slot {s}, held by {holder.name!r}, "
                                f"which is still computing: units nest two deep at most, their "
@@ -149,6 +138,7 @@ class ZeRO3:
             self.peak_gathered_bytes = max(self.peak_gathered_bytes, gathered)
         self.holder[s] = u
         full = self.slots[s][:u.numel].reshape(self.comm.size, -1)
+        # collectives run on the communicator's thread in the order started, alike on all ranks
         u.work = iall_gather(self.comm, u.shard.data, self.gather_algorithm, out=full)
 
     def _use(self, u, state):
@@ -156,7 +146,8 @@ class ZeRO3:
         if u.work is None:
             self._gather(u)
         u.work.wait()
-        u.work, u.state = None, state
+        u.work = None
+        u.state = state
         u.point(self.slots[u.slot])
 
     def _neighbour(self, u, step):  # the unit ``step`` places after u in forward order
@@ -176,16 +167,21 @@ class ZeRO3:
 
     # --- the hooks -------------------------------------------------------------------------------
     def _start_forward(self, module, args):
+        # no gradient accumulation (nor clipping): both need the whole gradient
         if is_grad_enabled() and any(u.reduced for u in self.units):
             raise RuntimeError("ZeRO3: a second forward before step(): gradients reduce-scattered "
                                "cannot accumulate; call step() (or zero_grad() to drop them)")
         for u in self.units:
-            u.state, u.missing = "sharded", len(u.params)
-        self.expect_backward, self.forwards = False, self.forwards + 1
+            u.state = "sharded"
+            u.missing = len(u.params)
+        self.expect_backward = False
+        self.forwards += 1
         self._drop_slots()
 
+    # before its forward: wait for its all-gather (started one unit earlier), start the next
+    # unit's (prefetch), point the parameters into the gathered copy
     def _before_forward(self, u):
-        if u.state != "sharded":
+        if u.state != "sharded":  # its parameters are used in one call only
             raise RuntimeError(f"ZeRO3: unit {u.name!r} was called twice in one forward; each "
                                f"unit's module must run once per forward")
         if u.slot is None:  # the first forward records the order
@@ -194,6 +190,7 @@ class ZeRO3:
         self._use(u, "gathered")
         self._prefetch(self._neighbour(u, 1), "sharded")
 
+    # after its forward: free it; a hook on its output's gradient will start its backward
     def _after_forward(self, u, out):
         u.release()
         u.state = "resharded"
@@ -207,8 +204,9 @@ class ZeRO3:
         if not self.expect_backward:  # no graph recorded (no_grad): no backward will follow
             self._drop_slots()
 
+    # before its backward: all-gather it again, start the gather of the unit before it
     def _before_backward(self, u, forward):
-        if forward != self.forwards:
+        if forward != self.forwards:  # a forward's backward comes before the next forward
             raise RuntimeError(f"ZeRO3: backward through forward {forward} after forward "
                                f"{self.forwards} began: backward each forward before the next")
         if u.state != "resharded":
@@ -216,6 +214,7 @@ class ZeRO3:
         self._use(u, "backward")
         self._prefetch(self._neighbour(u, -1), "resharded")
 
+    # after its backward (its parameters' gradients are final): reduce-scatter the flat gradient
     def _gradient_ready(self, p):
         u = self.unit_of[id(p)]
         u.missing -= 1
@@ -230,7 +229,8 @@ class ZeRO3:
             p.grad = None
         u.grad_work = ireduce_scatter(self.comm, grad, op="avg", algorithm=self.algorithm)
         u.release()
-        u.state, u.reduced = "done", True
+        u.state = "done"
+        u.reduced = True
         if all(v.state in ("done", "sharded") for v in self.units):
             self._finish()
 
@@ -238,7 +238,8 @@ class ZeRO3:
         """Backward is over: wait for the reduce-scatters, drop the gathered copies."""
         for u in self.units:
             if u.grad_work is not None:
-                u.shard.grad, u.grad_work = u.grad_work.wait(), None
+                u.shard.grad = u.grad_work.wait()
+                u.grad_work = None
         self._drop_slots()
 
     def _drop_slots(self):  # the slots' memory goes once the graph holding views of it does
@@ -253,14 +254,17 @@ class ZeRO3:
         self._finish()
         self.optimizer.step()
         for u in self.units:
-            u.state, u.reduced = "sharded", False
+            u.state = "sharded"
+            u.reduced = False
 
     def zero_grad(self):
         """Drop the gradients (a backward's without step too, so a new forward may come)."""
         for u in self.units:
             if u.grad_work is not None:  # reduce-scatters under way end first, in order
                 u.grad_work.wait()
-            u.shard.grad, u.grad_work, u.reduced = None, None, False
+            u.shard.grad = None
+            u.grad_work = None
+            u.reduced = False
         self.module.zero_grad()
 
     def memory_bytes(self):
@@ -274,17 +278,14 @@ class ZeRO3:
                 "optimizer_state": self.optimizer.state_bytes(),
                 "gathered": sum(int(s.nbytes) for s in self.slots if s is not None)}
 
-    # --- checkpoints ---------------------------------------------------------------------------
-    def _layout(self):
-        return self.module, [(u.params, u.numel) for u in self.units], self.optimizer, self.comm
-
+    # --- checkpoints: ZeRO's format, the parameters in pieces too (distributed/flat_state.py) --
     def state_dict(self):
         """{"model": {name: ShardedTensor}, "optimizer": ...}: serial names, this rank's pieces."""
-        return sharded_state_dict(*self._layout(), [u.shard.data for u in self.units])
+        return flat_state.ZeRO3State(self).state_dict()
 
     def load_state_dict(self, state_dict):
         """Whole arrays (``dcp.load`` builds them); this rank keeps its chunks."""
-        load_sharded_state_dict(*self._layout(), state_dict, [u.shard.data for u in self.units])
+        flat_state.ZeRO3State(self).load_state_dict(state_dict)
 
     @contextlib.contextmanager
     def summon_full_params(self):
