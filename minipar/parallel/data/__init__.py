@@ -12,7 +12,7 @@ then backward and the plain optimizer. The others wrap the optimizer and share o
 ``memory_bytes()`` (parameters, gradients, optimizer state held on this rank).
 """
 from ...flat import flatten_grads, flatten_parameters, offsets
-from .allreduce_optimizer import AllReduceOptimizer
+from .allreduce_optimizer import AllReduceOptimizer, average_grads
 from .buckets import ReadyQueue, broadcast_parameters, gradient_bytes, make_buckets
 from .ddp import DistributedDataParallel
 from .param_server import ParameterServer, busiest_link
@@ -21,7 +21,7 @@ from .zero import ZeRO
 from .zero3 import ZeRO3
 
 __all__ = ["DistributedDataParallel", "DistributedSampler", "local_batch_size", "ZeRO", "ZeRO3",
-           "ParameterServer", "busiest_link", "AllReduceOptimizer",
+           "ParameterServer", "busiest_link", "AllReduceOptimizer", "average_grads",
            # the shared pieces (buckets.py, and the flat layout of minipar.flat)
            "broadcast_parameters", "make_buckets", "offsets", "flatten_parameters",
            "flatten_grads", "gradient_bytes", "ReadyQueue"]
