@@ -28,7 +28,7 @@ from minipar.comm import ALGORITHMS, fit
 from minipar.data import load_digits
 from minipar.parallel.data import (DistributedDataParallel, DistributedSampler, ParameterServer,
                                    busiest_link, local_batch_size)
-from minipar.parallel.data.ddp import overlap_default
+from minipar.comm.node import overlap_default
 
 
 from _kit import arguments, check, figure, finish, mpi_world, note_load, say

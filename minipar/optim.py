@@ -2,24 +2,15 @@
 
 An optimizer holds a list of parameters and, for parameter number ``i``, a dict ``state[i]`` of
 arrays of that parameter's shape (the momentum buffer; Adam's first and second moments) plus an
-integer step count. Keying by index, not by object, is what lets ZeRO give each rank a slice of
-the parameters and so of the state; ``state_bytes()`` counts what that slicing saves.
+integer step count. ``step()`` works on the backend arrays in place and builds no graph.
 
-``step()`` works on the backend arrays directly and in place (``p.data -= ...``), so it builds no
-graph and keeps each parameter's array (a view into a flat buffer stays one). Gradients are never
-changed in place: the engine may hand two leaves the very same gradient array.
-
-Adam and AdamW update all their parameters at once (``Flat``): the parameters are laid end to end
-in one vector, each ``p.data`` a view of it, as are the moments (``state[i]["exp_avg"]`` is a view
-of parameter i's stretch: the state_dict format is the per-parameter one), so each line of the
-update is one pass over one vector instead of one small pass per parameter, as torch's fused
-AdamW does. Where that cannot hold (a parameter without a gradient, parameters at different
-steps, arrays that are views of someone else's buffer, e.g. ZeRO's shards) the step goes
-parameter by parameter, with the same formulas.
+    opt = AdamW(model.parameters(), lr=1e-3)
+    loss.backward(); opt.step(); opt.zero_grad()
 """
 import numbers
 
 from . import backend
+from .flat import flatten_grads, flatten_parameters, views
 
 
 def check_hyperparameters(owner, lr=None, momentum=None, betas=None, eps=None,
@@ -56,13 +47,19 @@ class Optimizer:
         self.defaults = dict(defaults)
         for name, value in self.defaults.items():
             setattr(self, name, value)
-        self.state = {}  # parameter index -> {"step": int, name: array of the parameter's shape}
+        # parameter index -> {"step": int, name: array of the parameter's shape}. Keyed by index,
+        # not by object: that lets ZeRO give each rank a slice of the parameters and so of the
+        # state; state_bytes() counts what that slicing saves.
+        self.state = {}
 
     def zero_grad(self):
         for p in self.params:
             p.grad = None
 
     def step(self):
+        # In place (p.data -= ...): no graph, and each parameter keeps its array (a view into a
+        # flat buffer stays one). Gradients are never changed in place: the engine may hand two
+        # leaves the very same gradient array.
         for i, p in enumerate(self.params):
             if p.grad is not None:
                 self.update(i, p.data, p.grad, self.state.setdefault(i, {"step": 0}))
@@ -161,12 +158,17 @@ class Adam(Optimizer):
         self.flat = Flat.of(self.params)  # None where the parameters cannot be laid end to end
 
     def step(self):
+        # All the parameters at once where they can be laid end to end (Flat): each line of the
+        # update is then one pass over one vector instead of one small pass per parameter, as
+        # torch's fused AdamW does. Where that cannot hold (a parameter without a gradient,
+        # parameters at different steps, arrays that are views of someone else's buffer, e.g.
+        # ZeRO's shards) the step goes parameter by parameter, with the same formula.
         if not self._flat_step():
             super().step()
 
     def _flat_step(self):
-        """The update of ``update`` on the flat vectors, one pass per line; False (nothing done)
-        where the parameters cannot take one step together."""
+        """``adam`` on the flat vectors, one pass per line over all the parameters; False
+        (nothing done) where the parameters cannot take one step together."""
         params, flat = self.params, self.flat
         if any(p.grad is None for p in params):
             return False
@@ -183,12 +185,27 @@ class Adam(Optimizer):
         for state in flat.states:
             state["step"] = t
         m, v = (flat.vectors[name] for name in MOMENTS)
-        xp, p, g, tmp = flat.xp, flat.data, flat.gather_grads(params), flat.scratch
+        self.adam(flat.data, flat.gather_grads(params), m, v, t, flat.scratch)
+        return True
+
+    def update(self, i, param, grad, state):
+        xp = backend.get_array_module(param)
+        if "exp_avg" not in state:
+            state["exp_avg"] = xp.zeros_like(param)
+            state["exp_avg_sq"] = xp.zeros_like(param)
+        state["step"] += 1
+        self.adam(param, grad, state["exp_avg"], state["exp_avg_sq"], state["step"],
+                  xp.empty_like(param))
+
+    def adam(self, p, g, m, v, t, tmp):
+        """Step t of Adam in place on arrays of one layout (a parameter's, or the flat vectors):
+        the parameter p, its gradient g (read only), the moments m and v, a scratch array tmp."""
+        xp = backend.get_array_module(p)
         beta1, beta2 = self.betas
         if self.weight_decay and self.decoupled:
             p *= 1 - self.lr * self.weight_decay
         elif self.weight_decay:
-            g += xp.multiply(p, self.weight_decay, out=tmp)
+            g = g + xp.multiply(p, self.weight_decay, out=tmp)
         m *= beta1  # m ← β₁m + (1−β₁)g
         m += xp.multiply(g, 1 - beta1, out=tmp)
         v *= beta2  # v ← β₂v + (1−β₂)g²
@@ -203,29 +220,6 @@ class Adam(Optimizer):
         step = xp.divide(m, denom, out=tmp)
         step *= self.lr * c / (1 - beta1 ** t)
         p -= step
-        return True
-
-    def update(self, i, param, grad, state):
-        xp = backend.get_array_module(param)
-        beta1, beta2 = self.betas
-        if "exp_avg" not in state:
-            state["exp_avg"] = xp.zeros_like(param)
-            state["exp_avg_sq"] = xp.zeros_like(param)
-        state["step"] += 1
-        t = state["step"]
-        if self.weight_decay and self.decoupled:
-            param *= 1 - self.lr * self.weight_decay
-        elif self.weight_decay:
-            grad = grad + self.weight_decay * param
-        m, v = state["exp_avg"], state["exp_avg_sq"]
-        m *= beta1
-        m += (1 - beta1) * grad
-        v *= beta2
-        v += (1 - beta2) * (grad * grad)
-        denom = xp.sqrt(v)
-        denom /= (1 - beta2 ** t) ** 0.5
-        denom += self.eps
-        param -= (self.lr / (1 - beta1 ** t)) * (m / denom)
 
 
 class AdamW(Adam):
@@ -242,9 +236,10 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 class Flat:
-    """Parameters laid end to end in one vector ``data``: parameter i is data[o_i:o_i + n_i],
-    o_i = n_0 + ... + n_{i-1}, and ``p.data`` a view of it. Vectors of the same layout hold the
-    gradients (copied in each step), the optimizer state and a scratch vector."""
+    """Adam's parameters in the flat layout (``minipar.flat``): one vector ``data``, each
+    ``p.data`` a view of it. Vectors of the same layout hold the gradients (copied in each step),
+    a scratch vector and the moments: ``state[i]["exp_avg"]`` is a view of parameter i's stretch,
+    so the state_dict format stays the per-parameter one."""
 
     @classmethod
     def of(cls, params, old=None):
@@ -261,26 +256,18 @@ class Flat:
         return cls(params, xp)
 
     def __init__(self, params, xp):
-        self.xp, self.shapes = xp, [p.shape for p in params]
-        self.bounds = [0]
-        for p in params:
-            self.bounds.append(self.bounds[-1] + p.size)
-        self.data = xp.concatenate([p.data.reshape(-1) for p in params])
-        self.views = [self.view(self.data, i) for i in range(len(params))]
-        for p, view in zip(params, self.views):
-            p.data = view
+        self.xp = xp
+        self.data = flatten_parameters(params)
+        self.views = [p.data for p in params]
         self.grad, self.scratch = xp.empty_like(self.data), xp.empty_like(self.data)
         self.vectors, self.states, self.state_views = {}, [], []  # see adopt
-
-    def view(self, vector, i):
-        return vector[self.bounds[i]:self.bounds[i + 1]].reshape(self.shapes[i])
 
     def holds(self, params):
         return all(p.data is view for p, view in zip(params, self.views))
 
     def gather_grads(self, params):
         """The gradients laid end to end (a copy: the parameters' own ``.grad`` stay as they are)."""
-        return self.xp.concatenate([p.grad.reshape(-1) for p in params], out=self.grad)
+        return flatten_grads(params, self.grad)
 
     def holds_state(self, states):
         """Whether ``states`` (parameter i's state dict, or None) are this layout's own, all at
@@ -296,14 +283,15 @@ class Flat:
         unless every parameter is at the same step."""
         if len({0 if s is None else s["step"] for s in states}) != 1:
             return False
-        arrays = {name: [self.xp.zeros(self.shapes[i], self.data.dtype) if s is None else s[name]
-                         for i, s in enumerate(states)] for name in names}
-        self.vectors = {name: self.xp.concatenate([a.reshape(-1) for a in arrays[name]])
-                        for name in names}
-        self.state_views = [{name: self.view(self.vectors[name], i) for name in names}
-                            for i in range(len(states))]
-        self.states = [{"step": 0 if s is None else s["step"], **views}
-                       for s, views in zip(states, self.state_views)]
+        self.vectors = {name: self.xp.zeros_like(self.data) for name in names}  # no state: zeros
+        cut = {name: views(vector, self.views) for name, vector in self.vectors.items()}
+        self.state_views = [{name: cut[name][i] for name in names} for i in range(len(states))]
+        self.states = []
+        for s, mine in zip(states, self.state_views):
+            for name, view in mine.items():
+                if s is not None:
+                    view[...] = s[name]  # the state so far, now a stretch of the vector
+            self.states.append({"step": 0 if s is None else s["step"], **mine})
         return True
 
 

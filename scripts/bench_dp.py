@@ -34,7 +34,7 @@ With ``--repeat`` above 1, added lines give each run's step time over the launch
 [min-max]. A closing summary gives the goals at every per-rank batch, each with its range over
 launches (2-rank/1-rank with overlap on: >= 1.8 at the largest batch and no launch below 1.7;
 minipar / torch DDP, with overlap on and with DDP's default: <= 0.8), and DDP's overlap
-default in each configuration (ranks against usable cores: ``ddp.overlap_default``) beside
+default in each configuration (ranks against usable cores: ``comm.node.overlap_default``) beside
 the gain from overlap measured in the same run.
 ``--plot DIR`` draws, for each per-rank batch, the throughput (samples/s) of each run on 1 and
 2 ranks as grouped bars: ``DIR/dp_throughput_b64.png`` (paths printed last).
@@ -142,7 +142,7 @@ def torch_runs(world, batch):
 
 def worker(steps, rounds, batches, with_torch, algorithm):
     from minipar import comm
-    from minipar.parallel.data.ddp import overlap_default
+    from minipar.comm.node import overlap_default
 
     world = comm.world()
     default = overlap_default(world)  # what DDP(overlap="auto") chooses in this configuration

@@ -11,7 +11,7 @@ def overlap_body():
     import minipar.nn as nn
     from minipar.comm import world
     from minipar.parallel.data import DistributedDataParallel
-    from minipar.parallel.data.ddp import overlap_default
+    from minipar.comm.node import overlap_default
 
     comm, out = world(), {}
     real = getattr(os, "sched_getaffinity", None)

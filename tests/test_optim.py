@@ -246,3 +246,25 @@ def test_adam_follows_replaced_parameter_arrays():
         np.testing.assert_array_equal(minipar.to_numpy(a), b)  # the stashed arrays unchanged
         np.testing.assert_allclose(p.numpy(), b - 0.5)
     assert opt.flat.holds(params)
+
+
+@pytest.mark.parametrize("name, kwargs", [c for c in CASES if c[0] != "SGD"])
+def test_adam_flat_and_per_parameter_paths_run_one_formula(name, kwargs):
+    """The flat step and the per-parameter step (views of someone else's buffer, as ZeRO's
+    shards are) run the same ``Adam.adam``: the very same bits, step after step."""
+    xp = minipar.backend.xp()
+    values = [RNG.standard_normal(s) for s in SHAPES]
+    steps = [[RNG.standard_normal(s) for s in SHAPES] for _ in range(3)]
+    flat = _params(values)
+    buffer = xp.zeros(sum(v.size for v in values))
+    starts = np.cumsum([0] + [v.size for v in values])
+    shards = [nn.Parameter(buffer[a:b].reshape(v.shape)) for v, a, b in
+              zip(values, starts, starts[1:])]
+    for p, v in zip(shards, values):
+        p.data[...] = minipar.backend.asarray(v)
+    ours, fallback = getattr(optim, name)(flat, **kwargs), getattr(optim, name)(shards, **kwargs)
+    assert ours.flat is not None and fallback.flat is None
+    _run(ours, flat, steps)
+    _run(fallback, shards, steps)
+    for p, q in zip(flat, shards):
+        np.testing.assert_array_equal(p.numpy(), q.numpy())

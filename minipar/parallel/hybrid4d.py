@@ -28,24 +28,19 @@ class ExpertDataParallelOptimizer:
         self.params, self.algorithm = list(params), algorithm
         self.optimizer = make_optimizer(self.params)
         ids = {id(p) for p in experts}
-        self.reductions = []  # (parameters, group, factor, flat buffer, offsets)
-        for group, factor, mine in ((data, 1.0, [p for p in self.params if id(p) not in ids]),
-                                    (expert_data, expert_data.size / data.size,
-                                     [p for p in self.params if id(p) in ids])):
-            if mine and (group.size > 1 or factor != 1.0):
-                starts, total = offsets(mine)
-                flat = backend.get_array_module(mine[0].data).zeros(total, mine[0].dtype)
-                self.reductions.append((mine, group, factor, flat, starts))
+        self.reductions = []  # (parameters, group, scale, flat buffer)
+        for group, scale, mine in ((data, 1.0, [p for p in self.params if id(p) not in ids]),
+                                   (expert_data, expert_data.size / data.size,
+                                    [p for p in self.params if id(p) in ids])):
+            if mine and (group.size > 1 or scale != 1.0):
+                flat = backend.get_array_module(mine[0].data).zeros(offsets(mine)[1],
+                                                                    mine[0].dtype)
+                self.reductions.append((mine, group, scale, flat))
 
     def step(self):
-        for params, group, factor, flat, starts in self.reductions:
-            flatten_grads(params, flat)
-            if group.size > 1:
-                group.all_reduce(flat, op="avg", algorithm=self.algorithm, out=flat)
-            if factor != 1.0:
-                flat *= factor
-            for p, o in zip(params, starts):
-                p.grad = flat[o:o + p.size].reshape(p.shape)
+        from .data.allreduce_optimizer import average_grads  # the one AllReduceOptimizer uses
+        for params, group, scale, flat in self.reductions:
+            average_grads(params, flat, group, self.algorithm, scale)
         self.optimizer.step()
 
     def zero_grad(self):

@@ -1,30 +1,33 @@
 """Data parallelism as an optimizer: average the gradients over the data group with one
-all-reduce, then step. It is the data-parallel reduction of the 3D trainer (Megatron-LM,
-Narayanan et al. 2021), done once the pipeline has flushed.
-
-Why one all-reduce after backward and not DDP's buckets during it: in a pipeline a stage's
-gradients are complete only after the backward of its last micro-batch, so there is no backward
-left to overlap with. The gradients are laid end to end in one flat buffer (``flatten_grads``;
-missing ones count as zero) and all-reduced with op="avg", so every rank of the data group of
-size D steps with
-
-    g = (1/D) · sum_d g_d,
-
-the gradient of the mean loss over the D shards of the batch. The buffer is allocated once and
-after ``step`` every ``p.grad`` is a view of it (valid until the next step).
-
-The same shape as ZeRO and ParameterServer, over a list of parameters (one pipeline stage's) or
-a module:
+all-reduce, then step: the data-parallel reduction of the 3D trainer (Megatron-LM, Narayanan et
+al. 2021), done once the pipeline has flushed. Theory: docs/data_parallel.md.
 
     opt = AllReduceOptimizer(params, lambda ps: optim.AdamW(ps, lr=1e-3), data_comm)
     loss.backward(); opt.step(); opt.zero_grad()
 
-Parameters are not broadcast: every rank of the data group builds them from the same seed, as
-the 3D trainer does. With a data group of one rank it is just the optimizer.
+The same shape as ZeRO and ParameterServer, over a list of parameters (one pipeline stage's) or
+a module. Parameters are not broadcast: every rank of the data group builds them from the same
+seed, as the 3D trainer does. With a data group of one rank it is just the optimizer.
 """
 from ... import backend
 from ...comm import world
-from .buckets import flatten_grads, gradient_bytes, offsets
+from ...flat import flatten_grads, offsets, views
+from .buckets import gradient_bytes
+
+
+def average_grads(params, flat, comm, algorithm, scale=1.0):
+    """Lay the params' gradients end to end in ``flat`` (a missing one counts as zero), average
+    them over ``comm`` with one all-reduce, times ``scale``; every ``p.grad`` is then a view of
+    ``flat`` (valid until the next call)."""
+    flatten_grads(params, flat)
+    if comm.size > 1:
+        # g = (1/D) · sum_d g_d over the D ranks of the data group: the gradient of the mean
+        # loss over their D shards of the batch
+        comm.all_reduce(flat, op="avg", algorithm=algorithm, out=flat)
+    if scale != 1.0:
+        flat *= scale
+    for p, grad in zip(params, views(flat, params)):
+        p.grad = grad
 
 
 class AllReduceOptimizer:
@@ -36,19 +39,18 @@ class AllReduceOptimizer:
             params = [p for p in params.parameters() if p.requires_grad]
         self.params, self.comm, self.algorithm = list(params), comm or world(), algorithm
         self.optimizer = make_optimizer(self.params)
-        self.starts, total = offsets(self.params)
-        self.flat = None  # the all-reduce buffer; none needed on a data group of one rank
+        self.flat = None  # the all-reduce buffer, allocated once; none on a group of one rank
         if self.comm.size > 1 and self.params:
             xp = backend.get_array_module(self.params[0].data)
-            self.flat = xp.zeros(total, self.params[0].dtype)
+            self.flat = xp.zeros(offsets(self.params)[1], self.params[0].dtype)
 
     def step(self):
         """Average the gradients over the data group (one all-reduce), then step."""
+        # One all-reduce after backward, not DDP's buckets during it: in a pipeline a stage's
+        # gradients are complete only after the backward of its last micro-batch, so there is
+        # no backward left to overlap with.
         if self.flat is not None:
-            flatten_grads(self.params, self.flat)
-            self.comm.all_reduce(self.flat, op="avg", algorithm=self.algorithm, out=self.flat)
-            for p, o in zip(self.params, self.starts):
-                p.grad = self.flat[o:o + p.size].reshape(p.shape)
+            average_grads(self.params, self.flat, self.comm, self.algorithm)
         self.optimizer.step()
 
     def zero_grad(self):

@@ -1,20 +1,22 @@
 """The pieces every data-parallel wrapper shares: rank 0's parameters everywhere, parameters cut
-into buckets, laid end to end in flat vectors, and a queue that fires a bucket's collective as
-soon as backward has produced all of its gradients.
+into buckets, each bucket's flat gradient buffer, and a queue that fires a bucket's collective as
+soon as backward has produced all of its gradients (Li et al. 2020).
 
-Layout. ``offsets`` places parameters end to end: parameter i occupies [o_i, o_i + n_i) with
-o_i = n_0 + ... + n_{i-1}. ``flatten_parameters`` makes every ``p.data`` a view of one such
-vector (so one collective writes all the parameters), ``flatten_grads`` copies the gradients into
-one (so one collective reduces them all). ``make_buckets`` cuts the parameters, last layer first
-(the order backward produces gradients in), into groups of about ``cap_bytes`` (Li et al. 2020).
-``bucket_buffers`` gives each bucket its flat gradient buffer: where all ranks share a node (host
-arrays), in shared memory, so the shm all-reduce (comm/shm.py) reads the peers' gradients where
-backward wrote them and copies nothing in.
+``make_buckets`` cuts the parameters, last layer first (the order backward produces gradients
+in), into groups of about ``cap_bytes``; ``bucket_buffers`` gives each bucket its buffer in the
+flat layout of ``minipar.flat``.
+
+    buckets = make_buckets(params, 25 * 2**20)
+    buffers = bucket_buffers(buckets, comm)
+    queue = ReadyQueue(buckets, launch=lambda i: ..., finish=lambda: ...)
 """
 import warnings
 
 from ... import backend
 from ...comm import node, shm
+# flatten_grads and flatten_parameters are imported here for zero.py, zero3.py and
+# param_server.py until they import them from minipar.flat
+from ...flat import flatten_grads, flatten_parameters, offsets  # noqa: F401
 
 
 def broadcast_parameters(module, comm, on_mismatch="warn"):
@@ -101,20 +103,12 @@ def make_buckets(params, cap_bytes):
     ### END SOLUTION
 
 
-def offsets(params):
-    """Start of each parameter in a flat vector of ``params`` laid end to end, and the total."""
-    starts, total = [], 0
-    for p in params:
-        starts.append(total)
-        total += p.size
-    return starts, total
-
-
 def bucket_buffers(buckets, comm, shared=None):
     """One zeroed flat buffer per bucket, of its parameters' dtype. ``shared`` (default: every
     rank of ``comm`` on one node, host arrays) lays them in one shared-memory window
     (``shm.shared_array``, collective): an in-place all-reduce by ``shm`` (or ``auto``'s choice
-    of it) then reduces straight out of the peers' buffers."""
+    of it) then reduces straight out of the peers' buffers, where backward wrote the gradients,
+    and copies nothing in."""
     if shared is None:
         shared = comm.size > 1 and backend.device() == "cpu" and node.span(comm) == 1
     sizes = [offsets(b)[1] * b[0].data.dtype.itemsize for b in buckets]
@@ -127,25 +121,6 @@ def bucket_buffers(buckets, comm, shared=None):
     flat = shm.shared_array(comm, starts[-1])
     return [flat[o:o + nbytes].view(b[0].data.dtype)
             for b, o, nbytes in zip(buckets, starts, sizes)]
-
-
-def flatten_parameters(params, size=None):
-    """One contiguous vector holding the params' values end to end (zero-padded to ``size``);
-    every ``p.data`` becomes a view of it, so writing the vector writes the parameters."""
-    starts, n = offsets(params)
-    flat = backend.get_array_module(params[0].data).zeros(n if size is None else size,
-                                                          params[0].dtype)
-    for p, o in zip(params, starts):
-        flat[o:o + p.size] = p.data.reshape(-1)
-        p.data = flat[o:o + p.size].reshape(p.shape)
-    return flat
-
-
-def flatten_grads(params, out):
-    """Copy the params' gradients end to end into ``out`` (zeros for a missing gradient)."""
-    for p, o in zip(params, offsets(params)[0]):
-        out[o:o + p.size] = 0 if p.grad is None else p.grad.reshape(-1)
-    return out
 
 
 def gradient_bytes(params, buffers=()):

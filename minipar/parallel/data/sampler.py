@@ -1,24 +1,13 @@
-"""Which samples each rank trains on: a seeded shard per rank, reshuffled every epoch.
+"""Which samples each rank trains on: a seeded shard per rank, reshuffled every epoch; it follows
+``torch.utils.data.DistributedSampler``.
 
-``DistributedSampler(n, num_replicas, rank)`` follows ``torch.utils.data.DistributedSampler``:
-every epoch the n indices are permuted with the seed ``seed + epoch`` (the same permutation on
-every rank, no communication), padded by wrapping around to a multiple of ``num_replicas``
-(or, with ``drop_last``, cut down to one), and rank r takes every ``num_replicas``-th index
-starting at r. So the shards are disjoint (apart from the padding) and together cover the data.
+    sampler = DistributedSampler(n, num_replicas=comm.size, rank=comm.rank, seed=0)
+    sampler.set_epoch(epoch)
+    for idx in sampler.batches(global_batch):   # this rank's local batches of global/N samples
+        ...
 
-Batches. Rank r's k-th local batch of b samples is positions [k·b, (k+1)·b) of its shard, i.e.
-permutation entries r + N·j for j in that range; over all ranks these are exactly the
-consecutive entries [k·N·b, (k+1)·N·b) of the permutation. So N ranks with local batch b see the
-very global batch of N·b samples that serial training reading the permutation in order sees.
-
-Rules for bad sizes, checked on every rank from its own arguments (so every rank raises the same
-ValueError and no rank is left waiting in a collective):
-- a global batch that does not divide by the number of ranks is refused (``local_batch_size``):
-  averaging local-mean gradients equals the global-mean gradient only for equal local batches;
-- a dataset smaller than the number of ranks is refused: some rank would train only on copies of
-  other ranks' samples;
-- the last incomplete batch of an epoch is dropped (``batches``), so every rank takes the same
-  number of steps.
+Sizes that do not work are refused on every rank from its own arguments, so every rank raises
+the same ValueError and no rank is left waiting in a collective.
 """
 import math
 
@@ -27,6 +16,7 @@ from ... import backend
 
 def local_batch_size(global_batch, num_replicas):
     """The per-rank batch, ``global_batch / num_replicas``; ValueError unless it divides."""
+    # averaging local-mean gradients equals the global-mean gradient only for equal local batches
     if global_batch <= 0 or global_batch % num_replicas:
         lower = max(num_replicas, global_batch // num_replicas * num_replicas)
         raise ValueError(
@@ -43,7 +33,7 @@ class DistributedSampler:
     def __init__(self, n, num_replicas, rank, shuffle=True, seed=0, drop_last=False):
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} out of range for {num_replicas} replicas")
-        if n < num_replicas:
+        if n < num_replicas:  # some rank would train only on copies of other ranks' samples
             raise ValueError(
                 f"rank {rank}: the dataset has {n} samples, fewer than the {num_replicas} ranks: "
                 f"some rank would get no sample of its own; use at most {n} ranks or more data")
@@ -56,14 +46,18 @@ class DistributedSampler:
         self.epoch = int(epoch)
 
     def permutation(self):
-        """This epoch's order of all n indices, the same on every rank, before padding."""
+        """This epoch's order of all n indices, the same on every rank (seeded with
+        ``seed + epoch``: no communication), before padding."""
         host = backend.get_array_module()  # NumPy: indices live on the host
         if self.shuffle:
             return host.random.default_rng(self.seed + self.epoch).permutation(self.n)
         return host.arange(self.n)
 
     def indices(self):
-        """This rank's indices for the current epoch (``num_samples`` of them)."""
+        """This rank's indices for the current epoch (``num_samples`` of them): the permutation
+        padded by wrapping around to a multiple of ``num_replicas`` (or, with ``drop_last``, cut
+        down to one), then every ``num_replicas``-th index starting at ``rank``. So the shards
+        are disjoint (apart from the padding) and together cover the data."""
         order = self.permutation()
         if self.total_size > self.n:  # pad by wrapping around (fewer than num_replicas extra)
             extra = order[:self.total_size - self.n]
@@ -78,7 +72,13 @@ class DistributedSampler:
 
     def batches(self, global_batch):
         """This rank's local batches (index arrays of ``global_batch / num_replicas``) for the
-        epoch; the last incomplete one is dropped."""
+        epoch; the last incomplete one is dropped, so every rank takes the same number of
+        steps."""
+        # Rank r's k-th local batch of b samples is positions [k·b, (k+1)·b) of its shard, i.e.
+        # permutation entries r + N·j for j in that range; over all ranks these are exactly the
+        # consecutive entries [k·N·b, (k+1)·N·b) of the permutation: N ranks with local batch b
+        # see the very global batch of N·b samples that serial training reading the permutation
+        # in order sees.
         b = local_batch_size(global_batch, self.num_replicas)
         mine = self.indices()
         return [mine[k * b:(k + 1) * b] for k in range(len(mine) // b)]
