@@ -11,7 +11,7 @@ The format and how it reshards: docs/checkpoints.md.
 """
 from .. import backend
 from ..comm import chunk_bounds
-from ..parallel.data.buckets import offsets
+from ..flat import offsets
 from .sharded import flat_chunk, flat_pieces
 from .state import load_after_dry_run
 

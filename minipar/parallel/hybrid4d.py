@@ -14,7 +14,8 @@ one stage and runs the same schedule, so its all-to-alls pair up micro-batch by 
 """
 from .. import backend
 from ..distributed.hybrid_state import Trainer4DState
-from .data.buckets import flatten_grads, offsets
+from ..flat import offsets
+from .data.allreduce_optimizer import average_grads
 from .hybrid import Trainer3D
 from .tensor.moe import TensorParallelMoEGPT
 
@@ -38,7 +39,6 @@ class ExpertDataParallelOptimizer:
                 self.reductions.append((mine, group, scale, flat))
 
     def step(self):
-        from .data.allreduce_optimizer import average_grads  # the one AllReduceOptimizer uses
         for params, group, scale, flat in self.reductions:
             average_grads(params, flat, group, self.algorithm, scale)
         self.optimizer.step()

@@ -14,9 +14,7 @@ import warnings
 
 from ... import backend
 from ...comm import node, shm
-# flatten_grads and flatten_parameters are imported here for zero.py, zero3.py and
-# param_server.py until they import them from minipar.flat
-from ...flat import flatten_grads, flatten_parameters, offsets  # noqa: F401
+from ...flat import flatten_grads, offsets
 
 
 def broadcast_parameters(module, comm, on_mismatch="warn"):

@@ -14,9 +14,10 @@ docs/zero.md. Checkpoints: as ZeRO's (distributed/flat_state.py).
 """
 from ... import backend
 from ...comm import Request, chunk_bounds, world
-from ...distributed import flat_state  # the module: its import of buckets comes back here
+from ...distributed.flat_state import ParameterServerState
 from ...nn.module import Parameter
-from .buckets import broadcast_parameters, flatten_grads, flatten_parameters, gradient_bytes
+from ...flat import flatten_grads, flatten_parameters
+from .buckets import broadcast_parameters, gradient_bytes
 
 PUSH, PULL = 11, 12  # message tags
 
@@ -86,12 +87,12 @@ class ParameterServer:
     def state_dict(self):
         """{"model": whole parameters, "optimizer": {"state": {name: {...}},
         "hyperparameters"}}: serial names, the servers' pieces of the optimizer state."""
-        return flat_state.ParameterServerState(self).state_dict()
+        return ParameterServerState(self).state_dict()
 
     def load_state_dict(self, state_dict):
         """Load whole arrays in the format of ``state_dict()``; every problem is named before
         anything changes."""
-        flat_state.ParameterServerState(self).load_state_dict(state_dict)
+        ParameterServerState(self).load_state_dict(state_dict)
 
 
 def busiest_link(comm, before):

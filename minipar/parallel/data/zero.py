@@ -13,11 +13,10 @@ optimizer state (distributed/flat_state.py; docs/checkpoints.md).
 """
 from ... import backend
 from ...comm import chunk_bounds, world
-# the module, not its names: flat_state imports buckets, whose package imports this file
-from ...distributed import flat_state
+from ...distributed.flat_state import ZeROState
+from ...flat import flatten_grads, flatten_parameters, offsets
 from ...nn.module import Parameter
-from .buckets import (ReadyQueue, broadcast_parameters, flatten_grads, flatten_parameters,
-                      gradient_bytes, make_buckets, offsets)
+from .buckets import ReadyQueue, broadcast_parameters, gradient_bytes, make_buckets
 
 # the all-gather that completes each reduce-scatter algorithm (the other half of its all-reduce)
 ALL_GATHER_TWIN = {"recursive_halving": "recursive_doubling", "pairwise": "ring"}
@@ -98,9 +97,9 @@ class ZeRO:
     def state_dict(self):
         """{"model": whole parameters, "optimizer": {"state": {name: {"step", name: sharded}},
         "hyperparameters"}}: serial names, this rank's pieces of the optimizer state."""
-        return flat_state.ZeROState(self).state_dict()
+        return ZeROState(self).state_dict()
 
     def load_state_dict(self, state_dict):
         """Load whole arrays in the format of ``state_dict()``; every problem is named before
         anything changes."""
-        flat_state.ZeROState(self).load_state_dict(state_dict)
+        ZeROState(self).load_state_dict(state_dict)

@@ -14,9 +14,10 @@ from ... import backend
 from ...autograd import Tensor, is_grad_enabled
 from ...comm import chunk_bounds, world
 from ...comm.nonblocking import iall_gather, ireduce_scatter
-from ...distributed import flat_state  # the module: its import of buckets comes back here
+from ...distributed.flat_state import ZeRO3State
+from ...flat import flatten_grads, flatten_parameters, offsets
 from ...nn.module import Parameter
-from .buckets import broadcast_parameters, flatten_grads, flatten_parameters, offsets
+from .buckets import broadcast_parameters
 from .zero import ALL_GATHER_TWIN
 
 # A layer's backward closures keep views of the arrays it read, so its gathered copy cannot be
@@ -281,11 +282,11 @@ class ZeRO3:
     # --- checkpoints: ZeRO's format, the parameters in pieces too (distributed/flat_state.py) --
     def state_dict(self):
         """{"model": {name: ShardedTensor}, "optimizer": ...}: serial names, this rank's pieces."""
-        return flat_state.ZeRO3State(self).state_dict()
+        return ZeRO3State(self).state_dict()
 
     def load_state_dict(self, state_dict):
         """Whole arrays (``dcp.load`` builds them); this rank keeps its chunks."""
-        flat_state.ZeRO3State(self).load_state_dict(state_dict)
+        ZeRO3State(self).load_state_dict(state_dict)
 
     @contextlib.contextmanager
     def summon_full_params(self):
