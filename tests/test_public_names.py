@@ -14,7 +14,7 @@ PUBLIC = {
     "minipar.testing": "run_on_ranks serial_losses",
     "minipar.parallel.pipeline": "build validate simulate unit_cost bubble_theory Pipeline "
                                  "partition split_after makespan bubble_fraction text_gantt",
-    "minipar.parallel.pipeline.schedules": "Action Schedule F B W SENDS RECVS OPT_STEP",
+    "minipar.parallel.pipeline.actions": "Action Schedule F B W SENDS RECVS OPT_STEP",
     "minipar.parallel.tensor": "ColumnParallelLinear RowParallelLinear VocabParallelEmbedding "
                                "vocab_parallel_cross_entropy TensorParallelGPT shard_from_serial "
                                "gather_to_serial",

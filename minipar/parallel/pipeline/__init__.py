@@ -16,7 +16,8 @@ The theory of every schedule, and how the pieces fit: docs/pipeline.md.
 from .partition import balanced_split, split_after, stage_costs
 from .runtime import Pipeline
 from .pipedream import PipeDream
-from .schedules import BUILDERS, Action, Schedule, ScheduleError, build, message_tag
+from .actions import Action, Schedule, ScheduleError, message_tag
+from .schedules import BUILDERS, build
 from .simulate import simulate, unit_cost
 from .theory import bubble_theory
 from .timeline import (Event, Tracer, bubble_fraction, bubble_per_rank, chrome_trace, gather_events,
