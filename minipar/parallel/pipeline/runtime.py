@@ -94,6 +94,9 @@ class Pipeline:
         self.stages = {s: Sequential(*stages[s]) for s in mine}
         self.params = [q for stage in self.stages.values() for q in stage.parameters()]
         self.optimizer = optimizer(self.params) if optimizer and self.params else None
+        # delay(a): the least seconds action a takes, slept out by the waiting kernel, so p ranks
+        # run side by side on fewer cores; trace: each action a timeline Event (self.events);
+        # memory: the activation bytes' peak (ActivationMemory, stats["peak_bytes"])
         self.delay, self.trace, self.memory = delay, trace, memory
         self.events, self.stats, self.state = [], {}, StepState()
         # The action table: each kind of action and the method that runs it.
@@ -154,7 +157,8 @@ class Pipeline:
         @contextlib.contextmanager
         def around(a):
             with tracer.record(a.kind, a.mb, a.chunk) if tracer else contextlib.nullcontext():
-                start, watched["action"] = time.perf_counter(), f"pipeline action {a}"
+                watched["action"] = f"pipeline action {a}"
+                start = time.perf_counter()
                 before, after = live.get(a.kind, (0, 0))
                 s.count(before)
                 yield
