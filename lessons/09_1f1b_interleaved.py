@@ -32,7 +32,7 @@ from minipar import nn, optim  # noqa: E402
 from minipar.console import terminal_width  # noqa: E402
 from minipar.parallel.pipeline import Pipeline, bubble_theory, build, text_gantt  # noqa: E402
 from minipar.parallel.pipeline.measure import measure_bubble  # noqa: E402
-from minipar.parallel.pipeline.schedules import weight_versions  # noqa: E402
+from minipar.parallel.pipeline.actions import weight_versions  # noqa: E402
 
 from _kit import (arguments, check, figure, finish, mpi_world, note_load, progress,  # noqa: E402
                   say)

@@ -158,7 +158,7 @@ def pipedream_reference(p, m, x, y, lr):
 
     from minipar import Tensor
     from minipar.parallel.pipeline import balanced_split, build
-    from minipar.parallel.pipeline.schedules import weight_versions
+    from minipar.parallel.pipeline.actions import weight_versions
 
     versions = weight_versions(build("pipedream", p, m))
     model = mlp(1, scaled=True)
@@ -184,7 +184,7 @@ def pipedream_reference(p, m, x, y, lr):
 def pipedream_cases(comm, p):
     from minipar.optim import SGD
     from minipar.parallel.pipeline import build
-    from minipar.parallel.pipeline.schedules import weight_versions
+    from minipar.parallel.pipeline.actions import weight_versions
     from minipar.parallel.pipeline.runtime import Pipeline
 
     x, y = data()

@@ -6,8 +6,8 @@ import pytest
 
 from minipar.parallel.pipeline import (BUILDERS, bubble_fraction, bubble_theory, build, peak_inflight,
                                        simulate, validate)
-from minipar.parallel.pipeline.schedules import (B, F, OPT_STEP, RECVS, SENDS, W, message_key,
-                                                 message_tag, weight_versions)
+from minipar.parallel.pipeline.actions import (B, F, OPT_STEP, RECVS, SENDS, W, message_key,
+                                               message_tag, weight_versions)
 
 def refused(name, p, m):
     """Sizes a builder refuses by design: interleaved 1F1B needs p | m, interleaved zero bubble

@@ -2,7 +2,7 @@
 import pytest
 
 from minipar.parallel.pipeline import ScheduleError, build, simulate, validate
-from minipar.parallel.pipeline.schedules import RECV_B, RECV_F, SEND_F, Action
+from minipar.parallel.pipeline.actions import RECV_B, RECV_F, SEND_F, Action
 
 
 def drop(schedule, rank, kind, stage, mb):

@@ -12,7 +12,7 @@ import pytest
 
 from minipar.parallel.pipeline import (ScheduleError, bubble_fraction, bubble_theory, build, makespan,
                                        peak_inflight, simulate, validate)
-from minipar.parallel.pipeline.schedules import (B, COMPUTE, F, RECVS, SENDS, W, assemble)
+from minipar.parallel.pipeline.actions import (B, COMPUTE, F, RECVS, SENDS, W, assemble)
 from minipar.testing import run_on_ranks
 
 

@@ -14,7 +14,7 @@ PUBLIC = {
     "minipar.testing": "run_on_ranks serial_losses",
     "minipar.parallel.pipeline": "build validate simulate unit_cost bubble_theory Pipeline "
                                  "partition split_after makespan bubble_fraction text_gantt",
-    "minipar.parallel.pipeline.schedules": "Action Schedule F B W SENDS RECVS OPT_STEP",
+    "minipar.parallel.pipeline.actions": "Action Schedule F B W SENDS RECVS OPT_STEP",
     "minipar.parallel.tensor": "ColumnParallelLinear RowParallelLinear VocabParallelEmbedding "
                                "vocab_parallel_cross_entropy TensorParallelGPT shard_from_serial "
                                "gather_to_serial",
@@ -31,9 +31,6 @@ OLD_PATHS = {  # old module -> (new module, names that must be the same objects)
     "minipar.parallel.sampler": ("minipar.parallel.data", "DistributedSampler local_batch_size"),
     "minipar.parallel.zero": ("minipar.parallel.data", "ZeRO"),
     "minipar.parallel.param_server": ("minipar.parallel.data", "ParameterServer busiest_link"),
-    "minipar.trace": ("minipar.parallel.pipeline",
-                      "Event Tracer makespan bubble_fraction peak_inflight text_gantt"),
-    "minipar.schedule_cli": ("minipar.cli.schedule", "add_arguments run"),
     "minipar.groups_cli": ("minipar.cli.groups", "add_arguments run"),
     "minipar.lessons_index": ("minipar.cli.lessons", "add_arguments run"),
 }

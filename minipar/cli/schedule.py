@@ -5,21 +5,10 @@
     minipar schedule --schedule zb-h1 --stages 4 --microbatches 8 --json
     minipar schedule --schedule zb-v --stages 4 --microbatches 8 --png zbv.png
 
-``--png FILE`` draws the schedule chart of ``minipar.figures`` (ranks as rows, each action a bar
-labelled with its micro-batch, the bubble and its formula in the title); it needs matplotlib (the
-``plot`` extra). Without it the command still prints everything else, then one line on standard
-error naming the extra, and exits with status 1: the file that was asked for is not there.
-
-Costs per stage: F = 1, B = 2 (an input-gradient B of 1 plus a weight-gradient W of 1, split for
-the zero-bubble schedules zb-h1, zb-v and zb-interleaved), a chunk of a rank holding v chunks 1/v
-of that (interleaved, zb-interleaved: v = 2 by default; zb-v: always 2, in a V), messages free.
-Peak in-flight counts the micro-batches whose activations a rank holds at once (per chunk when
-ranks hold several).
-
-The command draws up to MAX_STAGES = 64 stages and MAX_WORK = stages × micro-batches × chunks =
-4096 forward steps (8 × 512, 64 × 64: a second or two to build, validate, simulate and draw,
-the PNG a few seconds more at the largest sizes). Larger sizes are
-an argparse error, as is any other bad size or combination.
+Costs per action: ``simulate.unit_cost`` (F = 1, B + W = 2 per stage, 1/v per chunk). Peak
+in-flight counts the micro-batches whose activations a rank holds at once (per chunk when ranks
+hold several). The rules of the arguments are ``build()``'s (schedules.py); this command names
+the option that breaks one, and adds its own size limits.
 """
 import errno
 import json
@@ -33,10 +22,12 @@ from minipar.figures import FiguresUnavailable
 from minipar.parallel.pipeline import (BUILDERS, ScheduleError, bubble_fraction, bubble_theory, build,
                                        makespan, peak_inflight, simulate, text_gantt, validate,
                                        write_chrome_trace)
-from minipar.parallel.pipeline.schedules import CHUNKED
+from minipar.parallel.pipeline.schedules import ArgumentError, check_arguments, chunks_of
 
-
-MAX_STAGES, MAX_WORK = 64, 4096  # stages; stages × micro-batches × chunks (a second or two)
+# At most 64 stages and stages × micro-batches × chunks = 4096 forward steps (8 × 512, 64 × 64): a
+# second or two to build, validate, simulate and draw, the PNG a few seconds more at the largest
+# sizes. Larger sizes are an argparse error, as is any other bad size or combination.
+MAX_STAGES, MAX_WORK = 64, 4096
 
 
 def add_arguments(parser):
@@ -69,29 +60,30 @@ def summary(schedule, events):
 
 
 def check(args):
-    """The combinations the parser cannot see, each named by the argument that breaks it."""
+    """``build()``'s rules and this command's limits, each named by the argument that breaks it."""
     p, m, v = args.stages, args.microbatches, args.chunks
-    interleaved = args.schedule == "interleaved"
-    if args.schedule == "zb-v" and v not in (None, 2):
-        raise UsageError(f"argument --chunks: zb-v holds exactly two chunks per rank, a V "
-                         f"(got --chunks {v})")
-    if v not in (None, 1) and args.schedule not in CHUNKED + ("zb-v",):
-        raise UsageError(f"argument --chunks: only the interleaved schedules "
-                         f"({', '.join(CHUNKED)}) take chunks (got --chunks {v} with "
-                         f"--schedule {args.schedule})")
-    if args.remat and args.schedule != "gpipe":
-        raise UsageError(f"argument --remat: re-materialisation is an option of the gpipe "
-                         f"schedule (got --schedule {args.schedule})")
-    if interleaved and m % p:
-        raise UsageError(f"argument --microbatches: interleaved 1F1B sends micro-batches in groups "
-                         f"of p: m={m} must be a multiple of p={p} (try m={-(-m // p) * p})")
+    try:
+        check_arguments(args.schedule, p, m, v, args.remat)
+    except ArgumentError as err:
+        raise usage_error(err, args) from None
     if p > MAX_STAGES:
         raise UsageError(f"argument --stages: {p} stages is above this command's limit of "
                          f"{MAX_STAGES}")
-    v = (v or 2) if args.schedule in CHUNKED + ("zb-v",) else 1
+    v = chunks_of(args.schedule, v)
     if p * m * v > MAX_WORK:
         raise UsageError(f"argument --microbatches: stages × micro-batches × chunks = {p} × {m} × "
                          f"{v} = {p * m * v} is above this command's limit of {MAX_WORK}")
+
+
+def usage_error(err, args):
+    """A rule ``build()`` refuses, worded with this command's options and their values."""
+    option, given = {
+        "zb-v chunks": ("--chunks", f"got --chunks {args.chunks}"),
+        "chunks": ("--chunks", f"got --chunks {args.chunks} with --schedule {args.schedule}"),
+        "remat": ("--remat", f"got --schedule {args.schedule}"),
+        "groups": ("--microbatches", f"try m={-(-args.microbatches // args.stages) * args.stages}"),
+    }[err.name]
+    return UsageError(f"argument {option}: {err.rule} ({given})")
 
 
 def describe(schedule):
@@ -117,11 +109,13 @@ def run(args):
     check(args)
     try:
         schedule = validate(build(args.schedule, args.stages, args.microbatches, args.chunks, args.remat))
-    except (ValueError, ScheduleError) as err:  # a rule of the builders that check() missed
+    except (ValueError, ScheduleError) as err:  # a builder's own rule (zb-interleaved's rounds)
         raise UsageError(str(err)) from None
     events = simulate(schedule)
     figures = summary(schedule, events)
     written, missing = [], None
+    # --png needs matplotlib (the plot extra): without it the command still prints everything
+    # else, then one line on standard error naming the extra, and exits with status 1
     outputs = (("--trace", args.trace, lambda path: write_chrome_trace(events, path, schedule.ranks)),
                ("--png", args.png, lambda path: write_png(schedule, events, path)))
     for option, path, write in outputs:

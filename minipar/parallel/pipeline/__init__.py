@@ -7,28 +7,17 @@
     validate.py      every send has its receive, inputs come first, nothing waits forever
     simulate.py      a schedule and per-action costs -> the timeline (Events)
     partition.py     split a sequential model into stages: by layer names or balanced by cost
-    runtime.py       ``Pipeline`` runs the lists for real: the engine computes, send/recv carry
-    weight_stash.py  PipeDream's weight versions: a backward runs with its forward's weights
+    runtime.py       ``Pipeline`` runs the lists for real: a dispatch loop over the action table
+    pipedream.py     ``PipeDream``, the runtime with weight stashing: a backward gets its F's weights
     measure.py       a schedule run at a chosen cost per action (the waiting kernel), its bubble
-    timeline.py      Event, Tracer, gather_events; makespan, bubble_fraction, peak_inflight;
-                     text_gantt and chrome_trace: one timeline, simulated or measured
-
-The runtime executes the same lists and records the same events; in outline (schedules.py has
-the contract):
-
-    schedule = validate(build("1f1b", p, m))
-    tracer = Tracer(rank)                                   # after a barrier
-    for a in schedule.actions[rank]:                        # runtime: action_table[a.kind](a, state)
-        with tracer.record(a.kind, a.mb, a.chunk):
-            if a.kind == "RECV_F": x_in[a.stage, a.mb] = comm.recv(a.peer, message_tag(a, S))
-            elif a.kind == "F":    y[a.stage, a.mb] = stage_fn[a.chunk](x_in[a.stage, a.mb])
-            elif a.kind == "SEND_F": pending.append(comm.isend(y[a.stage, a.mb], a.peer, message_tag(a, S)))
-            ...                    # B, W, R, RECV_B, SEND_B likewise; OPT_STEP: wait(pending), step
-    events = gather_events(comm, tracer.events)  ->  bubble_fraction(events), text_gantt(events)
+    timeline.py      Event, Tracer, gather_events, bubble_fraction, text_gantt, chrome_trace
+The theory of every schedule, and how the pieces fit: docs/pipeline.md.
 """
 from .partition import balanced_split, split_after, stage_costs
 from .runtime import Pipeline
-from .schedules import BUILDERS, Action, Schedule, ScheduleError, build, message_tag
+from .pipedream import PipeDream
+from .actions import Action, Schedule, ScheduleError, message_tag
+from .schedules import BUILDERS, build
 from .simulate import simulate, unit_cost
 from .theory import bubble_theory
 from .timeline import (Event, Tracer, bubble_fraction, bubble_per_rank, chrome_trace, gather_events,
@@ -37,5 +26,5 @@ from .validate import validate
 
 __all__ = ["Action", "Schedule", "ScheduleError", "BUILDERS", "build", "bubble_theory", "message_tag",
            "validate", "simulate", "unit_cost", "balanced_split", "split_after", "stage_costs",
-           "Pipeline", "Event", "Tracer", "gather_events", "makespan", "bubble_fraction",
+           "Pipeline", "PipeDream", "Event", "Tracer", "gather_events", "makespan", "bubble_fraction",
            "bubble_per_rank", "peak_inflight", "text_gantt", "chrome_trace", "write_chrome_trace"]

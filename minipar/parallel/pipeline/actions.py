@@ -1,40 +1,17 @@
 """What a pipeline schedule is: for every rank, the ordered list of actions it runs in one step.
 
-A model cut into S = p*v stages (a stage is a position in the model) runs on p ranks, v stages
-(chunks) each. Where stage s lives is the schedule's ``placement``:
-
-    "loop"  stage s on rank s % p as its chunk s // p (v = 1, and Megatron's interleaved 1F1B,
-            which deals the stages round robin: rank r holds r, r+p, ...)
-    "v"     ZB-V's V shape (Qi et al. 2023, section 6; v = 2): rank r holds stages r and
-            2p-1-r, so the model goes down the ranks and back up, and rank 0 holds the
-            first and the last stage
-
 An ``Action`` names its kind, its stage (the one on *this* rank it computes or serves), the
 chunk, the micro-batch and, for messages, the peer rank. One step of 1F1B on 2 ranks with 2
-micro-batches:
+micro-batches (``print(build("1f1b", 2, 2))``, in short):
 
     rank 0: F(0,0) SEND_F(0,0)->1 F(0,1) SEND_F(0,1)->1 RECV_B(0,0)<-1 B(0,0) RECV_B(0,1)<-1 B(0,1) OPT_STEP
     rank 1: RECV_F(1,0)<-0 F(1,0) B(1,0) SEND_B(1,0)->0 RECV_F(1,1)<-0 F(1,1) B(1,1) SEND_B(1,1)->0 OPT_STEP
 
 A builder (schedules.py, zero_bubble.py) decides only the *order of computation* on each rank
 (the lecture's picture); ``assemble`` then puts a receive before each computation that needs a
-remote input and a send after each one whose output another rank needs.
-
-Contract with a runtime (the same one the simulator and the validator assume):
-  - run each rank's list in order; a RECV waits until its data has arrived, a SEND is posted
-    without waiting (``isend``; complete them all before OPT_STEP, or earlier), so the only waits
-    are receives, and ``validate`` proves they never wait on each other in a cycle;
-  - ``message_tag(action, n_stages)`` gives the same MPI tag to a send and its receive;
-  - F(s, k) takes its input from RECV_F(s, k) (or from the local F(s-1, k), or the data for s = 0);
-    B(s, k) takes its output gradient from RECV_B(s, k) (or local B(s+1, k), or the loss at the
-    last stage); W(s, k) needs B(s, k); R(s, k) re-computes F(s, k) from its saved input just before
-    B(s, k); OPT_STEP applies the accumulated gradients (PipeDream: the gradient of micro-batch mb);
-  - ``Action.version`` (PipeDream only) is the weight version an F or B must use (B uses the
-    version stashed by its F) and, on OPT_STEP, the version the update produces.
-
-Cost convention used by ``unit_cost`` and the bubble formulas: per stage F = 1 and a full B = 2
-(= an input-gradient B of 1 plus a weight-gradient W of 1); zero-bubble schedules split them into
-B = 1 and W = 1; a chunk of a rank holding v costs 1/v of that; messages and OPT_STEP are free.
+remote input and a send after each one whose output another rank needs. The contract these lists
+keep with the runtime, the simulator and the validator, and the cost convention of the bubble
+formulas: docs/pipeline.md.
 """
 from dataclasses import dataclass, replace
 
@@ -57,7 +34,9 @@ class Action:
     mb: int = -1         # micro-batch; -1 for a sync OPT_STEP
     chunk: int = 0       # stage // p: which of this rank's model chunks
     peer: int = None     # the other rank of a SEND/RECV
-    version: int = None  # PipeDream weight version (see the module docstring)
+    # PipeDream only: the weight version an F or B must use (B uses the version stashed by its
+    # F) and, on OPT_STEP, the version the update produces
+    version: int = None
 
     def __str__(self):
         if self.kind == OPT_STEP:
@@ -67,6 +46,12 @@ class Action:
         return f"{self.kind}(stage {self.stage}, mb {self.mb}){to}"
 
 
+# A model cut into S = p*v stages (a stage is a position in the model) runs on p ranks, v stages
+# (chunks) each. Where stage s lives is the schedule's placement:
+#   "loop"  stage s on rank s % p as its chunk s // p (v = 1, and Megatron's interleaved 1F1B,
+#           which deals the stages round robin: rank r holds r, r+p, ...)
+#   "v"     ZB-V's V shape (Qi et al. 2023, section 6; v = 2): rank r holds stages r and 2p-1-r,
+#           so the model goes down the ranks and back up, and rank 0 holds the first and the last
 def rank_of_stage(stage, p, placement="loop"):
     """The rank that holds ``stage`` of p*v: s % p, or in a V the mirror image on the way back."""
     if placement == "v":
@@ -84,7 +69,7 @@ class Schedule:
     split_backward: bool = False  # B is the input gradient only; W is separate (zero bubble)
     remat: bool = False           # forwards keep only their input; R re-computes before B
     asynchronous: bool = False    # PipeDream: an OPT_STEP after every backward, no flush
-    placement: str = "loop"       # where each stage lives: "loop" or "v" (module docstring)
+    placement: str = "loop"       # where each stage lives: "loop" or "v" (see rank_of_stage)
 
     @property
     def n_stages(self):

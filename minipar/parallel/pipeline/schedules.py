@@ -1,21 +1,24 @@
 """Pipeline schedules as data: the builders of the lecture's schedules, and ``build`` by name.
 
+    schedule = build("1f1b", p=4, m=8)      # schedule.actions[rank]: that rank's list of actions
+
 Each builder returns, per rank, the order of its (kind, stage, mb) computations; ``assemble``
-(actions.py, which defines Action, Schedule and the contract with a runtime) adds the messages.
-Stage s lives on rank s % p as its chunk s // p; the zero-bubble schedules with two chunks per
-rank, ZB-V (a V placement) and interleaved zero bubble, are in zero_bubble.py.
-
-    rank 0: F(0,0) SEND_F(0,0)->1 F(0,1) SEND_F(0,1)->1 RECV_B(0,0)<-1 B(0,0) RECV_B(0,1)<-1 B(0,1) OPT_STEP
-    rank 1: RECV_F(1,0)<-0 F(1,0) B(1,0) SEND_B(1,0)->0 RECV_F(1,1)<-0 F(1,1) B(1,1) SEND_B(1,1)->0 OPT_STEP
-
-Cost convention used by ``unit_cost`` and the bubble formulas: per stage F = 1 and a full B = 2
-(= an input-gradient B of 1 plus a weight-gradient W of 1); zero-bubble schedules split them into
-B = 1 and W = 1; a chunk of a rank holding v costs 1/v of that; messages and OPT_STEP are free.
+(actions.py, which defines Action, Schedule, an example and the contract with a runtime) adds the
+messages. Stage s lives on rank s % p as its chunk s // p; the zero-bubble schedules with two
+chunks per rank, ZB-V (a V placement) and interleaved zero bubble, are in zero_bubble.py.
 """
-from .actions import (B, COMPUTE, F, OPT_STEP, PLACEMENTS, R, RECV_B, RECV_F, RECVS,  # noqa: F401
-                      SEND_B, SEND_F, SENDS, W, Action, Schedule, ScheduleError, assemble,
-                      check_sizes, message_key, message_tag, weight_versions)
+from .actions import B, F, R, W, assemble, check_sizes
 from .zero_bubble import zb_interleaved, zb_v
+
+
+class ArgumentError(ValueError):
+    """An argument ``build`` refuses: ``rule`` says which rule it breaks (a caller such as
+    ``minipar schedule`` words it for its own options), ``str()`` adds the values given."""
+
+    def __init__(self, name, rule, given=""):
+        super().__init__(f"{rule} ({given})" if given else rule)
+        self.name, self.rule = name, rule
+
 
 # --- the builders: each returns, per rank, the order of (kind, stage, mb) computations -----------
 
@@ -62,9 +65,7 @@ def interleaved(p, m, v=2):
     (p-1)/(v*m + p-1). Micro-batches go in groups of p through chunk 0, then chunk 1, ...; so
     Megatron needs m to be a multiple of p."""
     check_sizes(p, m, v)
-    if m % p:
-        raise ValueError(f"interleaved 1F1B sends micro-batches in groups of p: m={m} must be a "
-                         f"multiple of p={p} (try m={p * max(1, round(m / p))})")
+    check_groups(p, m)
     total = m * v
 
     def step(kind, i, r):  # rank r's i-th forward (or backward): groups of p micro-batches per chunk
@@ -119,17 +120,43 @@ BUILDERS = {"naive": naive, "gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": 
 CHUNKED = ("interleaved", "zb-interleaved")  # take v chunks per rank, default 2; zb-v has 2
 
 
-def build(name, p, m, v=None, remat=False):
-    """The schedule ``name`` (a key of BUILDERS) for p ranks and m micro-batches."""
+def chunks_of(name, v=None):
+    """The chunks per rank ``build(name, p, m, v)`` gives: v (default 2) for the interleaved
+    schedules, always 2 for zb-v's V, else 1."""
+    if name in CHUNKED:
+        return 2 if v is None else v
+    return 2 if name == "zb-v" else 1
+
+
+def check_groups(p, m):
+    """Interleaved 1F1B sends micro-batches through the chunks in groups of p."""
+    if m % p:
+        raise ArgumentError("groups", f"interleaved 1F1B sends micro-batches in groups of p: "
+                            f"m={m} must be a multiple of p={p}",
+                            f"try m={p * max(1, round(m / p))}")
+
+
+def check_arguments(name, p, m, v=None, remat=False):
+    """The rules of ``build``'s arguments, checked before any list is built (``ArgumentError``,
+    or ``ValueError`` for an unknown name or a size below 1)."""
     if name not in BUILDERS:
         raise ValueError(f"unknown schedule {name!r}: choose one of {', '.join(BUILDERS)}")
-    if name in CHUNKED:
-        return BUILDERS[name](p, m, 2 if v is None else v)
     if name == "zb-v" and v not in (None, 2):
-        raise ValueError(f"zb-v holds exactly two chunks per rank, a V (got v={v})")
-    if v not in (None, 1) and name != "zb-v":
-        raise ValueError(f"only the interleaved schedules ({', '.join(CHUNKED)}) take chunks "
-                         f"(got v={v} for {name})")
+        raise ArgumentError("zb-v chunks", "zb-v holds exactly two chunks per rank, a V",
+                            f"got v={v}")
+    if v not in (None, 1) and name not in CHUNKED + ("zb-v",):
+        raise ArgumentError("chunks", f"only the interleaved schedules ({', '.join(CHUNKED)}) "
+                            f"take chunks", f"got v={v} for {name}")
     if remat and name != "gpipe":
-        raise ValueError("re-materialisation is an option of the gpipe schedule")
+        raise ArgumentError("remat", "re-materialisation is an option of the gpipe schedule")
+    if name == "interleaved":  # its builder's own rule, in its order: sizes, then groups of p
+        check_sizes(p, m, chunks_of(name, v))
+        check_groups(p, m)
+
+
+def build(name, p, m, v=None, remat=False):
+    """The schedule ``name`` (a key of BUILDERS) for p ranks and m micro-batches."""
+    check_arguments(name, p, m, v, remat)
+    if name in CHUNKED:
+        return BUILDERS[name](p, m, chunks_of(name, v))
     return gpipe(p, m, remat) if name == "gpipe" else BUILDERS[name](p, m)

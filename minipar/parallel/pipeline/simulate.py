@@ -9,7 +9,7 @@ a runtime's ``Tracer`` records, and timeline.py measures both the same way.
 If every unfinished rank is stuck at a receive whose send has not happened, the schedule would
 hang: ``simulate`` raises ``ScheduleError`` naming the ranks and the actions waiting on each other.
 """
-from .schedules import B, F, R, RECVS, SENDS, W, ScheduleError, message_key
+from .actions import B, F, R, RECVS, SENDS, W, ScheduleError, message_key
 from .timeline import Event
 
 

@@ -1,8 +1,8 @@
 """The textbook bubble of each schedule: idle / (idle + work) on a rank, as a formula of p, m, v.
 
-With per-stage costs F = 1 and B + W = 2 (schedules.py's convention), the simulator's bubble of a
-schedule (simulate.py, then ``timeline.bubble_fraction``) equals this exactly; the runtime's
-measured bubble approaches it as messages get cheap (scripts/bench_pipeline.py).
+With per-stage costs F = 1 and B + W = 2 (the convention of docs/pipeline.md), the simulator's
+bubble of a schedule (simulate.py, then ``timeline.bubble_fraction``) equals this exactly; the
+runtime's measured bubble approaches it as messages get cheap (scripts/bench_pipeline.py).
 """
 
 # name -> (formula, (p, m, v) -> (numerator, denominator)), kept unreduced so 3/27 reads as 3/27.

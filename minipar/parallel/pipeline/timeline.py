@@ -1,10 +1,9 @@
 """The timeline: what each rank did and when, measured or simulated, and ways to look at it.
 
 An ``Event`` is one action on one rank: ``(rank, start, end, kind, mb, chunk)``, times in seconds.
-The pipeline simulator emits them from a schedule and per-action costs; a runtime emits the same
-records with a ``Tracer`` around each action it executes, and ``gather_events`` brings every
-rank's records to one. Everything below takes a list of events, so a bubble measured on real ranks
-and one simulated from the schedule come from one function.
+The simulator emits them from a schedule and per-action costs; the runtime records the same with
+a ``Tracer`` around each action, and ``gather_events`` brings every rank's records to one. So a
+bubble measured on real ranks and one simulated from the schedule come from one function:
 
     makespan(events)          t_end - t_start: the first action's start to the last one's end
     bubble_fraction(events)   idle / (ranks x makespan): 1 - sum(work) / (P * (t_end - t_start))
@@ -13,11 +12,6 @@ and one simulated from the schedule come from one function.
     chrome_trace(events)      Chrome-trace JSON (complete "X" events, microseconds): open in Perfetto
 
 (The teaching layer draws the same chart as a labelled figure: ``minipar.figures``.)
-
-Kinds: F forward, B backward (input and weight gradient, or input only when W is separate),
-W weight gradient, R re-computed forward (re-materialisation), OPT_STEP, and the messages
-SEND_F / RECV_F / SEND_B / RECV_B. Work is F, B, W, R and OPT_STEP; time spent in a message
-(a receive waiting for its data) is not work, so it counts as bubble.
 """
 import contextlib
 import json
@@ -25,6 +19,10 @@ import textwrap
 import time
 from dataclasses import dataclass
 
+# Kinds: F forward, B backward (input and weight gradient, or input only when W is separate),
+# W weight gradient, R re-computed forward (re-materialisation), OPT_STEP, and the messages
+# SEND_F / RECV_F / SEND_B / RECV_B. Work is F, B, W, R and OPT_STEP; time spent in a message
+# (a receive waiting for its data) is not work, so it counts as bubble.
 WORK_KINDS = ("F", "B", "W", "R", "OPT_STEP")
 
 

@@ -11,8 +11,8 @@ Four checks, each naming the rank and the action at fault:
 """
 from collections import Counter
 
-from .schedules import (B, COMPUTE, F, OPT_STEP, R, RECV_B, RECV_F, RECVS, SEND_B, SEND_F, SENDS, W,
-                        Action, ScheduleError, message_key)
+from .actions import (B, COMPUTE, F, OPT_STEP, R, RECV_B, RECV_F, RECVS, SEND_B, SEND_F, SENDS, W,
+                      Action, ScheduleError, message_key)
 from .simulate import simulate
 
 

@@ -1,61 +1,40 @@
 """Zero-bubble schedules with two chunks per rank: ZB-V and interleaved zero bubble.
 
+    build("zb-v", p=4, m=8)            # stages in a V: rank r holds r and 2p-1-r; bubble 3/51
+    build("zb-interleaved", 4, 8, v=2) # Megatron's placement: rank r holds r, r+p; bubble 3/51
+
 Zero Bubble Pipeline Parallelism (Qi et al. 2023, arXiv:2401.10241) splits each backward into
 B, the input gradient dL/dx that the previous stage waits for, and W, the weight gradient dL/dW
 that nothing waits for, and moves the W's into what would be bubble. ZB-H1 (schedules.py) does
 it on 1F1B; the two schedules here do it with two model chunks per rank, each a stage of 1/2
-the work (costs F = B = W = 1/2 per chunk, schedules.py's convention):
-
-ZB-V (the paper's section 6, torch.distributed.pipelining's ``ScheduleZBVZeroBubble``). The
-stages make a V over the ranks: rank r holds stage r ("down", chunk 0) and stage 2p-1-r ("up",
-chunk 1), so the last stage is on rank 0 beside the first, and stage p-1 hands its output to
-stage p on the same rank p-1 without a message. Rank r's order:
-
-    warm-up    2(p-r)-1 x F(down);  r x [F(up), F(down)];  p-r x [F(up), B(up), W(up)]
-    steady     [F(down), B(down), W(down), F(up), B(up), W(up)] until every F has run
-    cool-down  r x [B(down), B(up)];  p-r x [B(down), W(down)];  then the W's still owed
-
-planned for n = max(m, 2p-1) micro-batches (fewer never reach the steady state), those
-beyond m then left out. With F = B = W the steady state has no bubble at all; what is left is
-the fill and drain: rank r waits r chunk steps for its first input and ends p-1-r steps before
-the last rank, p-1 steps of 1/2 in all, so the bubble is (p-1)/(6m+p-1), half of ZB-H1's
-idle time (theory.py). Activations: 2p chunk micro-batches on every rank, p micro-batches of a
-whole stage: 1F1B's peak of rank 0, now on every rank.
-
-Interleaved zero bubble (torch's ``ScheduleInterleavedZeroBubble``, the paper's ZB-1P on
-Megatron's interleaved placement: rank r holds stages r, r+p, ..., chunk c = stage // p).
-Interleaved 1F1B's order of F and B with a shorter warm-up, and ZB-H1's rule for W:
-
-    forwards   the i-th F of a rank is in chunk (i // g) % v, the i-th B in chunk
-               v-1 - (i // g) % v: micro-batches go through the chunks in rounds of g
-               (g = m / max(1, m // p): p when p divides m)
-    warm-up    (v-1) g + p-1-r forwards, at most all m*v (interleaved 1F1B: 2(p-1-r), not p-1-r)
-    steady     one F, one B; from the (r+1)-th B on, a W after each B (the oldest owed)
-    cool-down  the remaining B's, W's by the same rule; then the W's still owed
-
-so rank r runs its W's r backwards late, which fills the drain. Its bubble, once m >= p, is
-ZB-H1's idle time over v: (p-1)/(3vm+p-1) (theory.py), 3/51 at p = 4, m = 8, v = 2, as ZB-V.
-With v = 1 it is ZB-H1's order exactly. m must be a multiple of the number of rounds m // p
-(as torch requires). Micro-batches are numbered per stage in the order they arrive.
+the work, in the per-rank order of torch.distributed.pipelining's ``ScheduleZBVZeroBubble`` and
+``ScheduleInterleavedZeroBubble``. Their bubbles and memory: docs/pipeline.md.
 """
 from .actions import B, F, W, assemble, check_sizes
 
 
 def zb_v(p, m):
-    """ZB-V (module docstring): rank r holds stages r and 2p-1-r; B and W split."""
+    """ZB-V (the paper's section 6): rank r holds stage r ("down", chunk 0) and stage 2p-1-r
+    ("up", chunk 1), so the last stage is on rank 0 beside the first, and stage p-1 hands its
+    output to stage p on the same rank p-1 without a message. B and W split."""
     check_sizes(p, m)
-    n = max(m, 2 * p - 1)  # plan for at least 2p-1 micro-batches, then drop those beyond m
+    # Planned for n = max(m, 2p-1) micro-batches (fewer never reach the steady state), those
+    # beyond m then left out.
+    n = max(m, 2 * p - 1)
     order = []
     for r in range(p):
         down, up = r, 2 * p - 1 - r
         plan = _Numbered()
+        # warm-up: 2(p-r)-1 x F(down);  r x [F(up), F(down)];  p-r x [F(up), B(up), W(up)]
         plan.run(2 * (p - r) - 1, (F, down))
         plan.run(r, (F, up), (F, down))
         plan.run(p - r, (F, up), (B, up), (W, up))
+        # steady: [F(down), B(down), W(down), F(up), B(up), W(up)] until every F has run
         while plan.count(F, up) < plan.count(F, down) or plan.count(F, down) < n:
             if plan.count(F, down) < n:
                 plan.run(1, (F, down))
             plan.run(1, (B, down), (W, down), (F, up), (B, up), (W, up))
+        # cool-down: r x [B(down), B(up)];  p-r x [B(down), W(down)];  then the W's still owed
         plan.run(r, (B, down), (B, up))
         plan.run(p - r, (B, down), (W, down))
         plan.run(plan.count(B, up) - plan.count(W, up), (W, up))
@@ -65,9 +44,15 @@ def zb_v(p, m):
 
 
 def zb_interleaved(p, m, v=2):
-    """Interleaved zero bubble (module docstring): stages r, r+p, ... on rank r; B and W split."""
+    """Interleaved zero bubble (the paper's ZB-1P on Megatron's interleaved placement: rank r
+    holds stages r, r+p, ..., chunk c = stage // p): interleaved 1F1B's order of F and B with a
+    shorter warm-up, and ZB-H1's rule for W, so rank r runs its W's r backwards late, which fills
+    the drain. With v = 1 it is ZB-H1's order exactly. Micro-batches are numbered per stage in
+    the order they arrive."""
     check_sizes(p, m, v)
-    rounds = max(1, m // p) if v > 1 else 1  # one chunk: no rounds through the chunks
+    # Micro-batches go through the chunks in rounds of g = m / rounds (p when p divides m), and
+    # m must be a multiple of the rounds, as torch requires. One chunk: no rounds.
+    rounds = max(1, m // p) if v > 1 else 1
     if m % rounds:
         raise ValueError(f"interleaved zero bubble sends micro-batches through the chunks in "
                          f"{rounds} rounds of equal size: m={m} must be a multiple of {rounds} "
@@ -75,10 +60,13 @@ def zb_interleaved(p, m, v=2):
     group, total = m // rounds, m * v
     order = []
     for r in range(p):
+        # the i-th F of a rank is in chunk (i // g) % v, the i-th B in chunk v-1 - (i // g) % v
         def chunk(kind, i):  # the chunk of rank r's i-th forward or backward
             c = (i // group) % v
             return (kind, (c if kind == F else v - 1 - c) * p + r)
 
+        # warm-up: (v-1) g + p-1-r forwards, at most all m*v (interleaved 1F1B: 2(p-1-r), not
+        # p-1-r); steady: one F, one B; cool-down: the remaining B's; then the W's still owed
         warm = min((v - 1) * group + p - 1 - r, total)
         plan, owed = _Numbered(), []
 
