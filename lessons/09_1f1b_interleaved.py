@@ -19,7 +19,7 @@ each backward. Weight stashing makes a micro-batch's backward use the weights it
 but stage r runs p - 1 - r versions behind the last stage: the staleness printed per micro-batch.
 
 Read next: minipar/parallel/pipeline/schedules.py, zero_bubble.py, runtime.py, then
-weight_stash.py; proved by tests/test_pipeline_schedules.py and tests/test_pipeline_zb.py.
+pipedream.py; proved by tests/test_pipeline_schedules.py and tests/test_pipeline_zb.py.
 """
 import os
 
