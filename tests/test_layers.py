@@ -23,7 +23,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "minipar"
 TEACHING = {"minipar.testing", "minipar.trace", "minipar.cli", "minipar.bench", "minipar.console",
             "minipar.assignments", "minipar.doctor", "minipar.figures",
             # old paths of the command's modules, kept as re-exports of minipar.cli
-            "minipar.schedule_cli", "minipar.groups_cli", "minipar.lessons_index"}
+            "minipar.schedule_cli"}
 ORDER = ("backend", "engine", "comm", "parallel", "teaching")
 MAY_IMPORT = {  # layer -> the layers its modules may import
     "backend": {"backend"},

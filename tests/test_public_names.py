@@ -28,16 +28,11 @@ PUBLIC = {
 
 OLD_PATHS = {  # old module -> (new module, names that must be the same objects)
     "minipar.comm.collectives": ("minipar.comm", "ALGORITHMS OPS chunk_bounds"),
-    "minipar.parallel.sampler": ("minipar.parallel.data", "DistributedSampler local_batch_size"),
-    "minipar.parallel.zero": ("minipar.parallel.data", "ZeRO"),
-    "minipar.parallel.param_server": ("minipar.parallel.data", "ParameterServer busiest_link"),
     "minipar.parallel.tensor_gpt": ("minipar.parallel.tensor",
                                     "TensorParallelGPT shard_from_serial gather_to_serial"),
     "minipar.trace": ("minipar.parallel.pipeline",
                       "Event Tracer makespan bubble_fraction peak_inflight text_gantt"),
     "minipar.schedule_cli": ("minipar.cli.schedule", "add_arguments run"),
-    "minipar.groups_cli": ("minipar.cli.groups", "add_arguments run"),
-    "minipar.lessons_index": ("minipar.cli.lessons", "add_arguments run"),
 }
 
 
