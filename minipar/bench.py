@@ -118,17 +118,11 @@ def time_all_reduce(comm, x, algorithm, iters, warmup=2):
     """(median of the slowest rank's seconds, number of ranks with a wrong result)."""
     from minipar.comm import fit
     out = backend.xp().empty_like(x)
-    times = []
-    for i in range(warmup + iters):
-        comm.barrier()
-        t0 = time.perf_counter()
-        comm.all_reduce(x, algorithm=algorithm, out=out)
-        backend.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
+    seconds = fit.timed(comm, lambda: comm.all_reduce(x, algorithm=algorithm, out=out), iters,
+                        warmup)
     exact = comm.size * (comm.size + 1) / 2  # every rank sends rank + 1: the sum is exact
     wrong = sum(comm.all_gather_object(int(not bool((out == exact).all()))))
-    return fit.slowest_median(comm, times), wrong
+    return seconds, wrong
 
 
 def iterations(nbytes, budget=0.2):
@@ -225,17 +219,16 @@ def held_out_rows(comm, checks, model, rounds=ROUNDS, retries=3):
     from minipar.comm import fit
     samples = {key: [] for key in checks}
 
+    def once(key):
+        samples[key].append(measure(comm, *key, model))
+
     def stalled():
         times = {}  # per algorithm: {size: [microseconds, ...]}, as fit.stalled() reads them
         for (nbytes, algorithm), rows in samples.items():
             times.setdefault(algorithm, {})[nbytes] = [r["time_us"] for r in rows]
         return [(m, a) for a, by_size in times.items() for m in fit.stalled(by_size)]
 
-    for nbytes, algorithm in checks * rounds:  # the checks take turns, round after round
-        samples[nbytes, algorithm].append(measure(comm, nbytes, algorithm, model))
-    for _ in range(retries):
-        for nbytes, algorithm in stalled():
-            samples[nbytes, algorithm].append(measure(comm, nbytes, algorithm, model))
+    fit.settle(checks, once, stalled, rounds, retries)
     return [min(samples[key], key=lambda row: row["time_us"]) for key in checks]
 
 
