@@ -47,7 +47,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import time
 
 SIZES, BUCKET_MB = (512, 1024, 1024, 1024, 10), 2.0
 
@@ -61,21 +60,15 @@ def timed(world, steps, rounds, runs):
 
     The runs take turns: ``rounds`` rounds of ``steps`` steps each (after a warm-up step), so a
     change of machine load in the middle hits every run alike instead of one of them."""
-    import numpy as np
+    from minipar.comm import fit
 
     times = {name: [] for name in runs}
     for name, step in runs.items():
         step()
     for _ in range(rounds):
         for name, step in runs.items():
-            for _ in range(steps):
-                world.barrier()
-                t0 = time.perf_counter()
-                step()
-                times[name].append(time.perf_counter() - t0)
-    slowest = {name: world.all_reduce(np.array(t), op="max", algorithm="mpi")
-               for name, t in times.items()}
-    return {name: statistics.median(t.tolist()) for name, t in slowest.items()}
+            times[name] += fit.timed(world, step, steps, warmup=0, statistic=list)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def minipar_runs(world, batch, algorithm):

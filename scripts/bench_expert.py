@@ -18,7 +18,6 @@ Timings on a shared machine are noisy: compare the ratios, measured side by side
 import argparse
 import os
 import statistics
-import time
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # before NumPy loads:
     os.environ.setdefault(_var, "1")  # ranks share the cores; more BLAS threads only fight
@@ -27,24 +26,18 @@ import numpy as np  # noqa: E402
 
 import minipar  # noqa: E402
 from minipar import Tensor, comm  # noqa: E402
+from minipar.comm import fit  # noqa: E402
 from minipar.nn.moe import MoE  # noqa: E402
 from minipar.parallel.expert import ExpertParallelMoE  # noqa: E402
 
 
-def timed(world, fn):
-    """Seconds of fn() on the slowest rank (all start together)."""
-    world.barrier()
-    t0 = time.perf_counter()
-    fn()
-    return world.mpi.allreduce(time.perf_counter() - t0, op=max)
-
-
 def rounds_of(world, runs, rounds):
-    """{name: median seconds} over rounds in which every run takes its turn."""
+    """{name: median seconds} over rounds in which every run takes its turn, each round's time
+    the slowest rank's (all start together)."""
     times = {name: [] for name in runs}
     for _ in range(rounds):
         for name, fn in runs.items():
-            times[name].append(timed(world, fn))
+            times[name].append(fit.timed(world, fn, 1, warmup=0))
     return {name: statistics.median(t) for name, t in times.items()}
 
 

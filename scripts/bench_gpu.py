@@ -28,7 +28,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")  # before NumPy and torch load their BLAS (the smoke run)
@@ -141,10 +140,8 @@ def part_step(device, repeats):
 # --- allreduce: busbw on device buffers, CUDA-aware, staged, MPI's own --------------------------
 def worker_allreduce(sizes, repeats):
     """On every rank (under mpiexec): busbw of each algorithm and size; rank 0 prints RESULT."""
-    import numpy as np
-
     from minipar import backend, comm
-    from minipar.comm import staging
+    from minipar.comm import fit, staging
 
     world = comm.world()
     xp, p = backend.xp(), world.size
@@ -156,14 +153,12 @@ def worker_allreduce(sizes, repeats):
             for _ in range(2):
                 world.all_reduce(x, algorithm=algorithm, out=out)
             before = staging.stats()["bytes_to_host"]
-            world.barrier()
-            start = time.perf_counter()
-            for _ in range(repeats):
-                world.all_reduce(x, algorithm=algorithm, out=out)
-            backend.synchronize()
-            seconds = (time.perf_counter() - start) / repeats
+
+            def calls():  # back to back after one barrier: the time of a call is their mean
+                for _ in range(repeats):
+                    world.all_reduce(x, algorithm=algorithm, out=out)
+            slowest = fit.timed(world, calls, 1, warmup=0) / repeats
             staged = (staging.stats()["bytes_to_host"] - before) / repeats
-            slowest = world.all_reduce(np.array([seconds]), op="max", algorithm="mpi")[0]
             assert float(backend.to_numpy(out[:1])[0]) == p
             rows.append([algorithm, x.nbytes, float(slowest), staged])
     if world.rank == 0:

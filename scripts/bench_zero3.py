@@ -20,7 +20,6 @@ thread: it can only pay with a core free beside each rank's compute.
 import argparse
 import os
 import sys
-import time
 
 SIZES = (512, 1024, 1024, 1024, 10)
 RUNS = ("DDP", "ZeRO-3", "ZeRO-3 no pre.")
@@ -33,6 +32,7 @@ def worker(batch, steps, rounds):
     import minipar
     import minipar.nn as nn
     from minipar import comm, optim
+    from minipar.comm import fit
     from minipar import functional as F
     from minipar.parallel.data import DistributedDataParallel, ZeRO3
 
@@ -68,12 +68,8 @@ def worker(batch, steps, rounds):
     for _ in range(rounds):
         for kind in RUNS:
             before = world.counters.bytes_sent
-            for _ in range(steps):
-                world.barrier()
-                t0 = time.perf_counter()
-                one_step(runs[kind])
-                times[kind].append(world.all_reduce(np.array([time.perf_counter() - t0]),
-                                                    op="max")[0])
+            times[kind] += fit.timed(world, lambda: one_step(runs[kind]), steps, warmup=0,
+                                     statistic=list)
             sent[kind] = (world.counters.bytes_sent - before) / steps
     return {kind: (float(np.median(times[kind])), sent[kind]) for kind in RUNS}
 

@@ -23,14 +23,9 @@ from minipar.comm.registry import ALGORITHMS
 FIT_SIZES = tuple(1 << k for k in range(15, 27))  # 32 KiB, 64 KiB, ... 64 MiB
 
 
-def slowest_median(comm, times):
-    """Median over iterations of the slowest rank's time (the nccl-tests / OSU convention)."""
-    per_rank = comm.all_gather_object(times)
-    return statistics.median(max(column) for column in zip(*per_rank))
-
-
-def timed(comm, step, iters, warmup=3):
-    """Median of the slowest rank's seconds for ``step()``, all ranks starting together."""
+def timed(comm, step, iters, warmup=3, statistic=statistics.median):
+    """Median of the slowest rank's seconds for ``step()``, all ranks starting together
+    (``statistic=list``: the slowest rank's seconds of each of the ``iters`` calls)."""
     times = []
     for i in range(warmup + iters):
         comm.barrier()
@@ -39,7 +34,10 @@ def timed(comm, step, iters, warmup=3):
         backend.synchronize()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-    return slowest_median(comm, times)
+    # a collective step ends when its last rank does: the slowest rank's time is the step's,
+    # and the median over iterations is nccl-tests' and OSU's convention
+    per_rank = comm.all_gather_object(times)
+    return statistic([max(column) for column in zip(*per_rank)])
 
 
 def _windows(nbytes, span):
