@@ -3,15 +3,9 @@
     mpiexec -n 2 python scripts/bench_expert.py            (about 20 s; works with -n 4)
     mpiexec -n 2 python scripts/bench_expert.py --quick    (a smoke run)
 
-1. ``all_to_all_v`` pairwise against MPI_Alltoallv (``algorithm="mpi"``), rows of ``--width``
-   float32, r rows to every peer (balanced), then the same total with rank 0 receiving 4× the
-   others' share (skewed, as a popular expert makes it). Each round times every algorithm once,
-   the slowest rank's time counting (a collective ends when its last rank does); the median over
-   ``--rounds`` rounds. Closing column: pairwise / MPI.
-2. One MoE layer, forward + backward on each rank's B·T tokens: expert parallel (E/p experts
-   here, tokens dispatched and combined over the group) against the serial MoE on the same
-   tokens with all E experts here: the same expert compute per token, so the ratio is what the
-   two all-to-alls, the counts exchange and the regrouping add.
+1. ``all_to_all_v`` pairwise against MPI_Alltoallv, balanced and skewed counts.
+2. One MoE layer, forward + backward: expert parallel against the serial MoE on the same tokens
+   (the ratio is what the all-to-alls add). Details: docs/benchmarks.md.
 
 Timings on a shared machine are noisy: compare the ratios, measured side by side in one run.
 """

@@ -4,23 +4,8 @@
     python scripts/bench_gpu.py --parts step     (some of: step, allreduce, demo)
     python scripts/bench_gpu.py --cpu            (a smoke run of the same code on NumPy, tiny sizes)
 
-Without a GPU (CuPy that sees a device) it says so in one line and exits 0; ``--cpu`` first runs
-the same code on NumPy with tiny sizes, so that the script is known to work when a GPU comes.
-
-    step       one GPT training step (forward, backward, AdamW), float32, the same shapes in
-               minipar on CuPy and in PyTorch eager on CUDA, measured in the same run: the two
-               take turns, each step ends with a device synchronise, median of ``--repeats``;
-               ratio minipar / PyTorch (goal <= 1.5)
-    allreduce  ``--ranks`` ranks started by minipar.testing.launch_command (so
-               MINIPAR_MPIEXEC_ARGS and Open MPI's flags apply), all-reduce of CuPy buffers of
-               each size, bus bandwidth 2(p-1)/p * bytes / time (nccl-tests' busbw): the
-               hand-coded ring and MPI's own, each CUDA-aware (MPI reads device memory; only
-               when MPI is) and staged (MINIPAR_CUDA_AWARE=0: through reused pinned host
-               buffers, the staged bytes counted to show the path taken)
-    demo       lessons/11_3d_parallel.py (the 3D demo of scripts/demo) on ``--demo-ranks`` ranks
-               with MINIPAR_DEVICE=gpu: its own "ms per step" line
-
-The GPU model, the CuPy and PyTorch versions and the MPI library head the output.
+Without a GPU (CuPy that sees a device) it says so in one line and exits 0. The parts (step,
+allreduce, demo) and what each measures: docs/benchmarks.md.
 """
 import argparse
 import json

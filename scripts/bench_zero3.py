@@ -3,19 +3,9 @@
     python scripts/bench_zero3.py            (2 ranks, about a minute)
     python scripts/bench_zero3.py -n 4 --quick
 
-One ``mpiexec -n N`` launch trains, in the same processes, the same MLP (512-1024-1024-1024-10,
-2.6 M float32 parameters, AdamW, ``--batch`` samples per rank) three ways that take turns
-(``--rounds`` rounds of ``--steps`` steps, so a change of load hits them alike):
-
-    DDP              minipar DistributedDataParallel, ring all-reduce in 2 MB buckets
-    ZeRO-3           ZeRO3, one unit per Linear, the next unit's gather started early (prefetch)
-    ZeRO-3 no pre.   ZeRO3(prefetch=False): each gather starts when its unit needs it
-
-Step time is the median over steps of the slowest rank. Printed: each run's ms per step and
-bytes sent per step (the comm counters), then the ratios ZeRO-3 / DDP (time and bytes: the
-bytes 1.5 by the formula 3(N-1)/N against 2(N-1)/N) and no-prefetch / prefetch (above 1: the
-prefetch hides part of the gathers). Prefetch runs the gathers on the communicator's background
-thread: it can only pay with a core free beside each rank's compute.
+DDP, ZeRO-3 and ZeRO-3 without prefetch train the same MLP in one launch, taking turns;
+printed: each run's ms and bytes sent per step, then ZeRO-3 / DDP (bytes 1.5 by the formula)
+and no-prefetch / prefetch. The runs and the formula: docs/benchmarks.md.
 """
 import argparse
 import os
