@@ -9,8 +9,8 @@ gamma the time of an add into a third array, both measured at each power of two 
 what one step of an algorithm costs beyond its bytes, from its tiny all-reduce (cost.py explains
 the model). Times are the median over iterations of the slowest rank's time (nccl-tests, OSU);
 a size's constant is the fastest of several rounds, and a size whose fastest round is not
-confirmed, or costs more than the next size up, is measured again (``stalled``, ``fit``): a
-loaded machine slows some rounds, it does not bend the curve.
+confirmed, or costs more than the next size up, is measured again (``stalled``, ``settle``):
+a loaded machine slows some rounds, it does not bend the curve.
 """
 import itertools
 import statistics
