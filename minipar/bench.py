@@ -1,43 +1,14 @@
 """All-reduce benchmark in the conventions of nccl-tests and the OSU micro-benchmarks.
 
     mpiexec -n 4 python -m minipar.bench          (or: minipar bench allreduce -n 4)
+    minipar bench allreduce -n 4 --max-bytes 1048576 --json --plot busbw.png
 
-A header (MPI library, mpi4py, p, oversubscription, CUDA-aware status, memory-copy bandwidth,
-allocator setting, fitted cost constants), then one row per size and algorithm:
-
-    time     median over iterations of the slowest rank's time, in microseconds
-    algbw    n / time                         (bytes of the vector per second)
-    busbw    algbw * 2(p-1)/p                 (nccl-tests: comparable with the link speed)
-    vs mpi   time / MPI_Allreduce's time in the same run
-    model    the cost model's prediction (the formula beside its code, constants fitted by comm/fit.py)
-    wrong    ranks whose result differed from the exact sum
-
-The header's ``fit_refitted`` names the sizes the fit measured again because a stall (other
-work on the machine) slowed their fastest round, ``fit_unsettled`` those still stalled when its
-retries ran out (comm/fit.py). After the table, the check of the model: the measured
-algorithms at sizes the fit never measured (96 KiB, 1.5 MiB, 24 MiB: between its powers of
-two, up to the largest size), each the fastest of 3 rounds, stalled ones measured again, as
-the fit times its constants (so load slows the check no more than the fit), as measured /
-model; then one line with the range of measured / model from 64 KiB up, held out and in the
-table (goal 0.8-1.25 on a quiet machine; below 64 KiB a few microseconds of Python decide).
-These lines start with ``#``.
-
-MPICH allocates a full-size temporary buffer on every large MPI_Allreduce; glibc serves large
-blocks with mmap, so each call maps and unmaps (and page-faults) it afresh. Run with
-``MALLOC_MMAP_MAX_=0`` (heap only) for a fair comparison; the header prints the setting and
-``minipar bench allreduce`` sets it when it launches mpiexec itself.
-
-Every argument is checked before MPI starts and before mpiexec is launched (MPI and minipar.comm
-are imported inside the functions that measure): a bad one is an argparse error, exit status 2,
-printed once (by rank 0 under mpiexec). With ``--json`` standard output is one JSON document,
-printed by rank 0; notes go to standard error.
-
-``--plot FILE`` draws bus bandwidth against message size, one line per algorithm, MPI's own in
-black and the cost model's prediction dashed beside each (``minipar.figures.busbw_chart``);
-rank 0 draws it after the table and prints its path (on standard error with ``--json``). A
-FILE without a suffix (.png, .svg, .pdf) is a folder: the figure is FILE/allreduce_busbw.png
-(``scripts/bench_allreduce.py --plot DIR``, as the other benchmarks).
-Progress (the fit, and the sizes with ``--json``) and the load note go to standard error.
+A header (MPI library, p, oversubscription, CUDA-aware status, allocator setting, the fitted
+cost constants), then one row per size and algorithm: time (the median of the slowest rank's),
+algbw, busbw, time / MPI_Allreduce's, the cost model's prediction and the ranks with a wrong
+sum; after the table, lines starting with ``#``: the model checked at sizes the fit never
+measured, and the range of measured / model. The columns, the check, ``MALLOC_MMAP_MAX_`` and
+``--plot``: docs/benchmarks.md.
 """
 import json
 import os
@@ -48,6 +19,9 @@ import time
 from minipar import backend, console
 from minipar.cli.args import (ArgumentParser, UsageError, launched_rank, nonnegative_int,
                               positive_int, size_list)
+
+# MPI and minipar.comm are imported inside the functions that measure: check() sees every
+# argument before MPI starts or mpiexec is launched
 
 DEFAULT_SIZES = [8] + [16 << (2 * k) for k in range(12)]  # 8 B, 16 B, 64 B, ... 64 MiB
 MAX_BYTES = 1 << 30  # the largest vector the benchmark allocates (1 GiB per rank, three buffers)
@@ -118,17 +92,11 @@ def time_all_reduce(comm, x, algorithm, iters, warmup=2):
     """(median of the slowest rank's seconds, number of ranks with a wrong result)."""
     from minipar.comm import fit
     out = backend.xp().empty_like(x)
-    times = []
-    for i in range(warmup + iters):
-        comm.barrier()
-        t0 = time.perf_counter()
-        comm.all_reduce(x, algorithm=algorithm, out=out)
-        backend.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
+    seconds = fit.timed(comm, lambda: comm.all_reduce(x, algorithm=algorithm, out=out), iters,
+                        warmup)
     exact = comm.size * (comm.size + 1) / 2  # every rank sends rank + 1: the sum is exact
     wrong = sum(comm.all_gather_object(int(not bool((out == exact).all()))))
-    return fit.slowest_median(comm, times), wrong
+    return seconds, wrong
 
 
 def iterations(nbytes, budget=0.2):
@@ -225,17 +193,16 @@ def held_out_rows(comm, checks, model, rounds=ROUNDS, retries=3):
     from minipar.comm import fit
     samples = {key: [] for key in checks}
 
+    def once(key):
+        samples[key].append(measure(comm, *key, model))
+
     def stalled():
         times = {}  # per algorithm: {size: [microseconds, ...]}, as fit.stalled() reads them
         for (nbytes, algorithm), rows in samples.items():
             times.setdefault(algorithm, {})[nbytes] = [r["time_us"] for r in rows]
         return [(m, a) for a, by_size in times.items() for m in fit.stalled(by_size)]
 
-    for nbytes, algorithm in checks * rounds:  # the checks take turns, round after round
-        samples[nbytes, algorithm].append(measure(comm, nbytes, algorithm, model))
-    for _ in range(retries):
-        for nbytes, algorithm in stalled():
-            samples[nbytes, algorithm].append(measure(comm, nbytes, algorithm, model))
+    fit.settle(checks, once, stalled, rounds, retries)
     return [min(samples[key], key=lambda row: row["time_us"]) for key in checks]
 
 
@@ -344,6 +311,8 @@ def launch(args):
         command = launch_command(args.nprocs or 4, sys.executable, "-m", "minipar.bench")
     except RuntimeError as err:
         raise SystemExit(f"minipar bench: {err}") from None
+    # heap only, so that MPICH's temporary buffer is not mapped afresh on every large all-reduce
+    # (docs/benchmarks.md)
     env = {**os.environ, **RANK_ENV, "MALLOC_MMAP_MAX_": os.environ.get("MALLOC_MMAP_MAX_", "0")}
     env.update(console.terminal_env(env))  # mpiexec gives the ranks pipes, not this terminal
     return os.spawnve(os.P_WAIT, command[0], command + _forward(args), env)

@@ -2,25 +2,10 @@
 
     python scripts/bench_autograd.py [--repeats 30] [--clock wall|cpu] [--plot DIR]
 
-Two workloads, the same shapes in both frameworks, float32, measured in the same run (warm-up,
-then the median of ``--repeats`` steps):
-
-    gpt-block   one GPT-2 block (pre-LN, 4 heads) on x of shape (B, T, C) = (8, 64, 128), loss
-                = Σ block(x) ⊙ r for a fixed r: the shape the pipeline and tensor lessons use
-    tiny-mlp    Linear(64, 128) -> ReLU -> Linear(128, 10), batch 32, cross-entropy: so small
-                that per-op Python overhead is all that is measured
-
-Goals: minipar / PyTorch ≤ 1.2 for the GPT block, ≤ 2.0 for the tiny MLP. PyTorch is optional
-(``pip install torch``); without it its column reads "skipped".
-
-Added lines after the table give each step's spread over the repeats, median [min-max]; then
-issue 15's goals (the exit status stays the table's): GPT block ≤ 0.9 of PyTorch, tiny MLP
-≤ 0.5, and the engine's efficiency ≥ 0.6: the GEMM-only time of the GPT-block step (its 18
-matrix products alone, on operands of the same shapes and layouts, timed in turn with the
-steps, ``gemm_only``) over the step's time, what a step would cost if everything but the matrix
-products were free.
-``--plot DIR`` draws ``autograd_times.png`` (ms per step, minipar beside PyTorch, per workload)
-and, with PyTorch, ``autograd_ratio.png`` (minipar / PyTorch beside the goal); paths printed last.
+Two workloads, gpt-block and tiny-mlp, the same shapes in both frameworks, measured in the same
+run; then the goals and the engine's efficiency (the GEMM-only time over the step's).
+PyTorch is optional; without it its column reads "skipped". The workloads, the goals and the
+figures: docs/benchmarks.md.
 """
 import argparse
 import os

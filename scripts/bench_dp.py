@@ -4,40 +4,10 @@
     python scripts/bench_dp.py --repeat 3   (three launches per rank count, medians)
     python scripts/bench_dp.py --quick      (a smoke run)
 
-Weak scaling: every rank trains on its own b samples a step (``--batches``, default 64 and
-256), so N ranks process b·N samples a step and perfect scaling is N times the throughput. One
-launch of ``mpiexec -n N`` per rank count runs, in the same processes and on the same model (an
-MLP 512-1024-1024-1024-10, 2.6 M float32 parameters, SGD with momentum, 2 MB gradient buckets
-in both libraries), one BLAS thread per rank:
-
-    no comm         minipar under ``no_sync()``: forward + backward + step, no gradient traffic
-                    (what the step would cost if communication were free)
-    overlap on      minipar DDP, buckets all-reduced (``--algorithm``, default auto: DDP's) during
-                    backward: hand-coded ones on a background thread, "mpi" by MPI_Iallreduce
-    overlap off     minipar DDP, the same buckets reduced one after another after backward
-    torch DDP       torch.nn.parallel.DistributedDataParallel, gloo over loopback TCP; torch
-                    ranks find each other through MASTER_ADDR=127.0.0.1 and a free port, and read
-                    their rank and size from mpiexec's PMI_RANK / PMI_SIZE
-
-The runs take turns (``--rounds`` rounds of ``--steps`` steps each), so a change of load during
-a launch slows them all alike. Step time is the median over steps of the slowest rank (and over
-launches with ``--repeat``); throughput = b·N / step time. The closing lines give 2-rank/1-rank
-throughput (goal >= 1.8 on a 2-core machine), minipar over torch step time (goal <= 0.8), the
-gain from overlap (each with its range over launches), and where the time goes (exposed
-communication = overlap-on step minus no-comm step). On 2 cores with 2 ranks there is no idle
-core: the copies that move gradients between ranks take CPU time from compute whether they
-overlap backward or not, so the per-rank batch decides the scaling (the communication is the
-same 10.5 MB a step, the compute grows with b). On a machine shared with other jobs the figures
-are noisy: the table says how many cores and what load average it ran with.
-
-With ``--repeat`` above 1, added lines give each run's step time over the launches as median
-[min-max]. A closing summary gives the goals at every per-rank batch, each with its range over
-launches (2-rank/1-rank with overlap on: >= 1.8 at the largest batch and no launch below 1.7;
-minipar / torch DDP, with overlap on and with DDP's default: <= 0.8), and DDP's overlap
-default in each configuration (ranks against usable cores: ``comm.node.overlap_default``) beside
-the gain from overlap measured in the same run.
-``--plot DIR`` draws, for each per-rank batch, the throughput (samples/s) of each run on 1 and
-2 ranks as grouped bars: ``DIR/dp_throughput_b64.png`` (paths printed last).
+Weak scaling (``--batches`` samples per rank a step): no comm, overlap on, overlap off and
+torch DDP take turns in one launch per rank count; the closing lines give the goals (2-rank /
+1-rank throughput, minipar / torch) and where the time goes. What each run is, the goals and
+the summary: docs/benchmarks.md.
 """
 import argparse
 import contextlib
@@ -47,7 +17,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import time
 
 SIZES, BUCKET_MB = (512, 1024, 1024, 1024, 10), 2.0
 
@@ -61,21 +30,15 @@ def timed(world, steps, rounds, runs):
 
     The runs take turns: ``rounds`` rounds of ``steps`` steps each (after a warm-up step), so a
     change of machine load in the middle hits every run alike instead of one of them."""
-    import numpy as np
+    from minipar.comm import fit
 
     times = {name: [] for name in runs}
     for name, step in runs.items():
         step()
     for _ in range(rounds):
         for name, step in runs.items():
-            for _ in range(steps):
-                world.barrier()
-                t0 = time.perf_counter()
-                step()
-                times[name].append(time.perf_counter() - t0)
-    slowest = {name: world.all_reduce(np.array(t), op="max", algorithm="mpi")
-               for name, t in times.items()}
-    return {name: statistics.median(t.tolist()) for name, t in slowest.items()}
+            times[name] += fit.timed(world, step, steps, warmup=0, statistic=list)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def minipar_runs(world, batch, algorithm):

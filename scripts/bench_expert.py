@@ -3,22 +3,15 @@
     mpiexec -n 2 python scripts/bench_expert.py            (about 20 s; works with -n 4)
     mpiexec -n 2 python scripts/bench_expert.py --quick    (a smoke run)
 
-1. ``all_to_all_v`` pairwise against MPI_Alltoallv (``algorithm="mpi"``), rows of ``--width``
-   float32, r rows to every peer (balanced), then the same total with rank 0 receiving 4× the
-   others' share (skewed, as a popular expert makes it). Each round times every algorithm once,
-   the slowest rank's time counting (a collective ends when its last rank does); the median over
-   ``--rounds`` rounds. Closing column: pairwise / MPI.
-2. One MoE layer, forward + backward on each rank's B·T tokens: expert parallel (E/p experts
-   here, tokens dispatched and combined over the group) against the serial MoE on the same
-   tokens with all E experts here: the same expert compute per token, so the ratio is what the
-   two all-to-alls, the counts exchange and the regrouping add.
+1. ``all_to_all_v`` pairwise against MPI_Alltoallv, balanced and skewed counts.
+2. One MoE layer, forward + backward: expert parallel against the serial MoE on the same tokens
+   (the ratio is what the all-to-alls add). Details: docs/benchmarks.md.
 
 Timings on a shared machine are noisy: compare the ratios, measured side by side in one run.
 """
 import argparse
 import os
 import statistics
-import time
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # before NumPy loads:
     os.environ.setdefault(_var, "1")  # ranks share the cores; more BLAS threads only fight
@@ -27,24 +20,18 @@ import numpy as np  # noqa: E402
 
 import minipar  # noqa: E402
 from minipar import Tensor, comm  # noqa: E402
+from minipar.comm import fit  # noqa: E402
 from minipar.nn.moe import MoE  # noqa: E402
 from minipar.parallel.expert import ExpertParallelMoE  # noqa: E402
 
 
-def timed(world, fn):
-    """Seconds of fn() on the slowest rank (all start together)."""
-    world.barrier()
-    t0 = time.perf_counter()
-    fn()
-    return world.mpi.allreduce(time.perf_counter() - t0, op=max)
-
-
 def rounds_of(world, runs, rounds):
-    """{name: median seconds} over rounds in which every run takes its turn."""
+    """{name: median seconds} over rounds in which every run takes its turn, each round's time
+    the slowest rank's (all start together)."""
     times = {name: [] for name in runs}
     for _ in range(rounds):
         for name, fn in runs.items():
-            times[name].append(timed(world, fn))
+            times[name].append(fit.timed(world, fn, 1, warmup=0))
     return {name: statistics.median(t) for name, t in times.items()}
 
 

@@ -4,23 +4,8 @@
     python scripts/bench_gpu.py --parts step     (some of: step, allreduce, demo)
     python scripts/bench_gpu.py --cpu            (a smoke run of the same code on NumPy, tiny sizes)
 
-Without a GPU (CuPy that sees a device) it says so in one line and exits 0; ``--cpu`` first runs
-the same code on NumPy with tiny sizes, so that the script is known to work when a GPU comes.
-
-    step       one GPT training step (forward, backward, AdamW), float32, the same shapes in
-               minipar on CuPy and in PyTorch eager on CUDA, measured in the same run: the two
-               take turns, each step ends with a device synchronise, median of ``--repeats``;
-               ratio minipar / PyTorch (goal <= 1.5)
-    allreduce  ``--ranks`` ranks started by minipar.testing.launch_command (so
-               MINIPAR_MPIEXEC_ARGS and Open MPI's flags apply), all-reduce of CuPy buffers of
-               each size, bus bandwidth 2(p-1)/p * bytes / time (nccl-tests' busbw): the
-               hand-coded ring and MPI's own, each CUDA-aware (MPI reads device memory; only
-               when MPI is) and staged (MINIPAR_CUDA_AWARE=0: through reused pinned host
-               buffers, the staged bytes counted to show the path taken)
-    demo       lessons/11_3d_parallel.py (the 3D demo of scripts/demo) on ``--demo-ranks`` ranks
-               with MINIPAR_DEVICE=gpu: its own "ms per step" line
-
-The GPU model, the CuPy and PyTorch versions and the MPI library head the output.
+Without a GPU (CuPy that sees a device) it says so in one line and exits 0. The parts (step,
+allreduce, demo) and what each measures: docs/benchmarks.md.
 """
 import argparse
 import json
@@ -28,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")  # before NumPy and torch load their BLAS (the smoke run)
@@ -141,10 +125,8 @@ def part_step(device, repeats):
 # --- allreduce: busbw on device buffers, CUDA-aware, staged, MPI's own --------------------------
 def worker_allreduce(sizes, repeats):
     """On every rank (under mpiexec): busbw of each algorithm and size; rank 0 prints RESULT."""
-    import numpy as np
-
     from minipar import backend, comm
-    from minipar.comm import staging
+    from minipar.comm import fit, staging
 
     world = comm.world()
     xp, p = backend.xp(), world.size
@@ -156,14 +138,12 @@ def worker_allreduce(sizes, repeats):
             for _ in range(2):
                 world.all_reduce(x, algorithm=algorithm, out=out)
             before = staging.stats()["bytes_to_host"]
-            world.barrier()
-            start = time.perf_counter()
-            for _ in range(repeats):
-                world.all_reduce(x, algorithm=algorithm, out=out)
-            backend.synchronize()
-            seconds = (time.perf_counter() - start) / repeats
+
+            def calls():  # back to back after one barrier: the time of a call is their mean
+                for _ in range(repeats):
+                    world.all_reduce(x, algorithm=algorithm, out=out)
+            slowest = fit.timed(world, calls, 1, warmup=0) / repeats
             staged = (staging.stats()["bytes_to_host"] - before) / repeats
-            slowest = world.all_reduce(np.array([seconds]), op="max", algorithm="mpi")[0]
             assert float(backend.to_numpy(out[:1])[0]) == p
             rows.append([algorithm, x.nbytes, float(slowest), staged])
     if world.rank == 0:

@@ -2,38 +2,11 @@
 
     python scripts/bench_pipeline.py            (under a minute; --quick for a smoke run)
 
-Each schedule runs for real: p processes under mpiexec, the pipeline runtime executing its action
-lists, activations and gradients sent between ranks. The bubble is measured from the runtime's
-own trace (``bubble_fraction``: idle over ranks x makespan), not simulated.
-
-How the stage cost is made. A machine with 2 cores cannot run 4 or 8 busy ranks side by side,
-so the stages do almost no arithmetic (one 4x4 Linear per stage) and each action is padded to a
-fixed duration by a *waiting kernel* (minipar/parallel/pipeline/measure.py): the runtime's
-``delay(action)`` sleeps out the rest of ``unit x unit_cost(action)`` (F = 1, B = 2, or B = W = 1
-when split; 1/v per interleaved chunk).
-A sleeping rank uses no core, and MPICH's ranks sleep while they wait for a message too
-(``MPIR_CVAR_ENABLE_HEAVY_YIELD=1``), so the timeline is the schedule's, whatever the core count.
-Messages are tiny, so they cost far less than a unit: the textbook's "messages are free".
-
-Part 1: p = 4, m = 8, bubble theory vs measured for GPipe and 1F1B (3/11), interleaved v = 2
-(3/19), ZB-H1 (3/27), ZB-V and interleaved zero bubble v = 2 (3/51), each the least disturbed
-of a few steps.
-Part 2: GPipe (Huang et al. 2019, its normalised-throughput table): K partitions x M micro-batches,
-the speed-up over one device running the whole model, measured, beside K*M/(M+K-1). The model's
-cost per micro-batch is fixed; each of the K stages gets 1/K of it.
-Part 3: the split backward with real arithmetic, one process and one BLAS thread (as a rank has;
-on a shared machine several threads time mostly the contention): a stage of Linear + GELU layers,
-its B (input gradients, graph.WeightPass deferring the weights') and W (weight gradients only)
-timed against the whole backward in the same run (goal: B + W <= 1.1 x the whole backward), and
-the split as it was before the W pass, a second whole backward, for reference.
-
-With ``--repeats`` above 1 an added column and added lines give each figure's spread over the
-steps, median [min-max]. ``--plot DIR`` draws, after the tables (their paths printed last):
-
-    pipeline_bubble.png     bubble against m for each schedule, measured (m = 4, 8, 16) beside
-                            the theory's curve (m = 4 and 16 are extra runs: about a minute more)
-    pipeline_speedup.png    the K x M speed-up grid, measured beside K*M/(M+K-1)
-    pipeline_1f1b.png       the measured timeline of one 1F1B step (p = 4, m = 8): a row per rank
+Part 1: each schedule's bubble, measured from the runtime's own trace, against theory (p = 4,
+m = 8); part 2: GPipe's K x M speed-up grid; part 3: the split backward's B and W against the
+whole backward. The stages' cost is a waiting kernel (parallel/pipeline/measure.py), so the
+timeline is the schedule's whatever the core count: docs/benchmarks.md explains how, and what
+``--plot DIR`` draws.
 """
 import argparse
 import os

@@ -3,24 +3,13 @@
     python scripts/bench_zero3.py            (2 ranks, about a minute)
     python scripts/bench_zero3.py -n 4 --quick
 
-One ``mpiexec -n N`` launch trains, in the same processes, the same MLP (512-1024-1024-1024-10,
-2.6 M float32 parameters, AdamW, ``--batch`` samples per rank) three ways that take turns
-(``--rounds`` rounds of ``--steps`` steps, so a change of load hits them alike):
-
-    DDP              minipar DistributedDataParallel, ring all-reduce in 2 MB buckets
-    ZeRO-3           ZeRO3, one unit per Linear, the next unit's gather started early (prefetch)
-    ZeRO-3 no pre.   ZeRO3(prefetch=False): each gather starts when its unit needs it
-
-Step time is the median over steps of the slowest rank. Printed: each run's ms per step and
-bytes sent per step (the comm counters), then the ratios ZeRO-3 / DDP (time and bytes: the
-bytes 1.5 by the formula 3(N-1)/N against 2(N-1)/N) and no-prefetch / prefetch (above 1: the
-prefetch hides part of the gathers). Prefetch runs the gathers on the communicator's background
-thread: it can only pay with a core free beside each rank's compute.
+DDP, ZeRO-3 and ZeRO-3 without prefetch train the same MLP in one launch, taking turns;
+printed: each run's ms and bytes sent per step, then ZeRO-3 / DDP (bytes 1.5 by the formula)
+and no-prefetch / prefetch. The runs and the formula: docs/benchmarks.md.
 """
 import argparse
 import os
 import sys
-import time
 
 SIZES = (512, 1024, 1024, 1024, 10)
 RUNS = ("DDP", "ZeRO-3", "ZeRO-3 no pre.")
@@ -33,6 +22,7 @@ def worker(batch, steps, rounds):
     import minipar
     import minipar.nn as nn
     from minipar import comm, optim
+    from minipar.comm import fit
     from minipar import functional as F
     from minipar.parallel.data import DistributedDataParallel, ZeRO3
 
@@ -68,12 +58,8 @@ def worker(batch, steps, rounds):
     for _ in range(rounds):
         for kind in RUNS:
             before = world.counters.bytes_sent
-            for _ in range(steps):
-                world.barrier()
-                t0 = time.perf_counter()
-                one_step(runs[kind])
-                times[kind].append(world.all_reduce(np.array([time.perf_counter() - t0]),
-                                                    op="max")[0])
+            times[kind] += fit.timed(world, lambda: one_step(runs[kind]), steps, warmup=0,
+                                     statistic=list)
             sent[kind] = (world.counters.bytes_sent - before) / steps
     return {kind: (float(np.median(times[kind])), sent[kind]) for kind in RUNS}
 

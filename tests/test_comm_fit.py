@@ -118,3 +118,34 @@ def test_a_latency_as_dear_as_a_size_leaves_no_zero_beta():
     assert betas[65536] == pytest.approx((5e-5 - 4e-5) / (65536 - 8))
     assert betas[32768] == betas[65536]  # beyond the readable sizes: the nearest one's
     assert slopes({8: 1e-5, 4096: 1e-5}, 8) == {4096: 1e-5 / 4096}  # none readable
+
+
+def test_settle_measures_each_key_once_a_round_then_the_unsettled_again():
+    from minipar.comm import fit
+    calls, samples = [], {"a": [], "b": []}
+
+    def measure(key):
+        calls.append(key)
+        samples[key].append(len(calls))
+    unsettled = lambda: ["b"] if len(samples["b"]) < 4 else []  # noqa: E731
+    again = fit.settle(["a", "b"], measure, unsettled, rounds=2, retries=3,
+                       progress=lambda keys: iter(list(keys)))
+    assert calls == ["a", "b", "a", "b", "b", "b"]  # the keys take turns; b twice more
+    assert again == {"b": 2}
+
+
+def test_timed_counts_the_slowest_rank_of_each_call():
+    from minipar.comm import fit
+
+    class TwoRanks:  # this rank and one twice as slow
+        def barrier(self):
+            pass
+
+        def all_gather_object(self, times):
+            self.mine = times
+            return [times, [2 * t for t in times]]
+    comm, calls = TwoRanks(), []
+    each = fit.timed(comm, lambda: calls.append(1), 3, warmup=1, statistic=list)
+    assert len(calls) == 4 and each == [2 * t for t in comm.mine] and len(each) == 3
+    median = fit.timed(comm, lambda: None, 3, warmup=0)
+    assert median == sorted(2 * t for t in comm.mine)[1]

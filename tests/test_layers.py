@@ -21,9 +21,7 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "minipar"
 TEACHING = {"minipar.testing", "minipar.cli", "minipar.bench", "minipar.console",
-            "minipar.assignments", "minipar.doctor", "minipar.figures",
-            # old paths of the command's modules, kept as re-exports of minipar.cli
-            "minipar.groups_cli", "minipar.lessons_index"}
+            "minipar.assignments", "minipar.doctor", "minipar.figures"}
 ORDER = ("backend", "engine", "comm", "parallel", "teaching")
 MAY_IMPORT = {  # layer -> the layers its modules may import
     "backend": {"backend"},

@@ -28,11 +28,6 @@ PUBLIC = {
 
 OLD_PATHS = {  # old module -> (new module, names that must be the same objects)
     "minipar.comm.collectives": ("minipar.comm", "ALGORITHMS OPS chunk_bounds"),
-    "minipar.parallel.sampler": ("minipar.parallel.data", "DistributedSampler local_batch_size"),
-    "minipar.parallel.zero": ("minipar.parallel.data", "ZeRO"),
-    "minipar.parallel.param_server": ("minipar.parallel.data", "ParameterServer busiest_link"),
-    "minipar.groups_cli": ("minipar.cli.groups", "add_arguments run"),
-    "minipar.lessons_index": ("minipar.cli.lessons", "add_arguments run"),
 }
 
 

@@ -5,14 +5,13 @@ nbgrader's convention: three hashes, ``BEGIN SOLUTION`` and the task's id (``rin
 opening it, three hashes and ``END SOLUTION`` closing it, at the statements' indentation. The
 markers appear nowhere else (this module spells them in two pieces).
 
-``make`` copies the package (the checks that grade it are ``minipar/assignments/checks.py``) and
-the lessons into a student tree where each
-chosen task's regions become ``raise NotImplementedError("Task <id>: <title> (see lesson NN)")`` at
-the region's indentation (signatures, docstrings and the comments before the region stay), and
-the other tasks keep their solution with the markers removed. ``grade`` runs each task's checks,
-the grader's own copy of them, in a pytest subprocess whose working folder and ``PYTHONPATH`` are
-the student tree, all or nothing per task: a task scores its points when every one of its checks
-passes, else 0 (partial credit would reward a stub that happens to pass one case).
+``make`` copies the package and the lessons into a student tree where each chosen task's
+regions become ``raise NotImplementedError("Task <id>: <title> (see lesson NN)")`` at their
+indentation (signatures, docstrings and the comments before them stay); the other tasks keep
+their solution, the markers removed. ``grade`` runs each task's checks (the grader's own copy
+of ``minipar/assignments/checks.py``) in a pytest subprocess whose working folder and
+``PYTHONPATH`` are the student tree, all or nothing per task: a task scores its points when
+every one of its checks passes, else 0 (partial credit would reward a stub that passes one case).
 """
 import dataclasses
 import json

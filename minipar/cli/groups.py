@@ -12,7 +12,7 @@ has no limit); a larger --world is an argparse error, as is every other bad size
 import json
 
 from minipar.cli.args import UsageError, nonnegative_int, positive_int
-from minipar.parallel.groups import EXPERT_KINDS, NAMES, RankGrid, orders
+from minipar.parallel.groups import DENSE, EXPERT, KEYS, KINDS, RankGrid, orders
 
 MAX_WORLD = 1 << 17  # 131,072 ranks: more than today's largest training jobs; ~1 s, 8 MB of JSON
 ORDERS = orders()
@@ -60,17 +60,15 @@ def run(args):
 def one_rank(grid, rank):
     """{'rank': r, 'coords': {...}, 'tensor': [...], 'pipeline': [...], 'data': [...]}, and
     'expert': [...], 'expert_data': [...] when ep > 1."""
-    kinds = ("tp", "pp", "dp") + (EXPERT_KINDS if grid.ep > 1 else ())
     return {"rank": rank, "coords": grid.all_coords(rank),
-            **{NAMES[kind].replace("-", "_"): grid.group_of(rank, kind) for kind in kinds}}
+            **{KEYS[kind]: grid.group_of(rank, kind) for kind in grid.shown(KINDS)}}
 
 
 def describe_rank(grid, rank):
     c = grid.all_coords(rank)
-    kinds = ("tp", "pp", "dp") + (EXPERT_KINDS if grid.ep > 1 else ())
-    shown = ("tp", "dp", "pp") + kinds[3:]
-    lines = [grid.title(), f"rank {rank}: " + " ".join(f"{k} {c[k]}" for k in shown)]
-    for kind in kinds:
+    coords = " ".join(f"{k} {c[k]}" for k in grid.shown(DENSE + EXPERT))
+    lines = [grid.title(), f"rank {rank}: {coords}"]
+    for kind in grid.shown(KINDS):
         group = grid.group_of(rank, kind)
-        lines.append(f"{NAMES[kind]} group ({len(group)} ranks): " + str(group).replace(" ", ""))
+        lines.append(f"{KINDS[kind]} group ({len(group)} ranks): " + str(group).replace(" ", ""))
     return "\n".join(lines)

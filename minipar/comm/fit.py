@@ -9,8 +9,8 @@ gamma the time of an add into a third array, both measured at each power of two 
 what one step of an algorithm costs beyond its bytes, from its tiny all-reduce (cost.py explains
 the model). Times are the median over iterations of the slowest rank's time (nccl-tests, OSU);
 a size's constant is the fastest of several rounds, and a size whose fastest round is not
-confirmed, or costs more than the next size up, is measured again (``stalled``, ``fit``): a
-loaded machine slows some rounds, it does not bend the curve.
+confirmed, or costs more than the next size up, is measured again (``stalled``, ``settle``):
+a loaded machine slows some rounds, it does not bend the curve.
 """
 import itertools
 import statistics
@@ -23,14 +23,9 @@ from minipar.comm.registry import ALGORITHMS
 FIT_SIZES = tuple(1 << k for k in range(15, 27))  # 32 KiB, 64 KiB, ... 64 MiB
 
 
-def slowest_median(comm, times):
-    """Median over iterations of the slowest rank's time (the nccl-tests / OSU convention)."""
-    per_rank = comm.all_gather_object(times)
-    return statistics.median(max(column) for column in zip(*per_rank))
-
-
-def timed(comm, step, iters, warmup=3):
-    """Median of the slowest rank's seconds for ``step()``, all ranks starting together."""
+def timed(comm, step, iters, warmup=3, statistic=statistics.median):
+    """Median of the slowest rank's seconds for ``step()``, all ranks starting together
+    (``statistic=list``: the slowest rank's seconds of each of the ``iters`` calls)."""
     times = []
     for i in range(warmup + iters):
         comm.barrier()
@@ -39,7 +34,10 @@ def timed(comm, step, iters, warmup=3):
         backend.synchronize()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-    return slowest_median(comm, times)
+    # a collective step ends when its last rank does: the slowest rank's time is the step's,
+    # and the median over iterations is nccl-tests' and OSU's convention
+    per_rank = comm.all_gather_object(times)
+    return statistic([max(column) for column in zip(*per_rank)])
 
 
 def _windows(nbytes, span):
@@ -95,14 +93,27 @@ def step_times(comm, algorithms, rounds=5, iters=40, retries=3):
 
     def batch(a):
         batches[a].append(timed(comm, lambda: comm.all_reduce(x, algorithm=a, out=out), iters))
-    for a in [a for _ in range(rounds) for a in algorithms]:
-        batch(a)
-    for _ in range(retries):
-        for a in unconfirmed(batches):
-            batch(a)
+    settle(algorithms, batch, lambda: unconfirmed(batches), rounds, retries)
     zero = lambda m: 0  # noqa: E731
     return {a: min(batches[a]) / max(ALGORITHMS["all_reduce"][a].cost(
         comm.size, x.nbytes, 1, zero, zero), 1) for a in algorithms}
+
+
+def settle(keys, measure, unsettled, rounds, retries, progress=None):
+    """Call ``measure(key)`` for every key once a round for ``rounds`` rounds, the keys taking
+    turns, then once more for each key ``unsettled()`` names, up to ``retries`` times; returns
+    {key: measurements added}. The caller's ``measure`` keeps its samples, ``unsettled`` reads
+    them; ``progress`` wraps the rounds' list of keys (a progress bar)."""
+    # the keys take turns: a burst of other work on the machine spoils one round at a few
+    # keys, not every sample of one key
+    for key in (progress or iter)([key for _ in range(rounds) for key in keys]):
+        measure(key)
+    again = {}
+    for _ in range(retries):
+        for key in unsettled():
+            measure(key)
+            again[key] = again.get(key, 0) + 1
+    return again
 
 
 AGREE = 1.25  # a size's minimum stands once a second round comes within 25 % of it
@@ -186,16 +197,12 @@ def fit(comm, sizes=FIT_SIZES, small=8, algorithms=("ring",), rounds=3, retries=
         if size != small:
             adds[size].append(reduce_time(comm, size, iters, span))
 
-    # all sizes once a round (the tiny message, the latency, first): a burst of other work
-    # spoils one round
-    for size in (progress or iter)([size for _ in range(rounds) for size in sends]):
-        measure(size)
-    refitted = {}
-    for _ in range(retries):
-        for size in sorted(set(stalled(sends)) | set(stalled(adds))):
-            measure(size)
-            refitted[size] = refitted.get(size, 0) + 1
-    unsettled = sorted(set(stalled(sends)) | set(stalled(adds)))
+    def stalled_sizes():
+        return sorted(set(stalled(sends)) | set(stalled(adds)))
+
+    # all sizes once a round, the tiny message (the latency) first
+    refitted = settle(list(sends), measure, stalled_sizes, rounds, retries, progress)
+    unsettled = stalled_sizes()
     send, add = in_line(sends), in_line(adds)  # the latency, too, no dearer than 32 KiB
     latency, betas = send[small], slopes(send, small)
     gammas = {m: add[m] / m for m in sizes}

@@ -1,7 +1,6 @@
 """Pictures for a slide, drawn from what minipar measured or simulated (the ``plot`` extra).
 
-    available()                     is matplotlib importable?
-    require()                       the matplotlib module, or FiguresUnavailable(MISSING)
+    available(), require()          is matplotlib importable? the module, or FiguresUnavailable
     save(fig, path)                 a PNG (or .svg / .pdf by suffix), parent folders made
     figure_path(directory, name)    directory/name.png
     write_figures(directory, draw)  what every --plot does: save, print each path, or say MISSING
@@ -13,15 +12,14 @@
     loss_chart(curves, ...)         loss curves, the serial reference thick and grey underneath
     bar_chart(categories, series)   grouped bars with their values written on them
     memory_chart(bars, ...)         memory per rank, measured beside theory
-
-Each chart function returns a ``matplotlib.figure.Figure`` built with the object API (no pyplot:
-no window, no global state, no display needed), at least 1000 pixels wide when saved, with a
-title, axis labels and a legend. matplotlib is imported only inside these functions, through
-``require()``, so ``import minipar.figures`` works without it and every command that draws says
-how to get the pictures (``MISSING``) instead of failing.
 """
 import sys
 
+# Each chart function returns a matplotlib.figure.Figure built with the object API (no pyplot:
+# no window, no global state, no display needed), at least 1000 pixels wide when saved, with a
+# title, axis labels and a legend. matplotlib is imported only inside these functions, through
+# require(), so ``import minipar.figures`` works without it and every command that draws says
+# how to get the pictures (MISSING) instead of failing.
 from minipar.figures.base import (MISSING, FiguresUnavailable, available, figure_path, require,
                                   save)
 from minipar.figures.charts import bar_chart, busbw_chart, loss_chart, memory_chart

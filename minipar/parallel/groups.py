@@ -1,58 +1,41 @@
-"""The rank grid of 3D (and 4D) parallelism: which ranks share a tensor, a pipeline, a data or an
-expert group, and the communicators built from it (``ParallelGroups``: one per group kind, for
-this rank).
+"""The rank grid of 3D and 4D parallelism (Megatron-LM's ``parallel_state``) as slices of one array.
 
-W ranks are arranged as a grid of tp × dp × pp = W. Megatron-LM's default order makes the tensor
-coordinate vary fastest, then data, then pipeline (its order string "tp-dp-pp"), so
-
-    rank = tp_rank + tp · (dp_rank + dp · pp_rank)
-
-which keeps each tensor group, the chattiest (two all-reduces per layer, forward and backward), on
-neighbouring ranks, i.e. inside one node. A group of one kind is the set of ranks that differ
-only in that coordinate. For W = 16, tp = 2, pp = 4 (so dp = 2), as in Megatron's documentation:
+W = tp × dp × pp ranks; a group of one kind holds the ranks that differ only in that coordinate.
+For W = 16, tp = 2, pp = 4 (so dp = 2), as in Megatron's documentation, order tp-dp-pp:
 
     tensor   [0, 1] [2, 3] [4, 5] ... [14, 15]
     pipeline [0, 4, 8, 12] [1, 5, 9, 13] [2, 6, 10, 14] [3, 7, 11, 15]
     data     [0, 2] [1, 3] [4, 6] [5, 7] ... [13, 15]
 
-The expert dimension (mixture of experts). Megatron-core builds a second grid for the expert
-layers over the same ranks, tp × ep × edp × pp in the order "tp-ep-dp-pp" (its default
-"tp-cp-ep-dp-pp" with cp = 1), where dp there means edp = W / (tp·ep·pp): the expert-data
-size. With the experts' tensor size equal to tp (Megatron's ETP = TP), both grids share the
-tensor and pipeline groups, so the expert grid cuts each data group in two directions:
+    grid = RankGrid(16, tp=2, pp=4)        # ep=2 adds expert and expert-data groups (ep | dp)
+    grid.groups("dp"), grid.group_of(5, "pp"), grid.coords(5), grid.rank(tp=1, pp=1)
+    groups = ParallelGroups(world, tp=2, pp=4)   # this rank's communicators: groups.tensor, ...
 
-    d = e + ep · j      (dp coordinate d, expert rank e, expert-data rank j; ep divides dp)
-
-    expert       (ep)   the ranks of a data group holding different experts: the tokens of each
-                        move to the rank holding their expert (all-to-all) and back
-    expert-data  (edp)  the ranks holding the same experts: expert gradients are reduced here,
-                        the rest over the whole data group
-
-For W = 8, tp = 2, pp = 1, ep = 2 (so dp = 4, edp = 2), order tp-ep-dp-pp:
-
-    data         [0, 2, 4, 6] [1, 3, 5, 7]
-    expert       [0, 2] [1, 3] [4, 6] [5, 7]
-    expert-data  [0, 4] [1, 5] [2, 6] [3, 7]
-
-An order that does not name ep puts it just before dp (Megatron's default); naming it places it
-beside dp on either side ("tp-dp-ep-pp": d = j + edp · e). Anywhere else the expert grid's
-pipeline groups would differ from the dense grid's, which Megatron refuses too.
+``minipar groups --world 16 --tp 2 --pp 4`` prints the grid.
 """
 import itertools
 
-KINDS = ("tp", "dp", "pp")
-EXPERT_KINDS = ("ep", "edp")  # the expert grid's own kinds; it shares tp and pp
-NAMES = {"tp": "tensor", "dp": "data", "pp": "pipeline", "ep": "expert", "edp": "expert-data"}
+import numpy as np  # the grid is host-side integers, whatever the device backend
+
+# The table of group kinds, in the order they are listed (text, JSON, communicators): kind ->
+# the name of its groups; KEYS: its key in the JSON and its ParallelGroups attribute.
+KINDS = {"tp": "tensor", "pp": "pipeline", "dp": "data", "ep": "expert", "edp": "expert-data"}
+KEYS = {kind: name.replace("-", "_") for kind, name in KINDS.items()}
+DENSE = ("tp", "dp", "pp")  # the coordinates of the dense grid, in the order they are shown
+# The expert grid's own kinds: it splits dp in two and shares tp and pp with the dense grid.
+EXPERT = ("ep", "edp")
+# The pairs of kinds whose groups check() finds orthogonal in the expert grid (tp and pp are
+# checked with the dense grid).
+EXPERT_PAIRS = (("tp", "ep"), ("tp", "edp"), ("ep", "edp"), ("ep", "pp"), ("edp", "pp"))
 
 
 def orders():
     """Every order string RankGrid takes: the dense axes in any order, with or without ep
     beside dp."""
     out = []
-    for axes in itertools.permutations(KINDS):
-        out.append("-".join(axes))
+    for axes in itertools.permutations(DENSE):
         d = axes.index("dp")
-        out += ["-".join(axes[:d + k] + ("ep",) + axes[d + k:]) for k in (0, 1)]
+        out += ["-".join(axes)] + ["-".join(axes[:k] + ("ep",) + axes[k:]) for k in (d, d + 1)]
     return out
 
 
@@ -68,6 +51,8 @@ class RankGrid:
             raise ValueError(f"world size {world} is not divisible by tp·pp = {tp}·{pp} = "
                              f"{tp * pp}: the ranks cannot form a tp × dp × pp grid")
         axes = order.split("-") if isinstance(order, str) else []
+        # ep named anywhere but beside dp would give the expert grid other pipeline groups than
+        # the dense grid's, which Megatron refuses too.
         if order not in orders():
             raise ValueError(f"order {order!r} must name tp, dp and pp once each, fastest-varying "
                              f"first (Megatron's default is 'tp-dp-pp'), and may name ep once, "
@@ -78,14 +63,33 @@ class RankGrid:
                              f"divisible by ep = {ep}: each data group splits into expert groups "
                              f"of ep ranks (Megatron: world % (tp·ep·pp) == 0)")
         self.world = world
-        self.order = tuple(a for a in axes if a != "ep")
-        self.ep_first = "ep" not in axes or axes.index("ep") < axes.index("dp")
         self.sizes = {"tp": tp, "dp": dp, "pp": pp, "ep": ep, "edp": dp // ep}
-        self.tp, self.dp, self.pp = self.sizes["tp"], self.sizes["dp"], self.sizes["pp"]
-        self.ep, self.edp = ep, dp // ep
-        d = self.order.index("dp")
-        inner = ("ep", "edp") if self.ep_first else ("edp", "ep")
-        self.expert_order = self.order[:d] + inner + self.order[d + 1:]
+        self.tp, self.dp, self.pp, self.ep, self.edp = (self.sizes[k] for k in DENSE + EXPERT)
+        # Megatron's default order "tp-dp-pp" makes the tensor coordinate vary fastest, then
+        # data, then pipeline: rank = tp_rank + tp · (dp_rank + dp · pp_rank). It keeps each
+        # tensor group, the chattiest (two all-reduces per layer, forward and backward), on
+        # neighbouring ranks, i.e. inside one node.
+        self.order = tuple(a for a in axes if a != "ep")
+        # Megatron-core builds a second grid for the expert layers over the same ranks,
+        # tp × ep × edp × pp in the order "tp-ep-dp-pp" (its "tp-cp-ep-dp-pp" with cp = 1), dp
+        # there meaning edp = W / (tp·ep·pp). With the experts' tensor size equal to tp (ETP =
+        # TP) both grids share the tensor and pipeline groups, and the expert grid cuts each
+        # data group in two directions: d = e + ep · j (expert rank e, expert-data rank j).
+        #   expert (ep)        the ranks holding different experts: the tokens of each move to
+        #                      the rank holding their expert (all-to-all) and back
+        #   expert-data (edp)  the ranks holding the same experts: expert gradients are reduced
+        #                      here, the rest over the whole data group
+        # For W = 8, tp = 2, ep = 2 (dp = 4, edp = 2): data [0, 2, 4, 6] [1, 3, 5, 7], expert
+        # [0, 2] [1, 3] [4, 6] [5, 7], expert-data [0, 4] [1, 5] [2, 6] [3, 7].
+        # An order that does not name ep puts it just before dp (Megatron's default); naming it
+        # after dp ("tp-dp-ep-pp") gives d = j + edp · e.
+        inner = ("edp", "ep") if "ep" in axes[axes.index("dp"):] else ("ep", "edp")
+        self.expert_order = sum((inner if a == "dp" else (a,) for a in self.order), ())
+        # Each grid is the ranks 0..W-1 in an array with one axis per coordinate, the slowest
+        # first (C order), so a rank's coordinates are its index and a group is a slice. kind ->
+        # (the grid it is a slice of, that grid's axes); tp and pp slice both grids alike.
+        self.grids = {kind: (np.arange(world).reshape([self.sizes[a] for a in axes]), axes)
+                      for axes in (self.expert_order[::-1], self.order[::-1]) for kind in axes}
 
     def coords(self, rank):
         """{'tp': i, 'dp': j, 'pp': k} of a rank: its digits in the mixed radix of ``order``."""
@@ -111,49 +115,48 @@ class RankGrid:
         return rank
         ### END SOLUTION
 
+    def _grid(self, kind, rank=0):
+        """(the array of the grid that has ``kind``, its axes slowest first), once ``kind`` and
+        ``rank`` are known to be in the grid."""
+        if not 0 <= rank < self.world:
+            raise ValueError(f"rank {rank} is outside the world of {self.world} ranks")
+        if kind not in self.grids:
+            raise ValueError(f"unknown group kind {kind!r}: choose one of "
+                             f"{', '.join(DENSE + EXPERT)}")
+        return self.grids[kind]
+
     def expert_coords(self, rank):
-        """{'tp', 'ep', 'edp', 'pp'} of a rank: its place in the expert grid, the dp coordinate d
-        split as d = e + ep·j (or d = j + edp·e when the order puts ep after dp)."""
-        c = self.coords(rank)
-        fast, slow = ("ep", "edp") if self.ep_first else ("edp", "ep")
-        slow_rank, fast_rank = divmod(c["dp"], self.sizes[fast])
-        return {"tp": c["tp"], fast: fast_rank, slow: slow_rank, "pp": c["pp"]}
+        """{'tp', 'ep', 'edp', 'pp'} of a rank: its index in the expert grid, the dp coordinate
+        d split as d = e + ep·j (or d = j + edp·e when the order puts ep after dp)."""
+        grid, axes = self._grid("ep", rank)
+        index = dict(zip(axes, np.unravel_index(rank, grid.shape)))
+        split = [a for a in self.expert_order if a in EXPERT]  # the faster of ep, edp first
+        return {a: int(index[a]) for a in ["tp", *split, "pp"]}
 
     @property
     def order_name(self):
         """The order as given, with ep shown beside dp when there are expert groups."""
-        if self.ep == 1:
-            return "-".join(self.order)
-        return "-".join("dp" if a == "edp" else a for a in self.expert_order)
+        expert = ("dp" if a == "edp" else a for a in self.expert_order)
+        return "-".join(self.order if self.ep == 1 else expert)
 
-    def stride(self, kind):
-        """How far apart two ranks are whose ``kind`` coordinates differ by one: the product of
-        the sizes of the axes that vary faster (before ``kind`` in ``order``, or in
-        ``expert_order`` for the expert kinds)."""
-        if kind not in KINDS + EXPERT_KINDS:
-            raise ValueError(f"unknown group kind {kind!r}: choose one of "
-                             f"{', '.join(KINDS + EXPERT_KINDS)}")
-        axes = self.order if kind in KINDS else self.expert_order
-        stride = 1
-        for axis in axes[:axes.index(kind)]:
-            stride *= self.sizes[axis]
-        return stride
+    def shown(self, kinds):
+        """The ``kinds`` this grid shows (its groups' list: KINDS; a rank's coordinates: DENSE +
+        EXPERT): ep and edp only when ep > 1."""
+        return [kind for kind in kinds if kind not in EXPERT or self.ep > 1]
 
     def groups(self, kind):
         """Every group of one kind ('tp', 'dp', 'pp', 'ep' or 'edp'), each a sorted list of
-        ranks, in order of their lowest rank. A group is its lowest rank b (``kind`` coordinate
-        0) plus multiples of the stride: [b, b + s, ..., b + (size - 1)·s]; one pass over the
-        ranks, O(world)."""
-        stride, size = self.stride(kind), self.sizes[kind]
-        return [list(range(b, b + size * stride, stride))
-                for b in range(self.world) if (b // stride) % size == 0]
+        ranks, in order of their lowest rank: the grid's slices along the ``kind`` axis."""
+        grid, axes = self._grid(kind)
+        rows = np.moveaxis(grid, axes.index(kind), -1).reshape(-1, self.sizes[kind])
+        return rows[np.argsort(rows[:, 0], kind="stable")].tolist()
 
     def group_of(self, rank, kind):
-        """The group of one kind that contains ``rank``: computed from its coordinate, O(size)."""
-        stride, size = self.stride(kind), self.sizes[kind]
-        coord = (self.coords if kind in KINDS else self.expert_coords)(rank)[kind]
-        base = rank - coord * stride
-        return list(range(base, base + size * stride, stride))
+        """The group of one kind that contains ``rank``: its slice through the rank's index."""
+        grid, axes = self._grid(kind, rank)
+        index = list(np.unravel_index(rank, grid.shape))
+        index[axes.index(kind)] = slice(None)
+        return grid[tuple(index)].tolist()
 
     def check(self):
         """The groups are complete (each kind partitions the ranks) and orthogonal (groups of two
@@ -162,23 +165,19 @@ class RankGrid:
         O(world): each rank gets the index of its group of each kind, and two ranks with the same
         pair of indices for two kinds would be two ranks those groups share."""
         label = {}
-        expert_pairs = [p for p in itertools.combinations(("tp", "ep", "edp", "pp"), 2)
-                        if p != ("tp", "pp")]  # tp and pp: checked with the dense grid
-        for kinds, pairs in ((KINDS, itertools.combinations(KINDS, 2)),
-                             (EXPERT_KINDS, expert_pairs)):
-            for kind in kinds:
-                label[kind] = self._labels(kind)
+        for kinds, pairs in ((DENSE, itertools.combinations(DENSE, 2)), (EXPERT, EXPERT_PAIRS)):
+            label.update((kind, self._labels(kind)) for kind in kinds)
             for a, b in pairs:
-                seen = {}
-                for r in range(self.world):
-                    first = seen.setdefault((label[a][r], label[b][r]), r)
-                    assert first == r, (f"{NAMES[a]} group {self.groups(a)[label[a][r]]} and "
-                                        f"{NAMES[b]} group {self.groups(b)[label[b][r]]} share "
+                seen = {}  # (index of r's group of kind a, of kind b) -> the first such rank
+                for r, pair in enumerate(zip(label[a], label[b])):
+                    first = seen.setdefault(pair, r)
+                    assert first == r, (f"{KINDS[a]} group {self.groups(a)[label[a][r]]} and "
+                                        f"{KINDS[b]} group {self.groups(b)[label[b][r]]} share "
                                         f"ranks {first} and {r}")
-        for kind in EXPERT_KINDS:
+        for kind in EXPERT:
             for g in self.groups(kind):
                 assert len({label["dp"][r] for r in g}) == 1, \
-                    f"{NAMES[kind]} group {g} spans more than one data group"
+                    f"{KINDS[kind]} group {g} spans more than one data group"
         return True
 
     def _labels(self, kind):
@@ -187,24 +186,22 @@ class RankGrid:
         label = [None] * self.world
         for i, g in enumerate(self.groups(kind)):
             assert len(g) == self.sizes[kind], \
-                f"{NAMES[kind]} group {g} has {len(g)} ranks, not {self.sizes[kind]}"
+                f"{KINDS[kind]} group {g} has {len(g)} ranks, not {self.sizes[kind]}"
             for r in g:
                 assert 0 <= r < self.world and label[r] is None, \
-                    f"{NAMES[kind]} groups do not cover every rank once (rank {r})"
+                    f"{KINDS[kind]} groups do not cover every rank once (rank {r})"
                 label[r] = i
-        assert None not in label, f"{NAMES[kind]} groups do not cover every rank once"
+        assert None not in label, f"{KINDS[kind]} groups do not cover every rank once"
         return label
 
     def as_dict(self):
         """{'tensor': [[...]], 'pipeline': [[...]], 'data': [[...]]} plus sizes and each rank's
         coordinates; with ep > 1 also ep, edp, 'expert' and 'expert_data' groups, and each
         rank's ep and edp coordinates."""
-        out = {"world": self.world, "tp": self.tp, "dp": self.dp, "pp": self.pp,
-               "order": self.order_name, "tensor": self.groups("tp"),
-               "pipeline": self.groups("pp"), "data": self.groups("dp")}
-        if self.ep > 1:
-            out.update(ep=self.ep, edp=self.edp, expert=self.groups("ep"),
-                       expert_data=self.groups("edp"))
+        out = {"world": self.world, **{k: self.sizes[k] for k in DENSE}, "order": self.order_name}
+        out.update((KEYS[kind], self.groups(kind)) for kind in KINDS if kind in DENSE)
+        out.update({kind: self.sizes[kind] for kind in self.shown(EXPERT)})
+        out.update((KEYS[kind], self.groups(kind)) for kind in self.shown(EXPERT))
         out["coords"] = [self.all_coords(r) for r in range(self.world)]
         return out
 
@@ -224,21 +221,17 @@ class RankGrid:
         groups too when ep > 1). Above ``SHOW_ALL`` ranks (unless ``full``) it shows the first
         and last few ranks and groups, the number left out in between, and the rank list of a
         long group as its first ranks and its last."""
-        kinds = ("tp", "pp", "dp") + (EXPERT_KINDS if self.ep > 1 else ())
-        columns = kinds[:1] + ("dp", "pp") + kinds[3:]
+        columns = self.shown(DENSE + EXPERT)
         lines = [self.title(), "", " rank" + "".join(f"{k:>5}" for k in columns)]
         short = not full and self.world > SHOW_ALL
         for r in _ends(range(self.world), 8 if short else self.world, "ranks"):
-            if isinstance(r, str):
-                lines.append(f"  {r}")
-                continue
-            c = self.all_coords(r)
-            lines.append(f"{r:5d}" + "".join(f"{c[k]:5d}" for k in columns))
-        for kind in kinds:
+            c = self.all_coords(r) if isinstance(r, int) else {}  # or r is "... (N more ranks) ..."
+            lines.append(f"{r:5d}" + "".join(f"{c[k]:5d}" for k in columns) if c else f"  {r}")
+        for kind in self.shown(KINDS):
             groups = self.groups(kind)
             shown = _ends(groups, 4 if short else len(groups), "groups")
             text = " ".join(g if isinstance(g, str) else _ranks(g, short) for g in shown)
-            lines.append(f"\n{NAMES[kind]} groups ({len(groups)} of {self.sizes[kind]}): {text}")
+            lines.append(f"\n{KINDS[kind]} groups ({len(groups)} of {self.sizes[kind]}): {text}")
         return "\n".join(lines)
 
 
@@ -269,19 +262,14 @@ class ParallelGroups:
         self.world = world
         self.grid = RankGrid(world.size, tp=tp, pp=pp, order=order, ep=ep)
         self.coords = {**self.grid.coords(world.rank), **self.grid.expert_coords(world.rank)}
-        comms = {}
-        for kind in ("tp", "pp", "dp", "ep", "edp"):  # every rank joins every split, in order
+        for kind in KINDS:  # every rank joins every split, in the table's order
             color = self.grid.group_of(world.rank, kind)[0]  # a group is named by its lowest rank
-            comms[kind] = world.split(color, key=self.coords[kind])
-        self.tensor, self.pipeline, self.data = comms["tp"], comms["pp"], comms["dp"]
-        self.expert, self.expert_data = comms["ep"], comms["edp"]
+            setattr(self, KEYS[kind], world.split(color, key=self.coords[kind]))
 
     def describe(self):
-        c, r = self.coords, self.world.rank
-        text = (f"rank {r}: tp {c['tp']} dp {c['dp']} pp {c['pp']}  "
-                f"tensor {self.grid.group_of(r, 'tp')} pipeline {self.grid.group_of(r, 'pp')} "
-                f"data {self.grid.group_of(r, 'dp')}")
-        if self.grid.ep > 1:
-            text += (f"  ep {c['ep']} edp {c['edp']}  expert {self.grid.group_of(r, 'ep')} "
-                     f"expert-data {self.grid.group_of(r, 'edp')}")
-        return text
+        r, c, grid = self.world.rank, self.coords, self.grid
+        parts = []  # the coordinates, then the groups: dense, and expert when ep > 1
+        for kinds in (DENSE, EXPERT)[:1 + (grid.ep > 1)]:
+            parts += [" ".join(f"{k} {c[k]}" for k in kinds),
+                      " ".join(f"{KINDS[k]} {grid.group_of(r, k)}" for k in KINDS if k in kinds)]
+        return f"rank {r}: " + "  ".join(parts)

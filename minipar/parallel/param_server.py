@@ -1,1 +1,0 @@
-from .data.param_server import PULL, PUSH, ParameterServer, busiest_link  # noqa: F401

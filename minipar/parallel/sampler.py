@@ -1,1 +1,0 @@
-from .data.sampler import DistributedSampler, local_batch_size  # noqa: F401  (old path)
