@@ -27,7 +27,6 @@ PUBLIC = {
 }
 
 OLD_PATHS = {  # old module -> (new module, names that must be the same objects)
-    "minipar.comm.collectives": ("minipar.comm", "ALGORITHMS OPS chunk_bounds"),
     "minipar.parallel.sampler": ("minipar.parallel.data", "DistributedSampler local_batch_size"),
     "minipar.parallel.zero": ("minipar.parallel.data", "ZeRO"),
     "minipar.parallel.param_server": ("minipar.parallel.data", "ParameterServer busiest_link"),
