@@ -4,8 +4,8 @@ Counters (per communicator, per rank): messages and bytes sent and received, and
 inside communication calls; ``snapshot()`` gives them as a dict, ``reset()`` zeroes them.
 
 A ``Request`` is a non-blocking send or receive: ``wait()`` completes it (noting itself for the
-watchdog while it waits, watch.py), then runs the communicator's bookkeeping for it (checks,
-counters, trace) and returns the buffer.
+watchdog while it waits, watch.py), then runs its bookkeeping (transfer.py: checks, counters,
+trace) and returns the buffer.
 """
 import time
 
@@ -26,6 +26,17 @@ class Counters:
         for field in self.FIELDS:
             setattr(self, field, 0)
 
+    def add(self, seconds, sent=None, received=None):
+        """Seconds in a call, and the bytes of the message it sent and of the one it received
+        (None: no message that way)."""
+        if sent is not None:
+            self.messages_sent += 1
+            self.bytes_sent += sent
+        if received is not None:
+            self.messages_received += 1
+            self.bytes_received += received
+        self.comm_time_s += seconds
+
     def snapshot(self):
         return {field: getattr(self, field) for field in self.FIELDS}
 
@@ -33,38 +44,36 @@ class Counters:
 class Request:
     """A non-blocking send or receive in flight; ``wait()`` completes it (and returns the buffer).
 
-    ``note`` is (op, peers as world ranks, bytes, tag) for the watchdog; ``complete(status, t0)``
-    is the communicator's bookkeeping once the transfer is done."""
+    ``requests`` are the MPI requests of its pieces (chunks.py); ``transfer`` its bookkeeping
+    (transfer.py), run once the pieces are done."""
 
-    def __init__(self, mpi_request, buffer, note, complete):
-        self.mpi_request, self.buffer, self.note, self._complete = mpi_request, buffer, note, complete
+    def __init__(self, requests, buffer, transfer):
+        self.requests, self.buffer, self.transfer = requests, buffer, transfer
+        self.statuses = [MPI.Status() for _ in requests]
         self.done = False
 
     def wait(self):
         if self.done:
             return self.buffer
         t0 = time.perf_counter()
-        watch.state["call"] = self.note + (time.monotonic(),)
-        try:
-            status = MPI.Status()
-            self.mpi_request.Wait(status)
-        finally:
-            watch.state["call"] = None
-        self._finish(status, t0)
+        with self.transfer.noted():
+            for request, status in zip(self.requests, self.statuses):
+                request.Wait(status)
+                watch.progress()
+        self._finish(t0)
         return self.buffer
 
     def test(self):
         """True (and completed) when the transfer is done; never blocks."""
         if not self.done:
             t0 = time.perf_counter()
-            status = MPI.Status()
-            if self.mpi_request.Test(status):
-                self._finish(status, t0)
+            if MPI.Request.Testall(self.requests, self.statuses):
+                self._finish(t0)
         return self.done
 
-    def _finish(self, status, t0):
+    def _finish(self, t0):
         self.done = True
-        self._complete(status, t0)
+        self.transfer.done(t0, self.statuses, messages=False)  # counted when it was posted
 
     @staticmethod
     def wait_all(requests):
