@@ -14,7 +14,9 @@ CHUNK_BYTES = int(os.environ.get("MINIPAR_CHUNK_BYTES", 64 << 20))
 
 
 def pieces(buf):
-    """Byte views of buf, CHUNK_BYTES each (the last shorter); one piece when it is small."""
+    """Byte views of buf, CHUNK_BYTES each (the last shorter); buf itself when it is small."""
+    if buf.nbytes <= CHUNK_BYTES:
+        return (buf,)
     flat = buf.reshape(-1).view("u1")
     return [flat[i:i + CHUNK_BYTES] for i in range(0, max(flat.size, 1), CHUNK_BYTES)]
 

@@ -23,10 +23,10 @@ from minipar.comm import allreduce, param_server, trees, exchange, mpi, nonblock
 from minipar.comm import agreement, chunks, node, watch
 from minipar.comm.errors import CommError, dtype_tag
 from minipar.comm.registry import pick
-from minipar.comm.requests import Counters, Request  # noqa: F401  (re-exported)
+from minipar.comm.requests import Counters, Request  # noqa: F401  (Counters: re-exported)
 from minipar.comm.buffers import array as _array
 from minipar.comm.staging import cuda_aware
-from minipar.comm.transfer import Transfer, blocking
+from minipar.comm.transfer import Transfer
 
 _state = watch.state  # the collective in progress, for the watchdog (watch.py)
 watch.install_abort_hook()  # from this import on, an uncaught exception ends the whole job
@@ -141,13 +141,13 @@ class Communicator:
     def send(self, x, dest, tag=0):
         """Blocking send of array ``x`` to rank ``dest``."""
         dest = self.check_peer(dest)
-        with blocking(self, "send", dest, send=x, tag=tag) as t:
+        with Transfer(self, "send", dest, send=x, tag=tag) as t:
             chunks.send(self.mpi, t.sbuf, dest, tag)
 
     def recv(self, out, source, tag=0):
         """Blocking receive from rank ``source`` into ``out`` (its size must match); returns out."""
         source = self.check_peer(source)
-        with blocking(self, "recv", source, recv=out, tag=tag) as t:
+        with Transfer(self, "recv", source, recv=out, tag=tag) as t:
             chunks.recv(self.mpi, t.rbuf, source, t.match, t.status, t.check)
         return out
 
@@ -155,7 +155,7 @@ class Communicator:
         """Send ``x`` to ``dest`` and receive into ``out`` from ``source`` at once (no deadlock)."""
         dest, source = self.check_peer(dest), self.check_peer(source)
         recvtag = sendtag if recvtag is None else recvtag
-        with blocking(self, "sendrecv", (dest, source), send=x, recv=out, tag=recvtag) as t:
+        with Transfer(self, "sendrecv", (dest, source), send=x, recv=out, tag=recvtag) as t:
             chunks.sendrecv(self.mpi, t.sbuf, dest, sendtag, t.rbuf, source, t.match, t.status,
                             t.check)
         return out
@@ -163,14 +163,14 @@ class Communicator:
     def isend(self, x, dest, tag=0):
         """Start sending ``x`` to ``dest``; returns a ``Request``. Do not modify x before wait()."""
         dest = self.check_peer(dest)
-        t = Transfer(self, "isend", dest, send=x, tag=tag)
-        return t.posted(chunks.isend(self.mpi, t.sbuf, dest, tag), x)
+        request = Request(self, "isend", dest, send=x, tag=tag)
+        return request.post(chunks.isend(self.mpi, request.sbuf, dest, tag), x)
 
     def irecv(self, out, source, tag=0):
         """Start receiving into ``out`` from ``source``; returns a ``Request`` (wait() gives out)."""
         source = self.check_peer(source)
-        t = Transfer(self, "irecv", source, recv=out, tag=tag)
-        return t.posted(chunks.irecv(self.mpi, t.rbuf, source, t.match), out)
+        request = Request(self, "irecv", source, recv=out, tag=tag)
+        return request.post(chunks.irecv(self.mpi, request.rbuf, source, request.match), out)
 
     # -- small Python objects (metadata, checks, timings: pickled by mpi4py, not counted) ------
     def all_gather_object(self, obj):
@@ -187,7 +187,7 @@ class Communicator:
 
     def barrier(self):
         """Wait until every rank of this communicator arrives (MPI's barrier; moves no data)."""
-        with blocking(self, "barrier", None):
+        with Transfer(self, "barrier", None):
             self.mpi.Barrier()
 
     # -- collectives: each runs the algorithm named (registry.py), its formula beside its code --

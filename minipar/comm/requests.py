@@ -4,14 +4,15 @@ Counters (per communicator, per rank): messages and bytes sent and received, and
 inside communication calls; ``snapshot()`` gives them as a dict, ``reset()`` zeroes them.
 
 A ``Request`` is a non-blocking send or receive: ``wait()`` completes it (noting itself for the
-watchdog while it waits, watch.py), then runs its bookkeeping (transfer.py: checks, counters,
-trace) and returns the buffer.
+watchdog while it waits), then finishes its bookkeeping (transfer.py: checks, staging,
+counters, trace) and returns the buffer.
 """
 import time
 
 from mpi4py import MPI
 
 from minipar.comm import watch
+from minipar.comm.transfer import Transfer
 
 
 class Counters:
@@ -41,39 +42,41 @@ class Counters:
         return {field: getattr(self, field) for field in self.FIELDS}
 
 
-class Request:
+class Request(Transfer):
     """A non-blocking send or receive in flight; ``wait()`` completes it (and returns the buffer).
 
-    ``requests`` are the MPI requests of its pieces (chunks.py); ``transfer`` its bookkeeping
-    (transfer.py), run once the pieces are done."""
+        request = Request(comm, "isend", dest, send=x, tag=tag)
+        request.post(chunks.isend(comm.mpi, request.sbuf, dest, tag), x)
+    """
 
-    def __init__(self, requests, buffer, transfer):
-        self.requests, self.buffer, self.transfer = requests, buffer, transfer
+    def post(self, requests, buffer):
+        """Started as MPI ``requests``, one per piece (chunks.py): its messages count now."""
+        self.requests, self.buffer, self.done = requests, buffer, False
         self.statuses = [MPI.Status() for _ in requests]
-        self.done = False
+        self.count(self.start)
+        self.counted = True
+        return self
 
     def wait(self):
-        if self.done:
-            return self.buffer
-        t0 = time.perf_counter()
-        with self.transfer.noted():
-            for request, status in zip(self.requests, self.statuses):
-                request.Wait(status)
-                watch.progress()
-        self._finish(t0)
+        if not self.done:
+            self.t0 = time.perf_counter()
+            with self:  # noted for the watchdog while it waits; finished after
+                for request, status in zip(self.requests, self.statuses):
+                    request.Wait(status)
+                    watch.progress()
         return self.buffer
 
     def test(self):
         """True (and completed) when the transfer is done; never blocks."""
         if not self.done:
-            t0 = time.perf_counter()
+            self.t0 = time.perf_counter()
             if MPI.Request.Testall(self.requests, self.statuses):
-                self._finish(t0)
+                self.finish()
         return self.done
 
-    def _finish(self, t0):
+    def finish(self):
         self.done = True
-        self.transfer.done(t0, self.statuses, messages=False)  # counted when it was posted
+        super().finish()
 
     @staticmethod
     def wait_all(requests):

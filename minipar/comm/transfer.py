@@ -2,13 +2,11 @@
 (staging.py), the note for the watchdog (watch.py), the checks of what arrived, the counters
 (requests.py) and the trace. A communicator method enters it and keeps only its MPI call:
 
-    with blocking(comm, "recv", source, recv=out, tag=tag) as t:
+    with Transfer(comm, "recv", source, recv=out, tag=tag) as t:
         chunks.recv(comm.mpi, t.rbuf, source, t.match, t.status, t.check)
 
-    t = Transfer(comm, "isend", dest, send=x, tag=tag)                 # non-blocking
-    return t.posted(chunks.isend(comm.mpi, t.sbuf, dest, tag), x)     # a Request
+A non-blocking call is a ``requests.Request``, the same bookkeeping finished by ``wait()``.
 """
-import contextlib
 import time
 from typing import NamedTuple
 
@@ -17,7 +15,6 @@ from mpi4py import MPI
 from minipar.comm import agreement, chunks, watch
 from minipar.comm.buffers import array
 from minipar.comm.errors import CommError, tag_dtype
-from minipar.comm.requests import Request
 from minipar.comm.staging import HOST_ARRAY, recv_buffer, send_buffer
 
 
@@ -31,73 +28,66 @@ class Event(NamedTuple):
     nbytes: int  # sent and received
 
 
-@contextlib.contextmanager
-def blocking(comm, op, peer, send=None, recv=None, tag=None):
-    """A blocking call's bookkeeping around its MPI call (the body of the ``with``)."""
-    transfer = Transfer(comm, op, peer, send, recv, tag)
-    with transfer.noted():
-        yield transfer
-    transfer.done(transfer.start)
+class Transfer(watch.blocking):
+    """One call of ``comm``: ``op`` with ``peer`` (a rank; (dest, source) for a sendrecv; None:
+    every rank), sending array ``send`` and receiving into array ``recv`` (either may be None).
+    Around the MPI call it is noted for the watchdog, and a message larger than the receive
+    buffer raises a CommError; after it, ``finish`` runs."""
 
-
-class Transfer:
-    """One call of ``comm``: ``op`` with ``peer`` (a rank, (dest, source), or None: all ranks),
-    sending array ``send`` and receiving into array ``recv`` (either may be None)."""
+    statuses = ()  # a non-blocking receive's, one per piece: checked when it finishes
+    counted = False  # its messages and bytes already counted (a non-blocking call's, when posted)
 
     def __init__(self, comm, op, peer, send=None, recv=None, tag=None):
+        self.start = self.t0 = time.perf_counter()
         self.comm, self.op, self.peer, self.tag = comm, op, peer, tag
-        self.source = peer[1] if isinstance(peer, tuple) else peer
-        self.start = time.perf_counter()
         self.sbuf, self._sent = (None, None) if send is None else _send_buffer(comm, send)
         self.rbuf, self._received = (None, None) if recv is None else _recv_buffer(comm, recv)
+        self.sent = None if send is None else self.sbuf.nbytes  # bytes each way (None: no message)
+        self.received = None if recv is None else self.rbuf.nbytes
+        self.nbytes = (self.sent or 0) + (self.received or 0)
         # the collectives' channel posts receives for any tag and checks it after (check): a
         # message of another call is named rather than left unmatched for ever
         self.match = MPI.ANY_TAG if comm.strict_tags else tag
-        self.status = comm.status  # reused by the blocking calls (one allocation less each)
+        self.status = comm.status
+        w = comm.world_ranks
+        if peer is None:
+            peers, self.source = w, None
+        elif type(peer) is tuple:
+            peers, self.source = (w[peer[0]], w[peer[1]]), peer[1]
+        else:
+            peers, self.source = (w[peer],), peer
+        # the watchdog's note: the bytes this call waits for (a send's: those it sends)
+        super().__init__(op, peers, self.nbytes if recv is None else self.received, tag)
 
-    @contextlib.contextmanager
-    def noted(self):
-        """The call noted for the watchdog while MPI waits in it; a message larger than the
-        receive buffer raised as a CommError."""
-        w = self.comm.world_ranks
-        peers = w if self.peer is None else [w[r] for r in (self.peer if isinstance(
-            self.peer, tuple) else (self.peer,))]
-        nbytes = self.rbuf.nbytes if self.rbuf is not None else self.nbytes
-        with watch.blocking(self.op, peers, nbytes, self.tag):
-            try:
-                yield
-            except MPI.Exception as error:
-                raise self._truncated(error) from None
+    def __exit__(self, kind, error, traceback):
+        super().__exit__(kind, error, traceback)
+        if error is None:
+            self.finish()
+        elif isinstance(error, MPI.Exception):
+            raise self._truncated(error) from None
 
-    @property
-    def nbytes(self):
-        return sum(buf.nbytes for buf in (self.sbuf, self.rbuf) if buf is not None)
-
-    def posted(self, requests, buffer):
-        """A non-blocking call started as MPI ``requests``: its Request (``wait()`` gives
-        ``buffer``). Its messages and bytes count now, its seconds both now and at the end."""
-        request = Request(requests, buffer, self)
-        self.count(self.start)
-        return request
-
-    def done(self, t0, statuses=(), messages=True):
-        """After MPI: check the pieces a non-blocking receive got (their ``statuses``), copy
-        staged data in and give host buffers back, count and trace."""
-        if self.rbuf is not None:
-            for status, piece in zip(statuses, chunks.pieces(self.rbuf)):
+    def finish(self):
+        """After MPI: check the pieces a non-blocking receive got, copy staged data in and give
+        host buffers back, count the seconds since ``t0`` (and the messages, unless counted
+        already) and append the call to the trace."""
+        if self.statuses and self.rbuf is not None:
+            for status, piece in zip(self.statuses, chunks.pieces(self.rbuf)):
                 self.check(status, piece.nbytes)
-        for finish in filter(None, (self._sent, self._received)):
-            finish()
-        self.count(t0, messages)
+        if self._sent is not None:  # staged: give the host buffer back
+            self._sent()
+        if self._received is not None:  # staged: copy into the device array, give it back
+            self._received()
+        self.count(self.t0, messages=not self.counted)
         if self.comm.trace is not None:
             self.comm.trace.append(Event(self.comm.rank, self.op, self.peer, self.start,
                                          time.perf_counter(), self.nbytes))
 
     def count(self, t0, messages=True):
         """The seconds since t0, and (``messages``) this call's messages and bytes."""
-        sent = self.sbuf.nbytes if messages and self.sbuf is not None else None
-        received = self.rbuf.nbytes if messages and self.rbuf is not None else None
-        self.comm.counters.add(time.perf_counter() - t0, sent, received)
+        if messages:
+            self.comm.counters.add(time.perf_counter() - t0, self.sent, self.received)
+        else:
+            self.comm.counters.add(time.perf_counter() - t0)
 
     def check(self, status, expected):
         """A CommError unless what arrived has the expected size (and tag, on the strict

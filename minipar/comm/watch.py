@@ -12,7 +12,6 @@ rank abort the job; a rank that leaves while a peer waits on it names the call a
 How each part works: docs/comm.md.
 """
 import atexit
-import contextlib
 import os
 import sys
 import threading
@@ -64,15 +63,19 @@ def world_ranks(mpi_comm):
                                            MPI.COMM_WORLD.Get_group()))
 
 
-@contextlib.contextmanager
-def blocking(op, peers, nbytes=0, tag=None):
+class blocking:  # a context manager, named as contextlib's are
     """Note a blocking call that waits on world ranks ``peers`` (a send, a receive, a barrier,
     a communicator split, a shared window's allocation) while it runs, for the watchdog and
-    the exit check."""
-    state["call"] = Call(op, tuple(peers), nbytes, tag, time.monotonic())
-    try:
-        yield
-    finally:
+    the exit check: ``with watch.blocking("barrier", peers): ...``."""
+
+    def __init__(self, op, peers, nbytes=0, tag=None):
+        self.note = (op, tuple(peers), nbytes, tag)
+
+    def __enter__(self):
+        state["call"] = Call(*self.note, time.monotonic())
+        return self
+
+    def __exit__(self, kind, error, traceback):
         state["call"] = None
 
 
@@ -80,7 +83,7 @@ def progress():
     """The call in progress moved (a chunk finished): restart its watchdog clock."""
     call = state["call"]
     if call is not None:
-        state["call"] = Call._make(call)._replace(since=time.monotonic())
+        state["call"] = Call(*call[:4], time.monotonic())  # the same call, its clock restarted
 
 
 def describe_call(call):
