@@ -59,8 +59,8 @@ class Transfer(watch.blocking):
         # the watchdog's note: the bytes this call waits for (a send's: those it sends)
         super().__init__(op, peers, self.nbytes if recv is None else self.received, tag)
 
-    def __exit__(self, kind, error, traceback):
-        super().__exit__(kind, error, traceback)
+    def __exit__(self, kind, error, tb):
+        super().__exit__(kind, error, tb)
         if error is None:
             self.finish()
         elif isinstance(error, MPI.Exception):

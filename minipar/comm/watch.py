@@ -75,7 +75,7 @@ class blocking:  # a context manager, named as contextlib's are
         state["call"] = Call(*self.note, time.monotonic())
         return self
 
-    def __exit__(self, kind, error, traceback):
+    def __exit__(self, *error):
         state["call"] = None
 
 
@@ -83,7 +83,7 @@ def progress():
     """The call in progress moved (a chunk finished): restart its watchdog clock."""
     call = state["call"]
     if call is not None:
-        state["call"] = Call(*call[:4], time.monotonic())  # the same call, its clock restarted
+        state["call"] = Call(*call[:4], time.monotonic())
 
 
 def describe_call(call):
