@@ -47,6 +47,41 @@ def test_p2p_groups_and_nonblocking_all_reduce():
     assert all(s > 0 for s in sent)
 
 
+def chunked_body():
+    """Every message moves in chunks (MINIPAR_CHUNK_BYTES=64: 400 bytes in 7): an isend meets a
+    blocking recv, a send an irecv, each one message in the counters and one trace event."""
+    from minipar import comm
+
+    world = comm.world()
+    peer = 1 - world.rank
+    got = np.empty(50)
+    world.counters.reset()
+    world.trace = []
+    if world.rank == 0:
+        request = world.isend(np.arange(50.0), peer)
+        world.recv(got, peer)
+    else:
+        request = world.irecv(got, peer)
+        world.send(np.arange(50.0) + 1, peer)
+    request.wait()
+    events = [(event.op, event.peer, event.nbytes) for event in world.trace]
+    world.trace = None
+    counted = world.counters.snapshot()
+    return bool((got == np.arange(50.0) + peer).all()), events, counted
+
+
+@pytest.mark.mpi
+def test_chunked_messages_match_across_blocking_and_non_blocking_calls():
+    (ok0, events0, counted0), (ok1, events1, counted1) = run_on_ranks(
+        chunked_body, 2, env={"MINIPAR_CHUNK_BYTES": "64"})
+    assert ok0 and ok1
+    assert events0 == [["recv", 1, 400], ["isend", 1, 400]]  # lists: results come back as JSON
+    assert events1 == [["send", 0, 400], ["irecv", 0, 400]]
+    for counted in (counted0, counted1):
+        assert (counted["messages_sent"], counted["bytes_sent"]) == (1, 400)
+        assert (counted["messages_received"], counted["bytes_received"]) == (1, 400)
+
+
 def bench_body():
     from minipar import bench
     from minipar.comm import world

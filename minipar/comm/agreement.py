@@ -1,18 +1,13 @@
 """Ranks agree on every collective call, or they hear about it: fingerprints in the message tag.
 
-Every collective call gets the next call number of its communicator and a fingerprint: the
-collective, the algorithm, the op, the dtype, and a hash of the count and root. Both ride in
-the tag of every message the algorithm sends anyway (a tag has 29 bits with MPICH), so checking
-costs no extra message. The receiving rank compares the tag that arrived with the one it
-expects and, when they differ, raises a ``CommError`` naming both calls:
+    tag = agreement.encode("all_reduce", "ring", "sum", dtype, count, root=None, call=3)
+    agreement.describe(tag)         # 'all_reduce #3 (ring, sum, float32)'
+    agreement.difference(a, b)      # 'collectives differ across ranks', ...
 
-    rank 1: broadcast #3 (binomial, root 0, float32, 10 elements) received a message of rank
-    0's all_reduce #3 (ring, sum, float32): the ranks called different collectives
-
-instead of adding a stray message into the wrong result or the next call. MPI's own
-collectives send no message of ours, so algorithm ``mpi`` checks with one tiny MPI_Allreduce of
-the tag (mpi.py). ``check=False`` on a call, or ``MINIPAR_CHECK=0``, leaves only the dtype in the
-tag (as the receive checks always did): the opt-out for benchmarks.
+Every collective call's number and fingerprint (collective, algorithm, op, dtype, a hash of
+count and root) ride in the tag of every message it sends anyway, so checking costs no extra
+message; a receive that gets another call's tag raises a CommError naming both calls
+(docs/comm.md). ``check=False`` on a call, or ``MINIPAR_CHECK=0``, leaves only the dtype.
 
     bits, low to high:  dtype 5 | collective 4 | algorithm 4 | op 3 | count and root 6 | call rest
 """

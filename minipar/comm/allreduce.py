@@ -1,28 +1,11 @@
 """All-reduce written by hand over point-to-point messages, each algorithm beside its cost.
 
-Cost model (Hockney; Thakur, Rabenseifner & Gropp 2005): a step sending an m-byte message
-takes alpha + m beta(m); reducing m bytes takes m gamma(m). beta and gamma are fitted per size
-(fit.py: caches), so each term reads them at its own message size; alpha per algorithm (the
-Python around a step differs). For p ranks, n bytes:
+    y = comm.all_reduce(x, op="sum", algorithm="ring")    # or "auto": the cheapest formula
 
-    all_reduce          time                                             bytes sent per rank
-    sequential          2(p-1)(alpha + n beta(n)) + (p-1) n gamma(n)     n (2n on inner ranks)
-    parallel            (p-1)(alpha + n beta(n)) + (p-1) n gamma(n)      (p-1) n
-    ring                2(p-1)(alpha + n/p beta(n/p)) + (p-1) n/p gamma(n/p)    2(p-1)/p n
-    recursive_halving   sum over m = n/2, n/4, ..., n/p of                2(p-1)/p n
-                          2(alpha + m beta(m)) + m gamma(m)
-    recursive_doubling  log p (alpha + n beta(n) + n gamma(n))           n log p
-    parameter_server    2(p-1)(alpha + n beta(n)) + (p-1) n gamma(n)     server: (p-1) n each way
-    sharded_ps          2(p-1)(alpha + n/p beta(n/p)) + (p-1) n/p gamma(n/p)    2(p-1)/p n
-    shm                 2 alpha + 2 copy(n) + (p-1) n/p gamma(n/p)       none: shared memory
-    hierarchical        shm in each node, auto's algorithm across the N nodes' leaders
-    mpi                 MPI_Allreduce (the reference, mpi.py); auto: the cheapest formula for n
-
-(copy(n) = 2/3 n gamma(n); shm.py and hierarchical.py give the derivations. ``auto`` weighs shm
-when all the ranks share one node and hierarchical when some of them do: node.span.)
-
-(p not a power of two: log p and p read pof2, plus the fold's 2(alpha + n beta(n)) + n gamma(n);
-patterns.py. The two parameter-server algorithms are in param_server.py.)
+sequential, parallel, ring (Patarasuk & Yuan), recursive halving (Rabenseifner) and recursive
+doubling (Thakur, Rabenseifner & Gropp 2005); shm.py, hierarchical.py and param_server.py add
+theirs. Each ``cost(p, n, alpha, beta, gamma)`` is the alpha-beta-gamma model's (cost.py); the
+table of them all, with the bytes each sends: docs/comm.md.
 
 An algorithm ``run(c, x, buf, op, tag)`` reads the flat input x and writes the flat result buf
 (the same array when in place) on ``c``, the communicator's private channel; ring and the
@@ -59,7 +42,8 @@ def _nodes(comm, x, op):
     collective: it is noted as this all-reduce, so a rank stuck there is named as in any other."""
     if comm.size == 1:
         return None
-    watch.state["collective"] = ("all_reduce", comm._calls, "auto", op, None, x.dtype, x.size)
+    watch.state["collective"] = watch.Collective("all_reduce", comm._calls, "auto", op, None,
+                                                 x.dtype, x.size)
     return node.span(comm)
 
 

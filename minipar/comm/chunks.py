@@ -1,13 +1,12 @@
-"""Large messages move in chunks, so a transfer that progresses never looks stuck.
+"""Every message moves in chunks, so a transfer that progresses never looks stuck.
 
 A message over ``CHUNK_BYTES`` (64 MiB; ``MINIPAR_CHUNK_BYTES`` to change it) goes as a run of
-chunks with the same tag: MPI delivers messages of one sender, tag and communicator in order,
-so the receiver, cutting its buffer the same way, gets them in place. Each finished chunk counts
-as progress for the watchdog (watch.py), so an all-reduce of 2^31 elements on a loaded machine
-does not trip even a short timeout, while a call that waits on a peer that never sends does.
+chunks with the same tag; a smaller one is a single chunk, one MPI call. Each finished chunk
+counts as progress for the watchdog (watch.py), so an all-reduce of 2^31 elements on a loaded
+machine does not trip even a short timeout, while a call that waits on a peer that never sends
+does.
 """
 import os
-import time
 
 from minipar.comm import watch
 
@@ -15,21 +14,19 @@ CHUNK_BYTES = int(os.environ.get("MINIPAR_CHUNK_BYTES", 64 << 20))
 
 
 def pieces(buf):
-    """Byte views of buf, CHUNK_BYTES each (the last shorter); one piece when it is small."""
+    """Byte views of buf, CHUNK_BYTES each (the last shorter); buf itself when it is small."""
+    if buf.nbytes <= CHUNK_BYTES:
+        return (buf,)
     flat = buf.reshape(-1).view("u1")
     return [flat[i:i + CHUNK_BYTES] for i in range(0, max(flat.size, 1), CHUNK_BYTES)]
 
 
-def _progress():
-    call = watch.state["call"]
-    if call is not None:
-        watch.state["call"] = call[:4] + (time.monotonic(),)
-
-
+# MPI delivers the messages of one sender, tag and communicator in order, so the receiver,
+# cutting its buffer the same way, gets every piece in its place.
 def send(mpi, buf, dest, tag):
     for piece in pieces(buf):
         mpi.Send(piece, dest, tag)
-        _progress()
+        watch.progress()
 
 
 def recv(mpi, buf, source, tag, status, check):
@@ -37,17 +34,32 @@ def recv(mpi, buf, source, tag, status, check):
     for piece in pieces(buf):
         mpi.Recv(piece, source, tag, status)
         check(status, piece.nbytes)
-        _progress()
+        watch.progress()
 
 
 def sendrecv(mpi, sbuf, dest, sendtag, rbuf, source, recvtag, status, check):
     """Both directions at once: every piece posted, then completed in order, each progress."""
-    receives = [(mpi.Irecv(piece, source, recvtag), piece.nbytes) for piece in pieces(rbuf)]
-    sends = [mpi.Isend(piece, dest, sendtag) for piece in pieces(sbuf)]
-    for request, nbytes in receives:
+    sends, receives = pieces(sbuf), pieces(rbuf)
+    if len(sends) == len(receives) == 1:  # a small message each way: one MPI_Sendrecv
+        mpi.Sendrecv(sends[0], dest, sendtag, receives[0], source, recvtag, status)
+        check(status, receives[0].nbytes)
+        return
+    posted = [(mpi.Irecv(piece, source, recvtag), piece.nbytes) for piece in receives]
+    sent = [mpi.Isend(piece, dest, sendtag) for piece in sends]
+    for request, nbytes in posted:
         request.Wait(status)
         check(status, nbytes)
-        _progress()
-    for request in sends:
+        watch.progress()
+    for request in sent:
         request.Wait()
-        _progress()
+        watch.progress()
+
+
+def isend(mpi, buf, dest, tag):
+    """The started send of every piece (``requests.Request`` completes them in order)."""
+    return [mpi.Isend(piece, dest, tag) for piece in pieces(buf)]
+
+
+def irecv(mpi, buf, source, tag):
+    """The started receive of every piece (``requests.Request`` completes them in order)."""
+    return [mpi.Irecv(piece, source, tag) for piece in pieces(buf)]

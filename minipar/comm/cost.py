@@ -1,29 +1,14 @@
-"""The alpha-beta-gamma cost model: what a collective should cost, from three constants.
+"""The alpha-beta-gamma cost model (Hockney): what a collective should cost, from three constants.
 
     time(one step, sending m bytes) = alpha + m * beta(m)      time(reduce m bytes) = m * gamma(m)
 
-Each algorithm's formula sits beside its code (allreduce.py, trees.py, exchange.py, ...) as
-``cost(p, n, a, b, g)``, registered with it (registry.py):
-``a`` is alpha, and ``b(m)``, ``g(m)`` are seconds per byte of an m-byte message and of an
-m-byte reduction, so a ring's formula asks for ``b(n / p)``, the size of the messages it sends.
+    cost.predict("all_reduce", "ring", p=4, nbytes=1 << 20)      # seconds, by the formula
+    cost.cheapest("all_reduce", AUTO_CANDIDATES, 4, 1 << 20)     # what ``auto`` picks
 
-Caches make beta and gamma depend on the size: 64 KiB stays in L2, 4 MiB in L3, and 16 MiB or
-more streams from memory at a third of the speed. So ``fit.fit(comm)`` measures them at every power
-of two in ``FIT_SIZES`` the way the algorithms use the machine (every rank sends a message to
-rank + 1 while it receives one from rank - 1, a ring step; every rank reduces into a third
-array at the same moment, as a ring reduces x and the chunk that arrived into the result), and
-``b(m)`` and ``g(m)`` interpolate between them (linear in log2 m; below 32 KiB a message costs
-about alpha, whatever its beta, so the 32 KiB values stand in). When ranks outnumber cores,
-this folds the sharing of cores into the constants.
-
-alpha is what one step costs beyond its bytes: MPI's latency, and the Python around it (the
-wrapper's checks and counters, slicing, the ufunc call). That Python differs by algorithm, so
-``fit.fit(comm, algorithms)`` gives each algorithm its own alpha: its tiny all-reduce (16 floats a
-rank), timed like the benchmark times one, over its number of steps (the alphas in its formula,
-read off as ``cost(p, n, 1, 0, 0)``). ``model.alpha`` is the ring's.
-
-``default_model()`` is the last fit in this process, else ``MINIPAR_COST="alpha,beta,gamma"``
-(seconds, seconds per byte, seconds per byte), else a laptop-like guess.
+Each algorithm's formula sits beside its code as ``cost(p, n, a, b, g)``, registered with it
+(registry.py): ``a`` is alpha, and ``b(m)``, ``g(m)`` are seconds per byte of an m-byte message
+and of an m-byte reduction, so a ring's formula asks for ``b(n / p)``. fit.py measures the
+constants per size on this machine; why per size, and what alpha holds: docs/comm.md.
 """
 import collections
 import math
@@ -85,7 +70,9 @@ def use(model):
 
 
 def default_model():
-    """The cost model ``auto`` and the benchmark use (see the module docstring)."""
+    """The cost model ``auto`` and the benchmark use: the last fit in this process, else
+    ``MINIPAR_COST="alpha,beta,gamma"`` (seconds, seconds per byte, seconds per byte), else a
+    laptop-like guess."""
     if "model" in _fitted:
         return _fitted["model"]
     env = os.environ.get("MINIPAR_COST")

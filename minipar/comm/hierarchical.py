@@ -1,32 +1,17 @@
 """Hierarchical all-reduce: shared memory inside each node, point-to-point across the nodes.
 
-A cluster is N nodes of L ranks each (p = L N): inside a node ranks can read one another's
-memory (shm.py); between nodes only messages go. So (MPICH's and NCCL's two-level scheme)
+    y = comm.all_reduce(x, algorithm="hierarchical")   # "auto" weighs it when nodes are shared
+    MINIPAR_RANKS_PER_NODE=2 mpiexec -n 4 ...          # one machine plays two nodes (node.py)
 
-    1. on each node, the shm all-reduce's first two steps: the node's sum R in its window
-       (copy in, barrier, each rank reduces its 1/L slice, barrier)
-    2. the node leaders (local rank 0) all-reduce R in place across the N nodes, by the
-       point-to-point algorithm the cost model favours for N ranks and n bytes (ring,
-       recursive halving or doubling: cost.cheapest); barrier
-    3. every rank copies R out
+MPICH's and NCCL's two-level scheme, for N nodes of L ranks: on each node, the shm
+all-reduce's first two steps put the node's sum R in its window (shm.py); the node leaders
+(local rank 0) all-reduce R across the N nodes by the point-to-point algorithm the cost model
+favours (cost.cheapest); every rank copies R out. Only n bytes per node cross the network per
+direction and step, where a flat ring sends L times as many messages out of each node.
 
     time   3 alpha + copy(n) + (L-1) n/L gamma(n/L) + T_auto(N, n) + copy(n)
 
-(copy(n) = 2/3 n gamma(n): shm.py; with N = 1 it is the shm all-reduce, two barriers; with
-L = 1 the leaders' algorithm plus two copies). Only n bytes per node cross the network per
-direction and step, where a flat ring over all p ranks sends L times as many messages out of
-each node. Nodes of different sizes are fine (L above is the largest).
-
-On a real cluster the leaders' beta is the network's, not the shared memory's the fit measures
-on one machine: ``cost.predict(..., nodes=N)`` evaluates the formula with the one beta it has.
-NCCL goes one step further: local rank r all-reduces slice r with local rank r of every other
-node (L rings at once, every network link busy), which needs equal L on every node.
-
-Ranks that disagree on the count, dtype or op hear it as in shm.py inside a node; across nodes
-the leaders gather every node's verdict and header (one small message, while their nodes
-reduce) and post the first complaint into the node's window: every rank raises the same
-CommError after the second barrier, before any message of the leaders' all-reduce. One
-machine plays a cluster with ``MINIPAR_RANKS_PER_NODE=k`` (node.py): the tests do.
+The derivation, and what NCCL does beyond it: docs/comm.md.
 """
 import weakref
 
@@ -104,6 +89,9 @@ def _all_reduce_hierarchical(c, x, buf, op, tag):
     if h.nodes == 1:  # one node: the shm all-reduce
         copy_out(node_reduce(w, x, op, tag, h.ranks), buf)
         return
+    # ranks that disagree on the count, dtype or op hear it inside a node as in shm.py; across
+    # nodes the leaders compare every node's header while their nodes reduce (agree_across),
+    # so every rank raises the same CommError before any message of the leaders' all-reduce
     result = node_reduce(w, x, op, tag, h.ranks, agree=lambda error: agree_across(h, error))
     error = w.posted(0)  # the leaders' verdict on the nodes, read after node_reduce's barrier
     if error:

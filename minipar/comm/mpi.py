@@ -7,7 +7,7 @@ communicator's entry points run every algorithm alike. GPU arrays go to MPI dire
 CUDA-aware and through host copies otherwise (staging.py). ``op="avg"`` reaches MPI as a sum;
 the entry point divides (buffers.finish).
 """
-import time
+import functools
 
 from mpi4py import MPI
 
@@ -20,12 +20,23 @@ from minipar.comm.staging import inout_buffer, recv_buffer, send_buffer
 MPI_OP = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
 
 
+def mpi_algorithm(collective):
+    """Register ``fn(c, ..., tag)`` as algorithm ``"mpi"`` of ``collective``: the ranks agree
+    on the call first, and the whole call is noted for the watchdog (it waits on every rank)."""
+    def register(fn):
+        @functools.wraps(fn)
+        def run(c, *args):
+            with watch.blocking("MPI collective", c.world_ranks):
+                agree(c, args[-1])
+                fn(c, *args)
+        return algorithm(collective, "mpi")(run)
+    return register
+
+
 def agree(c, tag):
     """MPI's own collectives carry no message of ours to put the call's fingerprint in, so the
     ranks compare it first with one MPI_Allreduce of (tag, -tag) under MAX: max = -min exactly
-    when every rank made the same call. On a mismatch every rank raises the same CommError.
-    The call is noted for the watchdog: it waits on every rank of the communicator."""
-    watch.state["call"] = ("MPI collective", tuple(c.world_ranks), 0, None, time.monotonic())
+    when every rank made the same call. On a mismatch every rank raises the same CommError."""
     if not agreement.fingerprinted(tag):
         return
     both = backend.numpy.array([tag, -tag], dtype="int64")
@@ -48,26 +59,23 @@ def _run(c, call, send, recv):
         finish()
 
 
-@algorithm("all_reduce", "mpi")
+@mpi_algorithm("all_reduce")
 def _all_reduce(c, x, buf, op, tag):
     """MPI_Allreduce (in place when x is buf)."""
-    agree(c, tag)
     _run(c, lambda s, r: c.mpi.Allreduce(s, r, op=MPI_OP[op]), x, buf)
 
 
-@algorithm("broadcast", "mpi")
+@mpi_algorithm("broadcast")
 def _broadcast(c, buf, root, tag):
-    agree(c, tag)
     data, done = inout_buffer(buf, c.is_cuda_aware())
     c.mpi.Bcast(data, root)
     if done:
         done(copy_back=c.rank != root)  # the root's data is unchanged
 
 
-@algorithm("reduce", "mpi")
+@mpi_algorithm("reduce")
 def _reduce(c, buf, root, op, tag):
     """MPI_Reduce: the root reduces in place into buf, the others send theirs."""
-    agree(c, tag)
     data, done = inout_buffer(buf, c.is_cuda_aware())
     at_root = c.rank == root
     c.mpi.Reduce(MPI.IN_PLACE if at_root else data, data if at_root else None, MPI_OP[op], root)
@@ -75,10 +83,9 @@ def _reduce(c, buf, root, op, tag):
         done(copy_back=at_root)  # only the root receives
 
 
-@algorithm("reduce_scatter", "mpi")
+@mpi_algorithm("reduce_scatter")
 def _reduce_scatter(c, buf, bounds, op, tag):
     """MPI_Reduce_scatter with the chunk sizes of ``chunk_bounds``; chunk r lands in place."""
-    agree(c, tag)
     lo, hi = bounds[c.rank], bounds[c.rank + 1]
     counts = [bounds[j + 1] - bounds[j] for j in range(c.size)]
     mine = c.scratch("mpi", hi - lo, buf)
@@ -86,39 +93,34 @@ def _reduce_scatter(c, buf, bounds, op, tag):
     buf[lo:hi] = mine
 
 
-@algorithm("all_gather", "mpi")
+@mpi_algorithm("all_gather")
 def _all_gather(c, buf, bounds, tag):
     """MPI_Allgather in place: every rank's block already sits at its place in buf."""
-    agree(c, tag)
     data, done = inout_buffer(buf, c.is_cuda_aware())
     c.mpi.Allgather(MPI.IN_PLACE, data)
     if done:
         done()
 
 
-@algorithm("all_to_all", "mpi")
+@mpi_algorithm("all_to_all")
 def _all_to_all(c, x, result, tag):
-    agree(c, tag)
     _run(c, c.mpi.Alltoall, x, result)
 
 
-@algorithm("all_to_all_v", "mpi")
+@mpi_algorithm("all_to_all_v")
 def _all_to_all_v(c, rows, result, sent, got, tag):
     """MPI_Alltoallv, counts and displacements in elements (rows times the row width)."""
-    agree(c, tag)
     w = rows.shape[1]
     send = ([w * (b - a) for a, b in zip(sent, sent[1:])], [w * a for a in sent[:-1]])
     recv = ([w * (b - a) for a, b in zip(got, got[1:])], [w * a for a in got[:-1]])
     _run(c, lambda s, r: c.mpi.Alltoallv([s, send], [r, recv]), rows, result)
 
 
-@algorithm("gather", "mpi")
+@mpi_algorithm("gather")
 def _gather(c, x, result, root, tag):
-    agree(c, tag)
     _run(c, lambda s, r: c.mpi.Gather(s, r, root), x, result)
 
 
-@algorithm("scatter", "mpi")
+@mpi_algorithm("scatter")
 def _scatter(c, x, result, root, tag):
-    agree(c, tag)
     _run(c, lambda s, r: c.mpi.Scatter(s, r, root), x if c.rank == root else None, result)

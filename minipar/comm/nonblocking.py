@@ -7,18 +7,9 @@ and how fully sharded data parallelism gathers the next layer while this one com
 
     work = iall_gather(comm, shard, out=full)       # the same for all_gather and reduce_scatter
 
-``algorithm="mpi"`` is MPI_Iallreduce, progressed by MPI. A hand-coded algorithm runs on a
-background thread of the communicator (``AsyncWorker``), on a duplicate communicator
-(MPI_THREAD_MULTIPLE), so its messages never mix with the caller's; NumPy and MPI drop the GIL,
-so it really runs beside the caller when a core is free. Every rank must start the same
-all-reduces in the same order, as for blocking ones.
-
-On a GPU the thread first makes the caller's GPU its own: CuPy's current device is per thread,
-and a new thread starts on GPU 0, so without this every rank but those on GPU 0 would run the
-reduction's kernels (and its copies) on the wrong GPU.
-
-The worker runs the queued collectives one at a time, in the order they were started, so a
-hand-coded ``iall_gather`` started after an ``ireduce_scatter`` on every rank also runs after it.
+``algorithm="mpi"`` is MPI_Iallreduce; a hand-coded algorithm runs on the communicator's
+background thread (``AsyncWorker``), one collective at a time in the order they were started.
+Every rank must start the same collectives in the same order. Why a thread: docs/comm.md.
 """
 import queue
 import threading
@@ -82,8 +73,11 @@ class AsyncWorker:
         while True:
             work, gpu, collective, x, options = self.queue.get()
             try:
+                # CuPy's current device is per thread, and a new thread starts on GPU 0:
+                # without this, every rank but those on GPU 0 would run the reduction's kernels
+                # (and its copies) on the wrong GPU
                 if gpu is not None:
-                    gpu.use()  # CuPy's current device is per thread: the caller's, here too
+                    gpu.use()
                 work.set(getattr(self.comm, collective)(x, **options))
             except BaseException as error:  # handed to the waiting caller
                 work.set(error=error)

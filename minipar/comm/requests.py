@@ -4,7 +4,7 @@ Counters (per communicator, per rank): messages and bytes sent and received, and
 inside communication calls; ``snapshot()`` gives them as a dict, ``reset()`` zeroes them.
 
 A ``Request`` is a non-blocking send or receive: ``wait()`` completes it (noting itself for the
-watchdog while it waits, watch.py), then runs the communicator's bookkeeping for it (checks,
+watchdog while it waits), then finishes its bookkeeping (transfer.py: checks, staging,
 counters, trace) and returns the buffer.
 """
 import time
@@ -12,6 +12,7 @@ import time
 from mpi4py import MPI
 
 from minipar.comm import watch
+from minipar.comm.transfer import Transfer
 
 
 class Counters:
@@ -26,45 +27,56 @@ class Counters:
         for field in self.FIELDS:
             setattr(self, field, 0)
 
+    def add(self, seconds, sent=None, received=None):
+        """Seconds in a call, and the bytes of the message it sent and of the one it received
+        (None: no message that way)."""
+        if sent is not None:
+            self.messages_sent += 1
+            self.bytes_sent += sent
+        if received is not None:
+            self.messages_received += 1
+            self.bytes_received += received
+        self.comm_time_s += seconds
+
     def snapshot(self):
         return {field: getattr(self, field) for field in self.FIELDS}
 
 
-class Request:
+class Request(Transfer):
     """A non-blocking send or receive in flight; ``wait()`` completes it (and returns the buffer).
 
-    ``note`` is (op, peers as world ranks, bytes, tag) for the watchdog; ``complete(status, t0)``
-    is the communicator's bookkeeping once the transfer is done."""
+        request = Request(comm, "isend", dest, send=x, tag=tag)
+        request.post(chunks.isend(comm.mpi, request.sbuf, dest, tag), x)
+    """
 
-    def __init__(self, mpi_request, buffer, note, complete):
-        self.mpi_request, self.buffer, self.note, self._complete = mpi_request, buffer, note, complete
-        self.done = False
+    def post(self, requests, buffer):
+        """Started as MPI ``requests``, one per piece (chunks.py): its messages count now."""
+        self.requests, self.buffer, self.done = requests, buffer, False
+        self.statuses = [MPI.Status() for _ in requests]
+        self.count(self.start)
+        self.counted = True
+        return self
 
     def wait(self):
-        if self.done:
-            return self.buffer
-        t0 = time.perf_counter()
-        watch.state["call"] = self.note + (time.monotonic(),)
-        try:
-            status = MPI.Status()
-            self.mpi_request.Wait(status)
-        finally:
-            watch.state["call"] = None
-        self._finish(status, t0)
+        if not self.done:
+            self.t0 = time.perf_counter()
+            with self:  # noted for the watchdog while it waits; finished after
+                for request, status in zip(self.requests, self.statuses):
+                    request.Wait(status)
+                    watch.progress()
         return self.buffer
 
     def test(self):
         """True (and completed) when the transfer is done; never blocks."""
         if not self.done:
-            t0 = time.perf_counter()
-            status = MPI.Status()
-            if self.mpi_request.Test(status):
-                self._finish(status, t0)
+            self.t0 = time.perf_counter()
+            if MPI.Request.Testall(self.requests, self.statuses):
+                self.finish()
         return self.done
 
-    def _finish(self, status, t0):
+    def finish(self):
         self.done = True
-        self._complete(status, t0)
+        super().finish()
 
     @staticmethod
     def wait_all(requests):

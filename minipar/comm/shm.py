@@ -1,48 +1,15 @@
 """Shared-memory all-reduce: the ranks of one node add straight out of one another's memory.
 
-Ranks on one machine need not send messages at all. MPI-3 lets them map one shared segment
-(``Split_type(COMM_TYPE_SHARED)`` gives the node's ranks, ``Win.Allocate_shared`` the memory):
-a window holding one slot S_r per rank and a result R. Then (the design of NCCL's and MPICH's
-intra-node paths), for p ranks and an n-byte vector, rank r runs
+    y = comm.all_reduce(x, algorithm="shm")       # every rank on one node
+    buf = shared_array(comm, nbytes)              # a vector that lives in this rank's slot
+    comm.all_reduce(buf, algorithm="shm", out=buf)   # reduced where it lies, nothing copied in
 
-    1. S_r = x but for slice r                           copy in     2(p-1)/p n
-       barrier
-    2. R[slice r] = S_0[slice r] + ... + x[slice r] + ... + S_{p-1}[slice r]   (rank order)
-                                                         reduce      n read, n/p written
-       barrier
-    3. out = R                                           copy out    n read, n written
-
-Each rank reduces only its 1/p of the vector, reading the peers' slots in place (its own slice
-straight from x), and every rank reads the whole result: 3n + 2(p-1)/p n + n/p bytes through
-memory per rank (4.5n at p = 2), two barriers, no message.
-A vector that already lives in a slot (``shared_array``: DDP's gradient buckets, laid out by
-buckets.bucket_buffers, reduced in place) needs neither step 1 nor R: each rank reduces its
-slice into its own slot, and after the barrier copies the peers' reduced slices out of their
-slots: n + n/p + 2(p-1)/p n bytes (2.5n at p = 2) and a third barrier (no rank writes its slot
-again before its peers have read their slices).
-
-Why it beats MPI_Allreduce on one node. Through MPICH's shared memory a message is copied twice
-(the sender into a shared cell, the receiver out of it), so a ring moves 11 (p-1)/p n bytes per
-rank through memory (a step copies n/p into a cell and n/p out of one, 4n/p read and written,
-and the reduce-scatter's steps reduce n/p, 3n/p more; 5.5n at p = 2) and pays 2(p-1)
-handshakes, each cut into cells that sender and receiver must take turns on; MPICH's
-MPI_Allreduce out of place first copies the input into the output as well (2n more). Here
-4.5n at p = 2 and under 5n + n/p at any p, in three streaming passes that all ranks run at
-once, and two barriers whatever p is.
-
-    time     2 alpha + (p-1)/p copy(n) + (p-1) n/p gamma(n/p) + copy(n)
-             copy(n) = 2/3 n gamma(n)
-
-gamma(m) is the fitted time per byte of a reduction c = a + b (3m bytes of traffic, fit.py); a
-copy moves 2m, so it is charged 2/3 of one. alpha is a barrier (fitted per algorithm, fit.py).
-
-The window is made on a communicator's first shm all-reduce and grown when a larger vector
-comes (collective: every rank sees the same count). Each call first writes its header (call
-tag, count, dtype, op) into the window; after the first barrier every rank compares all
-headers, so ranks that disagree raise the same CommError, each on its own, before any result.
-
-Device arrays (CuPy, or the strict stand-in) are staged: copied into the host slot and back
-out of R (one copy each way, as MPI's staging does), and reduced on the host by NumPy.
+An MPI-3 window (``Win.Allocate_shared`` over ``Split_type(COMM_TYPE_SHARED)``) holds a slot
+S_r per rank and a result R (the design of NCCL's and MPICH's intra-node paths): each rank
+copies x into its slot, barrier, reduces its 1/p slice reading the peers' slots in place,
+barrier, and copies R out. Two barriers, no message: 4.5n bytes through memory per rank at
+p = 2, where a ring through MPICH's shared memory moves 5.5n and pays 2(p-1) handshakes.
+The steps, the bytes and the cost formula: docs/comm.md.
 """
 import weakref
 
@@ -169,8 +136,9 @@ def owner(x, buf):
 
 
 def window(c):
-    """c's Window, made on first use (collective); a CommError on every rank when c's ranks span
-    several nodes (shared memory reaches only one node's ranks)."""
+    """c's Window, made on a communicator's first shm all-reduce (collective; node_reduce grows
+    it when a larger vector comes); a CommError on every rank when c's ranks span several nodes
+    (shared memory reaches only one node's ranks)."""
     if c not in _windows:
         nodes = node.span(c)
         if nodes > 1:
@@ -213,7 +181,8 @@ def copy_in(x, slot, lo, hi):
                                   == slot.__array_interface__["data"][0]):
         return x
     if backend.is_gpu_array(x):
-        x.get(out=slot)  # staged: device -> this rank's host slot
+        # staged as MPI's staging is (one copy each way), and reduced on the host by NumPy
+        x.get(out=slot)  # device -> this rank's host slot
         return slot
     slot[:lo] = x[:lo]
     slot[hi:] = x[hi:]
@@ -237,6 +206,8 @@ def node_reduce(w, x, op, tag, ranks, agree=None, offset=0, in_slot=False):
     (x is this rank's slot) each rank's slice goes back into x instead of R."""
     n, dtype = x.size, x.dtype
     lo, hi = bounds(n, w.p)[w.rank:w.rank + 2]
+    # this call's header, compared by every rank after the first barrier: ranks that disagree
+    # raise the same CommError, each on its own, before any result
     w.heads[w.rank] = (tag, n, dtype_tag(dtype), OPS.index(op))
     fits = x.nbytes <= w.cap
     if fits:

@@ -1,22 +1,14 @@
 """GPU arrays and MPI: hand MPI the device buffer (CUDA-aware) or stage through host memory.
 
-MPI reads device memory only when the library is CUDA-aware. ``cuda_aware()`` asks, in order:
-the environment (``MINIPAR_CUDA_AWARE=0/1``), the MPI 4.1 info key ``mpi_memory_alloc_kinds``
-(lists ``cuda`` when device memory is accepted), and MPICH/Open MPI's
-``MPIX_Query_cuda_support()``. CUDA-aware: synchronise the stream, hand MPI the device buffer.
-Otherwise stage: device -> host copy, MPI, host -> device copy.
+    aware = cuda_aware()[0]              # (bool, how it was decided)
+    buf, done = send_buffer(x, aware)    # buffer MPI reads holding x; done() once MPI is done
+    buf, done = recv_buffer(out, aware)  # buffer MPI writes into; done() copies it into out
+    buf, done = inout_buffer(a, aware)   # read and written in place; done(copy_back=True)
+    stats()                              # bytes staged each way, staged calls, host buffers made
 
-Staging goes through host buffers that are reused (``HostBuffers``), not allocated per call:
-pinned (page-locked) memory for CuPy arrays, which the GPU copies to and from by DMA at full
-speed (pageable memory is copied twice, through a pinned bounce buffer of the driver); plain
-NumPy buffers for the strict stand-in. Each call gives the buffer for MPI and the function to
-call once MPI is done with it (None on the direct path): it copies what arrived to the device
-and hands the host buffer back. A buffer in flight (an isend's) is never handed out twice.
-
-    send_buffer(x, aware)        (buffer MPI reads holding x, done)
-    recv_buffer(out, aware)      (buffer MPI writes into, done: copies it into out)
-    inout_buffer(a, aware)       (buffer MPI reads and writes in place, done(copy_back=True))
-    stats()                      bytes staged each way, staged calls, host buffers made
+``done`` is None on the direct path. Staging reuses pinned host buffers (``HostBuffers``);
+a buffer in flight (an isend's) is never handed out twice. How CUDA-awareness is detected and
+why pinned memory: docs/comm.md.
 """
 import ctypes
 import os

@@ -1,36 +1,47 @@
 """Nothing hangs silently: who waits on whom, a watchdog in every run, and a failing rank ends
 the job.
 
-Bookkeeping. Every blocking call notes itself in ``state["call"]`` while it waits: (op, peers as
-world ranks, bytes, tag, the time of its last progress), and a collective notes itself in
-``state["collective"]`` (name, call number, algorithm, ...: put into words only when someone
-asks, so the note costs a collective call no string formatting), a pipeline action in
-``state["action"]``. ``waiting_on()`` turns that into a line; the test harness prints it when a
-run times out, and the watchdog below prints it on its own.
+    with watch.blocking("barrier", peers):   # the call noted while it waits (watch.Call)
+        mpi_comm.Barrier()
+    watch.waiting_on()    # 'rank 0 blocked in recv with peer 1 (800 bytes); all_reduce #3 ...'
 
-Watchdog (``start``, called by ``comm.world()``). A thread checks ten times a second whether the
-call in progress has made no progress for ``MINIPAR_TIMEOUT`` seconds (default 120; ``0`` turns
-it off, for debuggers; ``world(timeout=...)`` sets it too). Large transfers move in chunks that
-each count as progress (chunks.py), so only a stuck call trips it. It then asks the peers
-it waits on what they are doing, over a private duplicate of the world communicator that the
-same thread serves for every other rank, prints what this rank waits for and what they answered,
-and ends the job with MPI_Abort, status 1.
-
-Failure ends the job. From the import of ``minipar.comm``, an uncaught exception on any rank
-prints its traceback, each line prefixed ``[rank r]``, and aborts the whole job. A rank that
-reaches the end of its program waits at exit until every rank does; if meanwhile a peer reports
-that it is blocked on this rank (it skipped a collective, or returned early), the leaving rank
-names the peer and the call and aborts the job instead of leaving it waiting for ever.
+``start`` (called by ``comm.world()``) runs the watchdog thread: a call without progress for
+``MINIPAR_TIMEOUT`` seconds (default 120; 0: off) makes it ask the peers what they do, print
+that, and end the job with status 1. ``install_abort_hook`` makes an uncaught exception on any
+rank abort the job; a rank that leaves while a peer waits on it names the call and aborts.
+How each part works: docs/comm.md.
 """
 import atexit
-import contextlib
 import os
 import sys
 import threading
 import time
 import traceback
+from typing import NamedTuple
 
 from mpi4py import MPI
+
+
+class Call(NamedTuple):
+    """A blocking call in progress: what, on whom, how big, and when it last made progress."""
+    op: str
+    peers: tuple  # world ranks
+    nbytes: int
+    tag: object  # None for MPI's own calls (a barrier, a split, a collective of MPI's)
+    since: float  # time.monotonic() of its start or of its last finished chunk (chunks.py)
+
+
+class Collective(NamedTuple):
+    """A collective in progress: put into words only when someone asks (``doing``), so the
+    note costs a collective call no string formatting."""
+    name: str
+    number: int
+    algorithm: str
+    op: object
+    root: object
+    dtype: object
+    count: int
+
 
 state = {"call": None, "collective": None, "action": None, "exiting": False}
 REQUEST, REPLY = 1, 2  # tags on the private channel
@@ -52,16 +63,27 @@ def world_ranks(mpi_comm):
                                            MPI.COMM_WORLD.Get_group()))
 
 
-@contextlib.contextmanager
-def blocking(op, peers, nbytes=0):
-    """Note a blocking call into MPI itself (a barrier, a communicator split, a shared window's
-    allocation) that waits on world ranks ``peers``, so that the watchdog and the exit check see
-    a rank waiting there as they see one in a send or a receive."""
-    state["call"] = (op, tuple(peers), nbytes, None, time.monotonic())
-    try:
-        yield
-    finally:
+class blocking:  # a context manager, named as contextlib's are
+    """Note a blocking call that waits on world ranks ``peers`` (a send, a receive, a barrier,
+    a communicator split, a shared window's allocation) while it runs, for the watchdog and
+    the exit check: ``with watch.blocking("barrier", peers): ...``."""
+
+    def __init__(self, op, peers, nbytes=0, tag=None):
+        self.note = (op, tuple(peers), nbytes, tag)
+
+    def __enter__(self):
+        state["call"] = Call(*self.note, time.monotonic())
+        return self
+
+    def __exit__(self, *error):
         state["call"] = None
+
+
+def progress():
+    """The call in progress moved (a chunk finished): restart its watchdog clock."""
+    call = state["call"]
+    if call is not None:
+        state["call"] = Call(*call[:4], time.monotonic())
 
 
 def describe_call(call):
@@ -81,8 +103,8 @@ def doing():
     """The collective and pipeline action in progress, in words (empty where there is none)."""
     c = state["collective"]
     collective = None if c is None else (
-        f"{c[0]} #{c[1]} ({c[2]}{f', {c[3]}' if c[3] else ''}"
-        f"{'' if c[4] is None else f', root {c[4]}'}, {c[5].name} x {c[6]})")
+        f"{c.name} #{c.number} ({c.algorithm}{f', {c.op}' if c.op else ''}"
+        f"{'' if c.root is None else f', root {c.root}'}, {c.dtype.name} x {c.count})")
     return [what for what in (collective, state["action"]) if what]
 
 
@@ -102,8 +124,8 @@ def report():
     call = state["call"]
     return {"rank": world_rank(), "exiting": state["exiting"],
             "call": describe_call(call) if call else None,
-            "waits_for": list(call[1]) if call else [],
-            "seconds": time.monotonic() - call[4] if call else 0.0,
+            "waits_for": list(call.peers) if call else [],
+            "seconds": time.monotonic() - call.since if call else 0.0,
             "doing": doing()}
 
 
@@ -158,7 +180,7 @@ def _loop(side):
         time.sleep(0.1)
         _serve(side, status)
         call, timeout = state["call"], _watch["timeout"]
-        if call is not None and timeout > 0 and time.monotonic() - call[4] > timeout:
+        if call is not None and timeout > 0 and time.monotonic() - call.since > timeout:
             _trip(call, timeout)
 
 
@@ -166,10 +188,10 @@ def _trip(call, timeout):
     """No progress for ``timeout`` seconds: say what this rank waits for and what the peers do,
     then end the job (status 1)."""
     me = world_rank()
-    lines = [f"minipar watchdog: no progress for {time.monotonic() - call[4]:.1f} s "
+    lines = [f"minipar watchdog: no progress for {time.monotonic() - call.since:.1f} s "
              f"(MINIPAR_TIMEOUT={timeout:g}) in {describe_call(call)}"]
     lines += [f"  inside {what}" for what in doing()]
-    peers = [r for r in call[1] if r != me] or [r for r in range(MPI.COMM_WORLD.Get_size())
+    peers = [r for r in call.peers if r != me] or [r for r in range(MPI.COMM_WORLD.Get_size())
                                                 if r != me]
     for rank, answer in sorted(ask(peers).items()):
         lines.append(f"  rank {rank} {_peer_line(answer)}")
