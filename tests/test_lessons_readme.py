@@ -1,35 +1,13 @@
-"""The README is a reading path: at most 160 lines, one row per lesson naming its command, the
-files to read in order and the tests that prove it; each lesson's docstring ends with the same
-files and tests ("Read next: ..."), and every path named exists."""
+"""Each lesson's docstring ends with its README row (test_layers.py checks the rows): the same
+files to read, in order, and the same tests that prove it ("Read next: ...; proved by ...")."""
 import ast
-import os
 import pathlib
 import re
 
+from test_layers import readme_rows, resolve
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
 LESSONS = sorted((ROOT / "lessons").glob("[0-9][0-9]_*.py"))
-
-
-def resolve(names):
-    """Paths from a list of names where a bare name lies in the folder of the path before it."""
-    folder, paths = "", []
-    for name in names:
-        path = name if "/" in name else os.path.join(folder, name)
-        folder = os.path.dirname(path.rstrip("/"))
-        paths.append(path)
-    return paths
-
-
-def readme_rows():
-    """Lesson number -> (run command, [paths to read], [tests])."""
-    rows = {}
-    for line in README.read_text().splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 5 and re.fullmatch(r"\d\d", cells[0]):
-            ticks = [re.findall(r"`([^`]+)`", c) for c in cells[2:]]
-            rows[cells[0]] = (ticks[0][0], resolve(ticks[1]), ticks[2])
-    return rows
 
 
 def read_next(path):
@@ -39,21 +17,6 @@ def read_next(path):
     files, tests = closing.groups()
     names = [n.strip() for n in re.split(r",|\bthen\b", " ".join(files.split())) if n.strip()]
     return resolve(names), re.findall(r"tests/\S+\.py", tests)
-
-
-def test_the_readme_is_at_most_160_lines():
-    assert len(README.read_text().splitlines()) <= 160
-
-
-def test_one_row_per_lesson_with_its_command_files_and_tests():
-    rows = readme_rows()
-    assert sorted(rows) == [p.name[:2] for p in LESSONS]
-    for path in LESSONS:
-        run, read, tests = rows[path.name[:2]]
-        assert run.startswith(f"minipar lesson {path.name[:2]}")
-        assert read[0] == f"lessons/{path.name}"
-        for name in read + tests:
-            assert (ROOT / name).exists(), f"README row {path.name[:2]} names {name}"
 
 
 def test_each_lesson_ends_with_its_readme_row():
