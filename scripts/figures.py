@@ -1,4 +1,4 @@
-"""The README's two pictures, drawn from the pipeline simulator (a second or two, no MPI):
+"""The pictures under docs/, drawn from the pipeline simulator (a second or two, no MPI):
 
     python scripts/figures.py              writes docs/schedule-1f1b.png and docs/bubble.png
     python scripts/figures.py --out DIR    somewhere else
