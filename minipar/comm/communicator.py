@@ -105,6 +105,8 @@ class Communicator:
     # -- checks ------------------------------------------------------------------------------
     def check_peer(self, peer):
         """``peer`` as an int (NumPy integers too), or a CommError unless it is a rank here."""
+        if type(peer) is int and 0 <= peer < self.size:  # the common case, before the ABC check
+            return peer
         if isinstance(peer, numbers.Integral) and not isinstance(peer, bool) and 0 <= peer < self.size:
             return int(peer)
         raise CommError(f"rank {self.rank}: peer rank {peer!r} out of range for a "

@@ -61,9 +61,10 @@ class Request(Transfer):
         if not self.done:
             self.t0 = time.perf_counter()
             with self:  # noted for the watchdog while it waits; finished after
-                for request, status in zip(self.requests, self.statuses):
+                for i, (request, status) in enumerate(zip(self.requests, self.statuses)):
+                    if i:  # the piece before completed: the watchdog's clock starts again
+                        watch.progress()
                     request.Wait(status)
-                    watch.progress()
         return self.buffer
 
     def test(self):
