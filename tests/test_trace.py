@@ -17,6 +17,10 @@ def test_text_gantt_snapshot():
         "rank 0 | F0 F1 .  B0 W0 B1 W1\n"
         "rank 1 | .  F0 B0 F1 B1 W0 W1")
     assert text_gantt(simulate(build("interleaved", 2, 2))).splitlines()[0].startswith("rank 0 | F0a F1a F0b")
+    # the rows can be named, e.g. by the world ranks of one pipeline group
+    assert text_gantt(simulate(build("gpipe", 2, 2)), labels=["rank 0", "rank 12"]) == (
+        "rank 0  | F0 F1 .  .  .  B0 B0 B1 B1\n"
+        "rank 12 | .  F0 F1 B0 B0 B1 B1 .  .")
 
 
 def test_bubble_counts_waiting_receives_as_idle():

@@ -150,14 +150,15 @@ LEGEND = ("F forward, B backward, W weight gradient, R re-computed forward, S op
           ". idle")
 
 
-def text_gantt(events, n_ranks=None, unit=None, width=None, legend=False):
+def text_gantt(events, n_ranks=None, unit=None, width=None, legend=False, labels=None):
     """A text Gantt chart: one row per rank, one column per ``unit`` of time (default: the
     shortest work event), each cell the action running then (``F3``, ``B3``, ``W3``; chunk letters
     ``F3a``/``F3b`` when ranks hold several chunks; ``S`` the optimizer step) or ``.`` when the
     rank is idle.
 
     ``width`` (e.g. the terminal's) folds a chart wider than that many characters into blocks of
-    columns, each headed by the time steps it shows; ``legend`` adds a line naming the cells."""
+    columns, each headed by the time steps it shows; ``legend`` adds a line naming the cells;
+    ``labels`` names the rows (default ``rank r``: e.g. the world ranks of one pipeline group)."""
     work = work_events(events)
     if not work:
         return ""
@@ -171,15 +172,16 @@ def text_gantt(events, n_ranks=None, unit=None, width=None, legend=False):
         lo = min(round((e.start - t0) / unit), n_cols - 1)
         for col in range(lo, max(lo + 1, round((e.end - t0) / unit))):
             rows[e.rank][min(col, n_cols - 1)] = _cell_label(e, chunked)
-    name = len(f"rank {len(rows) - 1}")
+    labels = labels or [f"rank {r}" for r in range(len(rows))]
+    name = max(len(label) for label in labels)
     per_line = n_cols if width is None else max(1, (width - name - 3 + 1) // (cell + 1))
     blocks = []
     for lo in range(0, n_cols, per_line):
         hi = min(lo + per_line, n_cols)
         head = [] if per_line >= n_cols else [f"{'':<{name}}   time steps {lo}-{hi - 1} of {n_cols}"]
         blocks.append("\n".join(head + [
-            f"{f'rank {r}':<{name}} | " + " ".join(c.ljust(cell) for c in row[lo:hi]).rstrip()
-            for r, row in enumerate(rows)]))
+            f"{label:<{name}} | " + " ".join(c.ljust(cell) for c in row[lo:hi]).rstrip()
+            for label, row in zip(labels, rows)]))
     lines = "\n\n".join(blocks)
     if legend:
         key = LEGEND + ("; a, b: a rank's first, second chunk" if chunked else "")
