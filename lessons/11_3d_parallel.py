@@ -152,8 +152,9 @@ def main():
         mine = [timeline.Event(stages.index(r), e.start, e.end, e.kind, e.mb, e.chunk)
                 for r, evs in enumerate(events) if r in stages for e in evs]
         shortest = min(e.duration for e in mine if e.kind in ("F", "B"))
-        print(timeline.text_gantt(mine, unit=shortest, width=terminal_width(),  # a cell: the
-                                  legend=True))  # shortest F or B
+        # a cell: the shortest F or B; a row: the world rank holding that stage
+        print(timeline.text_gantt(mine, unit=shortest, width=terminal_width(), legend=True,
+                                  labels=[f"rank {r}" for r in stages]))
         print(f"  bubble measured {timeline.bubble_fraction(mine):.2f}")
         draw_figures(args, curves, mine, grid, state["step"] - args.steps)
         if args.trace:
@@ -166,13 +167,19 @@ def main():
         print(f"\n  bytes sent per step, summed over all {world.size} ranks "
               f"(each rank's own groups):")
         print(f"  {'group':10s} {'messages':>10s} {'MB':>10s}")
+        sent = {}
         for name in ("tensor", "pipeline", "data"):
-            msgs = sum(t[name]["messages_sent"] for t in totals) / args.steps
+            sent[name] = sum(t[name]["messages_sent"] for t in totals) / args.steps
             mb = sum(t[name]["bytes_sent"] for t in totals) / args.steps / 1e6
-            print(f"  {name:10s} {msgs:10.0f} {mb:10.3f}")
+            print(f"  {name:10s} {sent[name]:10.0f} {mb:10.3f}")
+        # DDP's "auto" averages a data group that shares a node in shared memory (comm/shm.py):
+        # the gradients move once per step all the same, through memory, not as messages
+        data = ("data groups carry the gradients once per step." if sent["data"] else
+                "data groups average the gradients once per step in the node's shared memory\n"
+                "  (the all-reduce 'auto' picks on one node: comm/shm.py), so they send no message.")
         print("\n  Tensor groups carry the most messages (two all-reduces per layer each way);"
               "\n  pipeline groups carry activations once per micro-batch and stage boundary;"
-              "\n  data groups carry the gradients once per step.")
+              f"\n  {data}")
     return finish(f"the first {args.check_steps} losses of the 3D run equal serial training's"
                   + ("" if args.resume else " and the loss falls"))
 

@@ -1,6 +1,7 @@
 """Lesson 11 (3D parallelism, the flagship demo) runs under mpiexec and checks itself."""
 import json
 import os
+import re
 
 import pytest
 
@@ -14,6 +15,17 @@ LESSON = os.path.join(os.path.dirname(__file__), "..", "lessons", "11_3d_paralle
 def test_lesson11_quick_2x2x2():
     """The lesson asserts by itself that its losses equal serial training's and fall."""
     passed("11_3d_parallel.py", 8)  # the shared run: exit 0 and a PASS line
+
+
+@pytest.mark.mpi
+def test_lesson11_names_world_ranks_and_how_the_data_groups_move():
+    out = passed("11_3d_parallel.py", 8)  # the shared run
+    # rank 0's pipeline group is world ranks 0 and 4: the timeline's rows say so
+    gantt = [line.split(" | ")[0].strip() for line in out.splitlines() if " | " in line]
+    assert gantt[:2] == ["rank 0", "rank 4"], gantt
+    # the text about the data groups agrees with the message count in the table above it
+    [messages] = re.findall(r"^\s*data\s+(\d+)\s+[\d.]+$", out, re.M)
+    assert ("send no message" in out) == (messages == "0"), out
 
 
 @pytest.mark.mpi
