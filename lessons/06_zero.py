@@ -175,11 +175,12 @@ def draw_figures(directory, held, curves, N):
             bars.append((label, measured, theory_bytes(kind, held[k, "DP"]["parameters"], k)))
     figure(directory, "06_memory", lambda figures: figures.memory_chart(
         bars, title="ZeRO: what one rank holds after backward (parameters + gradients + "
-                    "optimizer state)", unit="KiB", xlabel="layout on N ranks"))
+                    "optimizer state)", unit="kB", xlabel="layout on N ranks"))
     gap = largest_gap(curves)
     figure(directory, "06_loss", lambda figures: figures.loss_chart(
         {"plain DP" if k == "DP" else k: curves[k] for k in KINDS},
-        title=f"ZeRO-1, 2 and 3 on {N} ranks: plain DP's loss curve (largest gap {gap:.0e})"))
+        title=f"ZeRO-1, 2 and 3 on {N} ranks: the four curves lie on one another "
+              f"(largest gap {gap:.0e}), each marked on other steps"))
 
 
 def main():

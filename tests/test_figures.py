@@ -131,6 +131,8 @@ def test_busbw_chart_has_a_line_per_algorithm_and_the_model_dashed():
     assert model.get_linestyle() == "--" and model.get_color() == lines["ring"].get_color()
     assert model.get_ydata()[0] == pytest.approx(1024 / 10e-6 * 2 * 3 / 4 / 1e9)
     assert ax.get_xscale() == "log" and ax.get_yscale() == "linear" and ax.get_title()
+    box = ax.get_legend().get_window_extent(ax.figure.canvas.get_renderer())
+    assert box.x0 >= ax.get_window_extent().x1  # beside the data, not on it
     wide = [dict(r, busbw_GBps=r["bytes"] ** 2 / 1e9) for r in rows]  # 4096x from least to most
     assert figures.busbw_chart(wide, p=4).axes[0].get_yscale() == "log"  # small messages show
 
@@ -144,6 +146,11 @@ def test_loss_chart_draws_the_serial_reference_thick_underneath():
     serial, ring, zero = ax.lines
     assert serial.get_linewidth() > 2 * ring.get_linewidth() and serial.get_zorder() < ring.get_zorder()
     assert list(zero.get_xdata()) == [0, 10]
+    # curves that coincide are told apart by their markers, set on different steps
+    same = figures.loss_chart({f"zero-{k}": [3.0 - s / 40 for s in range(40)] for k in (1, 2, 3)})
+    marks = [line.get_markevery() for line in same.axes[0].lines]
+    assert len(set(marks)) == 3 and all(line.get_marker() not in (None, "None", "")
+                                        for line in same.axes[0].lines), marks
     short = figures.loss_chart({"serial": [3.0, 2.5, 2.2, 2.0]}).axes[0]
     short.figure.canvas.draw()
     assert all(float(t).is_integer() for t in short.get_xticks())  # no step 0.5
@@ -242,3 +249,23 @@ def test_the_readme_pictures_are_small_wide_and_the_same_each_run(tmp_path):
 def figures_script():
     import pathlib
     return pathlib.Path(__file__).resolve().parent.parent / "scripts" / "figures.py"
+
+
+@needs_matplotlib
+def test_lesson06_figures_say_kb_as_its_table_does_and_mark_coinciding_curves(monkeypatch):
+    """Lesson 06's table prints kB (1000 bytes): its memory figure uses the same unit, and its
+    loss figure says that the four curves lie on one another."""
+    import importlib.util
+    import pathlib
+    lessons = pathlib.Path(__file__).resolve().parent.parent / "lessons"
+    monkeypatch.syspath_prepend(str(lessons))  # the lesson imports its _kit
+    spec = importlib.util.spec_from_file_location("lesson06", lessons / "06_zero.py")
+    lesson = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lesson)
+    drawn = {}
+    monkeypatch.setattr(lesson, "figure", lambda d, name, draw: drawn.update({name: draw(figures)}))
+    held = {(k, kind): dict.fromkeys(lesson.PARTS, 1000 * k) for k in (1, 2) for kind in lesson.KINDS}
+    curves = {kind: [3.0, 2.5, 2.0] for kind in lesson.KINDS}
+    lesson.draw_figures("figs", held, curves, 2)
+    assert drawn["06_memory"].axes[0].get_ylabel() == "memory per rank (kB)"
+    assert "lie on one another" in drawn["06_loss"].axes[0].get_title()

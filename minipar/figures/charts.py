@@ -60,7 +60,8 @@ def busbw_chart(rows, p, title=None):
     ax.set_ylabel("bus bandwidth (GB/s)")
     ax.set_title(title or f"all-reduce bus bandwidth on {p} ranks: measured and the cost model",
                  wrap=True)
-    ax.legend(loc="upper left", ncol=2)
+    # beside the axes: with nine algorithms and their models inside, it covered the lines
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=1 + len(algorithms) // 7)
     return fig
 
 
@@ -77,15 +78,19 @@ def loss_chart(curves, title=None, xlabel="step", ylabel="loss"):
     """Loss curves, one per label; a label starting with "serial" is the reference: drawn thick
     and grey underneath, so a parallel layout that matches it lies on top of it."""
     fig, ax = new_figure()
-    i = 0
+    i, layouts = 0, sum(not label.startswith("serial") for label in curves)
     for label, curve in curves.items():
         x, y = _points(curve)
         if label.startswith("serial"):
             ax.plot(x, y, color="#9e9e9e", linewidth=6, alpha=0.7, zorder=1, label=label,
                     solid_capstyle="round")
         else:
+            # a marker of its own on every few points, offset per curve: curves that coincide
+            # (a parallel layout equal to its twin) still show one mark each
+            every = max(layouts, len(x) // 12)
             ax.plot(x, y, color=colour(i), linewidth=1.8, zorder=2, label=label,
-                    marker=MARKERS[i % len(MARKERS)] if len(x) <= 30 else None, markersize=5)
+                    marker=MARKERS[i % len(MARKERS)], markersize=5,
+                    markevery=(i % every, every))
             i += 1
     from matplotlib.ticker import MaxNLocator
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no step 0.5
