@@ -38,7 +38,29 @@ def arguments(doc, *options, quick="a smoke run of a few seconds", argv=None, pl
         parser.add_argument("--plot", metavar="DIR", default=None,
                             help="draw this lesson's figures as PNG files into DIR "
                                  "(needs matplotlib: pip install 'minipar[plot]')")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    note_other_minipar()
+    return args
+
+
+def note_other_minipar():
+    """One line on standard error (rank 0) when the lesson imported a minipar other than the
+    one beside its folder: a student tree's lesson running an installed reference, say, would
+    otherwise print PASS over the student's stubs."""
+    tree = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    beside = os.path.join(tree, "minipar")
+    module = sys.modules.get("minipar")
+    if module is None or not os.path.isfile(os.path.join(beside, "__init__.py")):
+        return None  # a lesson without minipar, or lessons installed as data files
+    used = os.path.dirname(os.path.realpath(module.__file__))
+    if used == os.path.realpath(beside):
+        return None
+    from minipar.cli.args import launched_rank
+    line = (f"note: this lesson runs the minipar in {used}, not the one beside it in {beside}; "
+            f"to run that one: pip install -e {tree} (or PYTHONPATH={tree})")
+    if (launched_rank() or 0) == 0:
+        print(line, file=sys.stderr, flush=True)
+    return line
 
 
 def mpi_world(doc, ranks=None, at_least=1):
