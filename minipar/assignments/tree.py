@@ -118,7 +118,8 @@ def readme(tasks, lessons=None):
               "```", "",
               "`pip install -e .` makes this folder's `minipar` the one Python imports and the",
               "`minipar` command the one that runs, even where another minipar was installed",
-              "before. A lesson run with another minipar says so in its first line.", ""]
+              "before. A lesson run with another minipar says so in its first line. Without",
+              "installing, `python -m minipar.cli` run from this folder is the same command.", ""]
     for t in tasks:
         number = t.lesson
         lines += [f"## `{t.id}` ({t.points} points): {t.title}", "",
