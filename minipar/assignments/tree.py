@@ -21,6 +21,55 @@ DROPPED_SECTIONS = ("tool:pytest",)
 PYPROJECT = '[build-system]\nrequires = ["setuptools>=61", "wheel"]\n' \
             'build-backend = "setuptools.build_meta"\n'
 
+README = """\
+# Assignment: {count} task(s), {points} points
+
+This folder is a copy of minipar with the pieces below cut out. Each is one line,
+`raise NotImplementedError("Task <id>: ...")`, where the solution goes; the signature, the
+docstring and the comments above it say what to write. The rest of the library is complete,
+so the lessons run up to the piece you are writing.
+
+| task | points | what to write | lesson | file(s) |
+|---|---|---|---|---|
+{rows}
+
+## Set up (once)
+
+```bash
+python -m venv .venv && source .venv/bin/activate
+pip install -e ".[mpi]" pytest    # this folder's minipar, MPI from PyPI, pytest
+python -c "import minipar; print(minipar.__file__)"    # a path in this folder
+```
+
+`pip install -e .` makes this folder's `minipar` the one Python imports and the `minipar`
+command the one that runs, even where another minipar was installed before. A lesson run with
+another minipar says so in its first line. Without installing, `python -m minipar.cli` run
+from this folder is the same command.
+
+{tasks}
+## Grade and hand in
+
+```bash
+minipar assignment grade .    # every task of this assignment (assignment.json)
+```
+
+The grader runs each task's checks on your code, all or nothing per task, and shows for each
+failing task its first failing check. Your teacher grades with their own copy of the checks,
+so editing `minipar/assignments/checks.py` changes nothing. Hand in this folder as a zip (of
+the folder or of its contents, either works).
+"""
+README_TASK = """\
+## `{id}` ({points} points): {title}
+
+Read lesson {lesson} ({lesson_file}), then the stub in {files}.
+
+```bash
+python -m pytest -q minipar/assignments/checks.py -k "{tests}"
+minipar lesson {lesson} -- --quick    # the lesson, on its own rank count
+minipar assignment grade . --tasks {id}
+```
+"""
+
 
 def refuse_to_overwrite(out, force=False):
     """A FileExistsError when ``out`` is a file, or a folder with something in it, unless
@@ -99,44 +148,19 @@ def _lines(items):
 
 
 def readme(tasks, lessons=None):
-    """The student's README: the tasks and their points, then per task what to read and how to
-    run its checks, its lesson and the grader; then how to install the tree and hand it in."""
-    total = sum(t.points for t in tasks)
-    lines = [f"# Assignment: {len(tasks)} task(s), {total} points", "",
-             "This folder is a copy of minipar with the pieces below cut out. Each is one line,",
-             '`raise NotImplementedError("Task <id>: ...")`, where the solution goes; the',
-             "signature, the docstring and the comments above it say what to write. The rest of",
-             "the library is complete, so the lessons run up to the piece you are writing.", "",
-             "| task | points | what to write | lesson | file(s) |", "|---|---|---|---|---|"]
-    for t in tasks:
-        files = ", ".join(f"`{f}`" for f in t.files)
-        lines.append(f"| `{t.id}` | {t.points} | {t.title} | {_lesson(t, lessons)} | {files} |")
-    lines += ["", "## Set up (once)", "", "```bash",
-              "python -m venv .venv && source .venv/bin/activate",
-              "pip install -e \".[mpi]\" pytest    # this folder's minipar, MPI from PyPI, pytest",
-              "python -c \"import minipar; print(minipar.__file__)\"    # a path in this folder",
-              "```", "",
-              "`pip install -e .` makes this folder's `minipar` the one Python imports and the",
-              "`minipar` command the one that runs, even where another minipar was installed",
-              "before. A lesson run with another minipar says so in its first line. Without",
-              "installing, `python -m minipar.cli` run from this folder is the same command.", ""]
-    for t in tasks:
-        number = t.lesson
-        lines += [f"## `{t.id}` ({t.points} points): {t.title}", "",
-                  f"Read lesson {number} ({_lesson(t, lessons)}), then the stub in "
-                  + ", ".join(f"`{f}`" for f in t.files) + ".", "", "```bash",
-                  f"python -m pytest -q minipar/assignments/checks.py -k \"{' or '.join(t.tests)}\"",
-                  f"minipar lesson {number} -- --quick    # the lesson, on its own rank count",
-                  f"minipar assignment grade . --tasks {t.id}",
-                  "```", ""]
-    lines += ["## Grade and hand in", "", "```bash",
-              "minipar assignment grade .    # every task of this assignment (assignment.json)",
-              "```", "",
-              "The grader runs each task's checks on your code, all or nothing per task, and says",
-              "for each failing task its first failing check. Your teacher grades with their own",
-              "copy of the checks, so editing `minipar/assignments/checks.py` changes nothing.",
-              "Hand in this folder as a zip (of the folder or of its contents, either works).", ""]
-    return "\n".join(lines)
+    """The student's README: the tasks and their points, how to install the tree, then per task
+    what to read and how to run its checks, its lesson and the grader; how to hand it in."""
+    rows = [f"| `{t.id}` | {t.points} | {t.title} | {_lesson(t, lessons)} | {_files(t)} |"
+            for t in tasks]
+    sections = [README_TASK.format(id=t.id, points=t.points, title=t.title, lesson=t.lesson,
+                                   lesson_file=_lesson(t, lessons), files=_files(t),
+                                   tests=" or ".join(t.tests)) for t in tasks]
+    return README.format(count=len(tasks), points=sum(t.points for t in tasks),
+                         rows="\n".join(rows), tasks="\n".join(sections))
+
+
+def _files(task):
+    return ", ".join(f"`{name}`" for name in task.files)
 
 
 def _lesson(task, lessons):

@@ -25,7 +25,7 @@ def add_arguments(parser):
                       help="write into --out even when it holds something (overwrites the tree)")
     grade = actions.add_parser("grade", help="grade the tree in DIR (or a zip of it) per task")
     grade.add_argument("dir", nargs="?", default=".",
-                       help="the student tree, a zip of it, or a folder holding one (default: here)")
+                       help="the student tree, a folder holding it, or a zip (default: here)")
     chosen = grade.add_mutually_exclusive_group()
     chosen.add_argument("--tasks", help="comma-separated task ids (default: the tasks the tree "
                                         "records in assignment.json, else every task)")
