@@ -186,13 +186,20 @@ def _rank_env(**extra):
 @pytest.mark.mpi
 def test_a_lesson_says_which_minipar_it_runs_when_not_its_trees(student):
     lesson = str(student / "lessons/03_send_recv.py")  # one rank: it stops at the rank check
+    # the tree's lesson where only the reference is found
     other = subprocess.run([sys.executable, lesson], capture_output=True, text=True, timeout=120,
                            env=_rank_env(PYTHONPATH=str(ROOT)))
-    assert other.stderr.startswith(f"note: this lesson runs the minipar in {ROOT / 'minipar'}, "
-                                   f"not the one beside it in {student / 'minipar'}"), other.stderr
+    note = f"note: this lesson runs the minipar in {ROOT / 'minipar'}, not the one in "
+    assert other.stderr.startswith(note + f"{student / 'minipar'}; to run that one: "
+                                   f"pip install -e {student}"), other.stderr
     own = subprocess.run([sys.executable, lesson], capture_output=True, text=True, timeout=120,
                          env=_rank_env(PYTHONPATH=str(student)))
     assert "note:" not in own.stderr and "needs 2 ranks" in own.stderr, own.stderr
+    # the reference's own lesson, started inside the student's tree (`minipar lesson` there)
+    inside = subprocess.run([sys.executable, str(ROOT / "lessons/03_send_recv.py")], cwd=student,
+                            capture_output=True, text=True, timeout=120,
+                            env=_rank_env(PYTHONPATH=str(ROOT)))
+    assert inside.stderr.startswith(note + f"{student / 'minipar'}"), inside.stderr
 
 
 @pytest.mark.mpi
