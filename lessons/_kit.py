@@ -38,7 +38,36 @@ def arguments(doc, *options, quick="a smoke run of a few seconds", argv=None, pl
         parser.add_argument("--plot", metavar="DIR", default=None,
                             help="draw this lesson's figures as PNG files into DIR "
                                  "(needs matplotlib: pip install 'minipar[plot]')")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    note_other_minipar()
+    return args
+
+
+def note_other_minipar():
+    """One line on standard error (rank 0) when the lesson imported a minipar other than the
+    one beside its folder, or than the student tree's it was started in: a student tree's
+    lesson running an installed reference, or the reference's lesson started inside a student
+    tree, would otherwise print PASS over the student's stubs."""
+    module = sys.modules.get("minipar")
+    if module is None:  # a lesson without minipar
+        return None
+    from minipar.assignments.tree import RECORD
+    from minipar.cli.args import launched_rank
+    used = os.path.dirname(os.path.realpath(module.__file__))
+    trees = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+    if os.path.isfile(RECORD):  # started inside a student tree
+        trees.append(os.getcwd())
+    for tree in trees:
+        beside = os.path.join(tree, "minipar")
+        # lessons installed as data files have no package beside them
+        if os.path.isfile(os.path.join(beside, "__init__.py")) and \
+                os.path.realpath(beside) != used:
+            line = (f"note: this lesson runs the minipar in {used}, not the one in {beside}; "
+                    f"to run that one: pip install -e {tree} (or PYTHONPATH={tree})")
+            if (launched_rank() or 0) == 0:
+                print(line, file=sys.stderr, flush=True)
+            return line
+    return None
 
 
 def mpi_world(doc, ranks=None, at_least=1):

@@ -8,10 +8,10 @@ markers appear nowhere else (this module spells them in two pieces).
 ``make`` copies the package and the lessons into a student tree where each chosen task's
 regions become ``raise NotImplementedError("Task <id>: <title> (see lesson NN)")`` at their
 indentation (signatures, docstrings and the comments before them stay); the other tasks keep
-their solution, the markers removed. ``grade`` runs each task's checks (the grader's own copy
-of ``minipar/assignments/checks.py``) in a pytest subprocess whose working folder and
-``PYTHONPATH`` are the student tree, all or nothing per task: a task scores its points when
-every one of its checks passes, else 0 (partial credit would reward a stub that passes one case).
+their solution, the markers removed; tree.py adds the README, setup.cfg and task record.
+``grade`` runs each task's checks (the grader's own copy of ``minipar/assignments/checks.py``)
+in a pytest subprocess whose working folder and ``PYTHONPATH`` are the student tree, all or
+nothing per task: a task scores its points when every one of its checks passes, else 0.
 """
 import dataclasses
 import json
@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from minipar.assignments import tree
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]  # the tree this minipar was loaded from
 CHECKS = pathlib.Path(__file__).resolve().parent / "checks.py"  # the reference checks
@@ -118,9 +120,12 @@ def strip(text, stripped_ids):
     return "\n".join(lines)
 
 
-def make(out, ids=None, source=ROOT):
-    """Write a student tree to ``out`` with the tasks ``ids`` (default all) stripped."""
+def make(out, ids=None, source=ROOT, force=False):
+    """Write a student tree to ``out`` with the tasks ``ids`` (default all) stripped, and its
+    README, install metadata and task record (assignment.json); a FileExistsError, with nothing
+    written, when ``out`` holds anything already, unless ``force``."""
     tasks, out, source = choose(ids), pathlib.Path(out), pathlib.Path(source)
+    tree.refuse_to_overwrite(out, force)
     stripped = {t.id for t in tasks}
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(source / "minipar", out / "minipar", ignore=ignore, dirs_exist_ok=True)
@@ -131,6 +136,7 @@ def make(out, ids=None, source=ROOT):
         text = path.read_text()
         if BEGIN in text:
             path.write_text(strip(text, stripped))
+    tree.write(out, tasks, out / "lessons", source)
     return tasks
 
 

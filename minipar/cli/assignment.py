@@ -1,15 +1,17 @@
 """``minipar assignment``: list the tasks, make a student tree, grade one (Gradescope-ready).
 
     minipar assignment list
-    minipar assignment make --out DIR [--tasks ID,ID]
-    minipar assignment grade [DIR] [--tasks ID,ID] [--json FILE] [--markdown FILE]
+    minipar assignment make --out DIR [--tasks ID,ID] [--force]
+    minipar assignment grade [DIR|ZIP] [--tasks ID,ID | --all] [--json FILE] [--markdown FILE]
 
-Grading exits 0 whenever it ran, whatever the score (Gradescope reads the score from the JSON).
+Grading exits 0 whenever it ran, whatever the score (Gradescope reads the score from the JSON);
+a submission it cannot grade (no tree, two trees, a bad zip) scores 0 on every task, the reason
+in each task's output. Without --tasks it grades the tasks the tree records (assignment.json).
 """
 import importlib.util
-import pathlib
 
 from minipar import assignments
+from minipar.assignments import submission, tree
 from minipar.cli.args import UsageError
 
 
@@ -19,9 +21,15 @@ def add_arguments(parser):
     make = actions.add_parser("make", help="write a student tree with the chosen tasks stubbed")
     make.add_argument("--out", required=True, help="the folder to write (created)")
     make.add_argument("--tasks", help="comma-separated task ids (default: every task)")
-    grade = actions.add_parser("grade", help="grade the tree in DIR per task")
-    grade.add_argument("dir", nargs="?", default=".", help="the student tree (default: here)")
-    grade.add_argument("--tasks", help="comma-separated task ids (default: every task)")
+    make.add_argument("--force", action="store_true",
+                      help="write into --out even when it holds something (overwrites the tree)")
+    grade = actions.add_parser("grade", help="grade the tree in DIR (or a zip of it) per task")
+    grade.add_argument("dir", nargs="?", default=".",
+                       help="the student tree, a folder holding it, or a zip (default: here)")
+    chosen = grade.add_mutually_exclusive_group()
+    chosen.add_argument("--tasks", help="comma-separated task ids (default: the tasks the tree "
+                                        "records in assignment.json, else every task)")
+    chosen.add_argument("--all", action="store_true", help="every task, whatever the tree records")
     grade.add_argument("--json", help="write Gradescope's results.json here")
     grade.add_argument("--markdown", help="write the student's report here")
     grade.add_argument("--timeout", type=int, default=assignments.TASK_TIMEOUT,
@@ -29,12 +37,13 @@ def add_arguments(parser):
 
 
 def _ids(text):
+    """The ids of ``--tasks``, None when it names none."""
     ids = [i.strip() for i in (text or "").split(",") if i.strip()]
     try:
         assignments.choose(ids)
     except ValueError as err:
         raise UsageError(f"argument --tasks: {err}") from None
-    return ids
+    return ids or None
 
 
 def run(args):
@@ -46,7 +55,10 @@ def run(args):
         return 0
     if args.action == "make":
         ids = _ids(args.tasks)
-        tasks = assignments.make(args.out, ids)
+        try:
+            tasks = assignments.make(args.out, ids, force=args.force)
+        except FileExistsError as err:
+            raise UsageError(f"argument --out: {err}") from None
         print(f"wrote {args.out}: {len(tasks)} task(s) to do:")
         for t in tasks:
             print(f"  {t.id:24s} {t.points:3d}  {t.title}")
@@ -54,17 +66,37 @@ def run(args):
         return 0
     if args.action == "grade":
         ids = _ids(args.tasks)
-        if not (pathlib.Path(args.dir) / "minipar").is_dir():
-            raise UsageError(f"argument dir: {args.dir} holds no minipar/ package to grade")
         if importlib.util.find_spec("pytest") is None:  # else every task would score 0
             raise UsageError("argument grade: grading runs the checks with pytest, which is not "
                              "installed: pip install 'minipar[dev]' (or pip install pytest)")
-        print(f"grading {args.dir}:")
-        results = assignments.grade(args.dir, ids, args.timeout, progress=lambda r: print(
-            f"{r['task']:24s} {r['score']:3d} / {r['max_score']:<3d} "
-            f"{'ok' if r['passed'] else 'FAILED'} ({r['seconds']} s)", flush=True))
+        with submission.opened(args.dir) as (found, reason):
+            results = _grade(found, reason, ids, args)
         total = sum(r["score"] for r in results)
         print(f"{'total':24s} {total:3d} / {sum(r['max_score'] for r in results)}")
         assignments.write_reports(results, args.json, args.markdown)
         return 0
     raise UsageError("an action is required: list, make or grade")
+
+
+def _grade(found, reason, ids, args):
+    """Grade the tree ``found`` on ``ids``, else on the tasks it records (all with --all or no
+    record); a submission that cannot be graded scores 0 on each, ``reason`` as the output."""
+    if found is not None and not ids and not args.all:
+        try:
+            ids = tree.recorded(found)
+            assignments.choose(ids)
+        except ValueError as err:  # a record the student edited: the teacher names the tasks
+            found, ids, reason = None, None, f"{tree.RECORD} in the tree: {err}"
+    if found is None:
+        print(f"cannot grade {args.dir}: {reason}")
+        results = submission.zero(assignments.choose(ids), reason)
+        for result in results:
+            _show(result)
+        return results
+    print(f"grading {found}:")
+    return assignments.grade(found, ids, args.timeout, progress=_show)
+
+
+def _show(result):
+    print(f"{result['task']:24s} {result['score']:3d} / {result['max_score']:<3d} "
+          f"{'ok' if result['passed'] else 'FAILED'} ({result['seconds']} s)", flush=True)
