@@ -1,6 +1,7 @@
 """Lesson 3: point-to-point messages: ping-pong latency and bandwidth, a deadlock and two ways out.
 
     mpiexec -n 2 python lessons/03_send_recv.py
+    MINIPAR_SYNC_SENDS=1 mpiexec -n 2 python lessons/03_send_recv.py   # every send synchronous
 
 Everything later (collectives, data parallel, pipelines) is built from send and recv. A message
 of n bytes costs about alpha + n * beta: alpha is the latency (software, handshake), 1/beta the
@@ -14,7 +15,7 @@ Read next: minipar/comm/communicator.py, then watch.py; proved by tests/test_com
 import time
 
 from minipar import backend
-from minipar.comm import fit
+from minipar.comm import chunks, fit
 
 from _kit import arguments, check, finish, mpi_world, say
 
@@ -69,6 +70,35 @@ arrived &= bool((got == 1).all())
 counted = world.counters.snapshot()
 say("   way out 2: sendrecv                     -> completed",
     f"\n3. Counters of rank 0 for part 2: {counted}")
+
+# 4. Why the bug hides: MPI sends a small message eagerly (buffered, the send returns before the
+# receive is posted), so send-then-recv on both ranks passes at 8 bytes and deadlocks at 8 MiB.
+# MINIPAR_SYNC_SENDS=1 makes every send MPI's synchronous one (MPI_Ssend), which returns only
+# once its receive is posted: the bug deadlocks at every size (the assignment checks use it).
+small, eager = xp.ones(8, xp.uint8), None
+if rank == 0:
+    request = world.isend(small, 1)
+    deadline = time.perf_counter() + 0.3
+    while not request.test() and time.perf_counter() < deadline:
+        time.sleep(0.01)
+    eager = request.done  # seen before rank 1 posts its receive: it waits at the barrier first
+world.barrier()
+if rank == 1:
+    world.recv(xp.empty_like(small), 0)
+else:
+    request.wait()
+if eager:
+    seen = ("it completed (sent eagerly): here the deadlock of part 2 hides.\n"
+            "   MINIPAR_SYNC_SENDS=1 makes each send synchronous (MPI_Ssend): it shows at any size")
+elif chunks.SYNC_SENDS:
+    seen = ("it waits: MINIPAR_SYNC_SENDS=1 made every send synchronous (MPI_Ssend),\n   "
+            "so the deadlock of part 2 happens at every size")
+else:
+    seen = "it waits (this MPI sends no message eagerly)"
+say("\n4. An 8-byte send whose receive is not posted yet: " + seen)
+if chunks.SYNC_SENDS:
+    check("with synchronous sends an 8-byte send waits for its receive", not eager,
+          "not completed before the receive", "completed")
 check("both ways out delivered the 8 MiB intact", arrived, "every byte 1", "a byte not 1")
 check("the counters saw exactly two 8 MiB messages each way", counted["bytes_sent"] ==
       counted["bytes_received"] == 2 * big.nbytes, f"{2 * big.nbytes} B sent and received",

@@ -110,3 +110,66 @@ def test_collectives_on_cupy_arrays(aware):
     env = {"MINIPAR_DEVICE": "gpu", **({"MINIPAR_CUDA_AWARE": aware} if aware else {})}
     failures = sum(run_on_ranks(collectives_body, 2, env=env, timeout=300), [])
     assert not failures, "\n".join(failures[:50])
+
+
+def test_synchronous_sends_switch_every_send_of_chunks(monkeypatch):
+    """MINIPAR_SYNC_SENDS=1 (``chunks.SYNC_SENDS``): blocking sends are MPI_Ssend, started ones
+    MPI_Issend, the multi-piece sendrecv's too; a small sendrecv stays one MPI_Sendrecv."""
+    from minipar.comm import chunks
+
+    class Recorder:
+        def __init__(self):
+            self.calls = []
+
+        def __getattr__(self, name):
+            return lambda *args: self.calls.append(name) or Done()
+
+    class Done:
+        def Wait(self, status=None):
+            pass
+
+    def calls(sync):
+        monkeypatch.setattr(chunks, "SYNC_SENDS", sync)
+        mpi, check = Recorder(), lambda status, nbytes: None
+        chunks.send(mpi, np.zeros(300, "u1"), 1, 0)
+        chunks.isend(mpi, np.zeros(300, "u1"), 1, 0)
+        chunks.sendrecv(mpi, np.zeros(300, "u1"), 1, 0, np.zeros(300, "u1"), 1, 0, None, check)
+        chunks.sendrecv(mpi, np.zeros(10, "u1"), 1, 0, np.zeros(10, "u1"), 1, 0, None, check)
+        return mpi.calls
+
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", 100)
+    assert calls(True) == ["Ssend"] * 3 + ["Issend"] * 3 + ["Irecv"] * 3 + ["Issend"] * 3 + [
+        "Sendrecv"]
+    assert calls(False) == ["Send"] * 3 + ["Isend"] * 3 + ["Irecv"] * 3 + ["Isend"] * 3 + [
+        "Sendrecv"]
+    with pytest.raises(ValueError, match="MINIPAR_SYNC_SENDS must be 0 or 1, got 'yes'"):
+        chunks._sync_sends("yes")
+
+
+SEND_FIRST = """
+import numpy as np
+from minipar import comm
+world = comm.world()
+peer = 1 - world.rank
+world.send(np.full(10, world.rank), peer)  # both partners send first: the bug of lesson 03
+got = world.recv(np.empty(10, int), peer)
+print(f"rank {world.rank} got {got[0]} from rank {peer}")
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.fault
+def test_with_synchronous_sends_a_send_first_pair_deadlocks_even_when_small():
+    """10 elements go eagerly: the bug passes unseen. With MINIPAR_SYNC_SENDS=1 each send waits
+    for a receive that is never posted, and the watchdog names who waits on whom."""
+    from minipar.testing import run_job
+
+    status, output, _ = run_job(SEND_FIRST, 2, timeout=60, env={"MINIPAR_SYNC_SENDS": "0"})
+    assert status == 0 and "rank 0 got 1 from rank 1" in output, output
+    status, output, seconds = run_job(SEND_FIRST, 2, timeout=60,
+                                      env={"MINIPAR_SYNC_SENDS": "1", "MINIPAR_TIMEOUT": "2"})
+    assert status not in (None, 0), output
+    assert "minipar watchdog: no progress" in output and " got " not in output, output
+    assert any(f"in send to rank {peer} (80 bytes" in output and
+               f"rank {peer} waits in send to rank {1 - peer}" in output for peer in (0, 1)), output
+    assert seconds < 10.0, f"the job took {seconds:.1f} s to end:\n{output}"

@@ -1,0 +1,129 @@
+"""Checks that bite: wrong solutions, written as a student would write them, each score 0 with
+a message naming what differs, and the reference keeps its points (issue 21).
+
+Each wrong solution goes into a student tree made with ``assignments.make`` (the task's region
+stubbed, then overwritten with the wrong code) and is graded by ``assignments.grade_task``, a
+pytest run of the grader's checks. Hangs are caught by the watchdog (``MINIPAR_TIMEOUT``, the
+grader's 15 s) under synchronous sends, so they cost a grade about 20 s.
+"""
+import textwrap
+
+import pytest
+
+from minipar import assignments
+
+pytestmark = pytest.mark.mpi
+
+RING_SEND_FIRST = """
+send, recv = (r + shift - s) % p, (r + shift - s - 1) % p
+lo, hi = bounds[recv], bounds[recv + 1]
+got = tmp[:hi - lo]
+c.send((src if s == 0 else buf)[bounds[send]:bounds[send + 1]], right, tag)  # both send first
+c.recv(got, left, tag)
+reduce(src[lo:hi], got, out=buf[lo:hi])
+"""
+RING_OFF_BY_ONE = """
+send, recv = (r + shift - s) % p, (r + shift - s) % p  # recv: one chunk too far
+lo, hi = bounds[recv], bounds[recv + 1]
+got = tmp[:hi - lo]
+c.sendrecv((src if s == 0 else buf)[bounds[send]:bounds[send + 1]], right, got, left, tag)
+reduce(src[lo:hi], got, out=buf[lo:hi])
+"""
+RING_MISSING_OWN_CHUNK = """
+send, recv = (r + shift - s) % p, (r + shift - s - 1) % p
+lo, hi = bounds[recv], bounds[recv + 1]
+c.sendrecv((src if s == 0 else buf)[bounds[send]:bounds[send + 1]], right, buf[lo:hi], left, tag)
+"""
+RING_ON_MPI_ALLREDUCE = """
+if s == 0:  # the whole vector reduced by MPI at once: the all-gather after it changes nothing
+    from mpi4py import MPI
+    from minipar.comm.mpi import MPI_OP
+    c.mpi.Allreduce(MPI.IN_PLACE if src is buf else src, buf, op=MPI_OP[op])
+"""
+HALVING_SEND_FIRST = """
+while mask:
+    mid = (lo + hi) // 2
+    (k0, k1), (g0, g1) = ((mid, hi), (lo, mid)) if me & mask else ((lo, mid), (mid, hi))
+    got = tmp[:nb[k1] - nb[k0]]
+    c.send(src[nb[g0]:nb[g1]], real(me ^ mask), tag)  # both partners send first
+    c.recv(got, real(me ^ mask), tag)
+    reduce(src[nb[k0]:nb[k1]], got, out=buf[nb[k0]:nb[k1]])
+    lo, hi, mask, src = k0, k1, mask >> 1, buf
+"""
+HALVING_RECV_FIRST = """
+while mask:
+    mid = (lo + hi) // 2
+    (k0, k1), (g0, g1) = ((mid, hi), (lo, mid)) if me & mask else ((lo, mid), (mid, hi))
+    got = tmp[:nb[k1] - nb[k0]]
+    c.recv(got, real(me ^ mask), tag)  # both partners receive first
+    c.send(src[nb[g0]:nb[g1]], real(me ^ mask), tag)
+    reduce(src[nb[k0]:nb[k1]], got, out=buf[nb[k0]:nb[k1]])
+    lo, hi, mask, src = k0, k1, mask >> 1, buf
+"""
+CHECKPOINT_KEEPS_ALL = """
+bounds = [round(i * len(modules) / segments) for i in range(segments + 1)]
+for lo, hi in zip(bounds, bounds[1:]):
+    x = _run_segment(modules[lo:hi])(x)  # every segment run plainly: nothing recomputed
+return x
+"""
+CHECKPOINT_RETURNS_INPUT = "return x\n"
+
+HANG = ["the ranks hung", "minipar watchdog: no progress", "waits in"]
+WRONG = {  # name: (task, code for its region, words its grade's output must contain)
+    "ring: both partners send first": ("ring-all-reduce", RING_SEND_FIRST, HANG + [
+        "at minipar/comm/patterns.py:", "in ring_reduce_scatter: c.send("]),
+    "ring: off-by-one chunk index": ("ring-all-reduce", RING_OFF_BY_ONE, [
+        "ring all-reduce (sum, out of place) of 1 float64 on 3 ranks",
+        "lengths or dtypes differ across ranks",
+        "at minipar/comm/patterns.py:"]),
+    "ring: own chunk missing": ("ring-all-reduce", RING_MISSING_OWN_CHUNK, [
+        "'s result", "expected 6000.0 at index 0, got"]),
+    "ring: MPI's own all-reduce": ("ring-all-reduce", RING_ON_MPI_ALLREDUCE, [
+        "by the communicator's counters", "expected [4, 4, 4] messages",
+        "got [2, 2, 2] messages", "MPI's own collective"]),
+    "halving: both partners send first": ("recursive-halving", HALVING_SEND_FIRST, HANG + [
+        "in halving_reduce_scatter: c.send("]),
+    "halving: both partners receive first": ("recursive-halving", HALVING_RECV_FIRST, HANG + [
+        "in halving_reduce_scatter: c.recv("]),
+    "checkpoint: every activation kept": ("checkpoint-sequential", CHECKPOINT_KEEPS_ALL, [
+        "checkpoint_sequential(16 modules, 4) keeps only each segment's input",
+        "peak activation memory of at most", "(100% of it)"]),
+    "checkpoint: returns its input unchanged": ("checkpoint-sequential",
+                                                CHECKPOINT_RETURNS_INPUT, [
+        "checkpoint_sequential(5 modules, 1) gives the plain run's output",
+        "expected shape (4, 2), got shape (4, 5)"]),
+}
+
+
+def student_tree(folder, task, code):
+    """A tree made for ``task`` whose stub is replaced by ``code`` at the stub's indentation."""
+    assignments.make(folder, [task])
+    stub = assignments.BY_ID[task].stub()
+    path = folder / assignments.BY_ID[task].files[0]
+    lines = path.read_text().split("\n")
+    at = [i for i, line in enumerate(lines) if line.strip() == stub]
+    assert len(at) == 1, f"{path}: {len(at)} stubs of {task}"
+    indent = lines[at[0]][:len(lines[at[0]]) - len(lines[at[0]].lstrip())]
+    lines[at[0]:at[0] + 1] = [indent + line for line in textwrap.dedent(code).strip().split("\n")]
+    path.write_text("\n".join(lines))
+    return folder
+
+
+@pytest.mark.parametrize("case", list(WRONG))
+def test_a_wrong_solution_scores_zero_saying_what_differs(case, tmp_path):
+    task, code, words = WRONG[case]
+    result = assignments.grade_task(assignments.BY_ID[task], student_tree(tmp_path, task, code))
+    output = result["output"]
+    print(f"\n{case}: {result['score']} in {result['seconds']} s\n{output[:1500]}")
+    assert result["score"] == 0 and not result["passed"], f"{case}:\n{output}"
+    missing = [w for w in words if w not in output]
+    assert not missing, f"{case}: {missing} not in the output:\n{output}"
+    assert f"Task {task}:" in output.split("\n--- details ---")[0], output  # the block first
+    assert result["seconds"] < assignments.TASK_TIMEOUT, result
+
+
+def test_the_reference_keeps_full_points_on_those_tasks():
+    results = assignments.grade(assignments.ROOT, ["checkpoint-sequential", "ring-all-reduce",
+                                                   "recursive-halving", "megatron-f-g"])
+    for result in results:
+        assert result["score"] == result["max_score"] > 0, result
