@@ -270,7 +270,8 @@ class ZeRO3:
         whose grad is None."""
         for u in self.units:
             # a unit whose backward ran but left a parameter without a gradient (in unit order:
-            # the same on every rank, as every rank ran the same graph)
+            # the same on every rank, as every rank ran the same graph). Its shard is one vector
+            # with one step count, so that parameter takes the step with a zero gradient
             if not u.reduced and any(p.grad is not None for p in u.params):
                 self._reduce_scatter(u)
         self._finish()
