@@ -12,11 +12,18 @@
 - a checkpoint (``distributed.checkpoint``, ZeRO's format with the parameters in pieces) resumes
   bit for bit, and loads into ZeRO-2 and into a serial model and its optimizer (2 ranks);
 - bad input is the same clear error on every rank; a layer inside a layer, and a no_grad
-  forward between backward and step, train as the serial model does (2 ranks).
+  forward between backward and step, train as the serial model does (2 ranks);
+- a forward that uses a subset of the units (two heads, one per step; a layer skipped every
+  other step) trains as serial AdamW does, torch's and minipar's: a unit without a gradient is
+  left alone (2, 3 and 4 ranks, prefetch on and off).
 One mpiexec launch per test and rank count runs all its cases.
 """
+import numpy as np
 import pytest
 
+import minipar
+import minipar.nn as nn
+from minipar import optim
 from minipar.testing import run_on_ranks
 
 TOL = 1e-10
@@ -330,3 +337,137 @@ def test_bench_zero3_smoke_run_prints_its_ratios():
     assert "ZeRO-3 / DDP: time " in done.stdout and "bytes 1.500 (formula 1.5)" in done.stdout, \
         done.stdout
     assert "ZeRO-3 without / with prefetch: time " in done.stdout, done.stdout
+
+
+class Forked(nn.Module):
+    """inp -> mid -> out -> heads[head]; ``skip`` leaves mid out: each step leaves units out.
+    ``both``: the other head runs too, outside the loss (a forward with no backward)."""
+
+    def __init__(self):
+        super().__init__()
+        minipar.manual_seed(0)
+        self.inp, self.mid, self.out = nn.Linear(5, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.heads = nn.ModuleList([nn.Linear(8, 3), nn.Linear(8, 3)])
+        self.astype("float64")
+
+    def forward(self, x, head, skip, both=False):
+        h = self.inp(x).tanh()
+        if not skip:
+            h = self.mid(h).tanh()
+        h = self.out(h).tanh()
+        if both:
+            self.heads[1 - head](h)
+        return self.heads[head](h)
+
+
+FORKED_STEPS, FORKED_BATCH = 4, 12
+PHASES = (0, 1, 2)
+FORKED_CASES = [(prefetch, phase) for prefetch in (True, False) for phase in PHASES]
+
+
+def forked_plan(step, phase):
+    """(head, skip, both) of a step: heads alternate, mid is skipped every other step (phase 1:
+    from the first, so the first forward does not see it; phase 2: as 0, both heads run)."""
+    return step % 2, (step + phase) % 2 == 1, phase == 2
+
+
+def forked_data():
+    rng = np.random.default_rng(2)
+    n = FORKED_STEPS * FORKED_BATCH
+    return rng.standard_normal((n, 5)), rng.standard_normal((n, 3))
+
+
+def adamw(params):
+    return optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+
+
+def train_forked(phase, rows, comm=None, **options):
+    """(losses, parameters) after the steps; ``rows(step)`` picks the batch; ZeRO-3 over
+    ``comm`` (with ``options``), serial without."""
+    from minipar.parallel.data import ZeRO3
+
+    x, y = forked_data()
+    model = Forked()
+    runner = adamw(model.parameters()) if comm is None else ZeRO3(model, adamw, comm, **options)
+    losses = []
+    for s in range(FORKED_STEPS):
+        head, skip, both = forked_plan(s, phase)
+        runner.zero_grad()
+        out = model(minipar.tensor(x[rows(s)]), head, skip, both)
+        loss = ((out - minipar.tensor(y[rows(s)])) ** 2).mean()
+        loss.backward()
+        runner.step()
+        losses.append(loss.item())
+    if comm is None:
+        return losses, [minipar.to_numpy(p.data).copy() for p in model.parameters()]
+    with runner.summon_full_params():
+        return losses, [minipar.to_numpy(p.data).tolist() for p in model.parameters()]
+
+
+def whole_batch(s):
+    return slice(s * FORKED_BATCH, (s + 1) * FORKED_BATCH)
+
+
+def forked_body():
+    from minipar import comm
+
+    world = comm.world()
+    share = FORKED_BATCH // world.size
+
+    def mine(s):
+        start = s * FORKED_BATCH + world.rank * share
+        return slice(start, start + share)
+
+    return [train_forked(phase, mine, world, prefetch=prefetch) for prefetch, phase in FORKED_CASES]
+
+
+def torch_forked(phase):
+    """(losses, parameters) of the same training in PyTorch: its AdamW skips a parameter whose
+    grad is None (no momentum, no weight decay, no step)."""
+    import torch
+
+    x, y = (torch.tensor(a) for a in forked_data())
+    P = {n: torch.tensor(minipar.to_numpy(p.data), requires_grad=True)
+         for n, p in Forked().named_parameters()}  # in the model's order
+    opt = torch.optim.AdamW(list(P.values()), lr=1e-2, weight_decay=0.1)
+
+    def linear(name, h):
+        return h @ P[name + ".weight"].T + P[name + ".bias"]
+
+    losses = []
+    for s in range(FORKED_STEPS):
+        head, skip, _ = forked_plan(s, phase)  # torch: the unused head changes nothing
+        rows = whole_batch(s)
+        opt.zero_grad()
+        h = torch.tanh(linear("inp", x[rows]))
+        if not skip:
+            h = torch.tanh(linear("mid", h))
+        loss = ((linear(f"heads.{head}", torch.tanh(linear("out", h))) - y[rows]) ** 2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, [p.detach().numpy().copy() for p in P.values()]
+
+
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
+def test_zero3_forward_using_a_subset_of_units_equals_serial_adamw(nprocs):
+    per_rank = run_on_ranks(forked_body, nprocs, timeout=240)
+    references = {"minipar": {phase: train_forked(phase, whole_batch) for phase in PHASES}}
+    try:  # minipar's serial AdamW is checked without torch; torch's where it is installed
+        references["torch"] = {phase: torch_forked(phase) for phase in PHASES}
+    except ImportError:
+        pass
+    failures = []
+    for case, (prefetch, phase) in enumerate(FORKED_CASES):
+        # each rank's loss is its share's mean: their average is the global batch's
+        losses = np.mean([per_rank[r][case][0] for r in range(nprocs)], axis=0)
+        for name, reference in references.items():
+            serial_losses, serial_params = reference[phase]
+            loss_diff = np.max(np.abs(losses - serial_losses))
+            for r in range(nprocs):
+                diff = max(np.max(np.abs(np.array(p) - q))
+                           for p, q in zip(per_rank[r][case][1], serial_params))
+                if max(diff, loss_diff) > TOL:
+                    failures.append(f"rank {r}, prefetch={prefetch}, phase {phase}, against "
+                                    f"{name}: parameters {diff:.3g}, losses {loss_diff:.3g}")
+    assert not failures, "\n".join(failures)

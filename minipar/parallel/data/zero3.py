@@ -89,7 +89,8 @@ class ZeRO3:
                                        for m in units])
         self.unit_of = {id(p): u for u in self.units for p in u.params}
         self.optimizer = make_optimizer([u.shard for u in self.units])
-        self.order = []  # the units in forward order, recorded on the first forward
+        self.order = []  # the units in forward order, as first seen: the next forward's guess
+        self.ran = []  # the units this forward ran, in order: exact for its backward
         self._drop_slots()  # no slot, no holder (the unit whose copy a slot holds)
         self.slot_size = max(u.numel for u in self.units)  # a slot holds any unit whole
         self.peak_gathered_bytes = 0
@@ -137,10 +138,19 @@ class ZeRO3:
             self.slots[s] = xp.empty(self.slot_size, u.shard.dtype)
             gathered = sum(int(slot.nbytes) for slot in self.slots if slot is not None)
             self.peak_gathered_bytes = max(self.peak_gathered_bytes, gathered)
+        if holder is not None and holder is not u:
+            self._cancel(holder)
         self.holder[s] = u
         full = self.slots[s][:u.numel].reshape(self.comm.size, -1)
         # collectives run on the communicator's thread in the order started, alike on all ranks
         u.work = iall_gather(self.comm, u.shard.data, self.gather_algorithm, out=full)
+
+    def _cancel(self, u):
+        """Forget u's gather if one is under way: u was prefetched but did not run (a head this
+        step leaves out); it gathers anew when it does. Waited for, as every rank started it."""
+        if u.work is not None:
+            u.work.wait()
+            u.work = None
 
     def _use(self, u, state):
         """Wait for unit u's gather (starting it if nobody did) and point its parameters in."""
@@ -151,9 +161,9 @@ class ZeRO3:
         u.state = state
         u.point(self.slots[u.slot])
 
-    def _neighbour(self, u, step):  # the unit ``step`` places after u in forward order
-        i = self.order.index(u) + step
-        return self.order[i] if 0 <= i < len(self.order) else None
+    def _neighbour(self, u, step, order):  # the unit ``step`` places after u in ``order``
+        i = order.index(u) + step
+        return order[i] if 0 <= i < len(order) else None
 
     def _busy(self, u):  # is u's slot held by another unit still computing?
         holder = self.holder[u.slot]
@@ -177,6 +187,7 @@ class ZeRO3:
             u.missing = len(u.params)
         self.expect_backward = False
         self.forwards += 1
+        self.ran = []
         self._drop_slots()
 
     # before its forward: wait for its all-gather (started one unit earlier), start the next
@@ -185,11 +196,14 @@ class ZeRO3:
         if u.state != "sharded":  # its parameters are used in one call only
             raise RuntimeError(f"ZeRO3: unit {u.name!r} was called twice in one forward; each "
                                f"unit's module must run once per forward")
-        if u.slot is None:  # the first forward records the order
+        if u.slot is None:  # the first forward that runs u records its place
             u.slot = len(self.order) % SLOTS
             self.order.append(u)
+        self.ran.append(u)
         self._use(u, "gathered")
-        self._prefetch(self._neighbour(u, 1), "sharded")
+        # a guess: a forward may leave units out or take them in another order (then the
+        # prefetched unit's gather is cancelled when its slot is needed, or when forward ends)
+        self._prefetch(self._neighbour(u, 1, self.order), "sharded")
 
     # after its forward: free it; a hook on its output's gradient will start its backward
     def _after_forward(self, u, out):
@@ -213,7 +227,7 @@ class ZeRO3:
         if u.state != "resharded":
             return  # a second output of the unit, or its backward already under way
         self._use(u, "backward")
-        self._prefetch(self._neighbour(u, -1), "resharded")
+        self._prefetch(self._neighbour(u, -1, self.ran), "resharded")
 
     # after its backward (its parameters' gradients are final): reduce-scatter the flat gradient
     def _gradient_ready(self, p):
@@ -244,14 +258,22 @@ class ZeRO3:
         self._drop_slots()
 
     def _drop_slots(self):  # the slots' memory goes once the graph holding views of it does
+        for u in self.units:  # a prefetched unit that did not run
+            self._cancel(u)
         self.slots, self.holder = [None] * SLOTS, [None] * SLOTS
 
     # --- the step --------------------------------------------------------------------------------
     def step(self):
-        """Reduce-scatter what backward did not (units that got no gradient: zeros, in unit order
-        on every rank), then update the shards."""
-        for u in [u for u in self.units if not u.reduced]:
-            self._reduce_scatter(u)
+        """Reduce-scatter what backward did not, then update the shards. A unit that got no
+        gradient (its forward left out, or outside the loss) keeps grad None: the optimizer
+        leaves it alone (no momentum, weight decay or step count), as torch's leave a parameter
+        whose grad is None."""
+        for u in self.units:
+            # a unit whose backward ran but left a parameter without a gradient (in unit order:
+            # the same on every rank, as every rank ran the same graph). Its shard is one vector
+            # with one step count, so that parameter takes the step with a zero gradient
+            if not u.reduced and any(p.grad is not None for p in u.params):
+                self._reduce_scatter(u)
         self._finish()
         self.optimizer.step()
         for u in self.units:
