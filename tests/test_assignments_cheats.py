@@ -4,6 +4,7 @@ task it fakes, or the tree is refused with the reason, while an honest task grad
 keeps its points. The graded cases use op-backward and layer-norm (one process, about a second
 each) except where the cheat needs ranks.
 """
+import contextlib
 import json
 import os
 import pathlib
@@ -14,7 +15,7 @@ import time
 import pytest
 
 from minipar import assignments
-from minipar.assignments import grader
+from minipar.assignments import grader, sandbox
 from minipar.cli import main
 
 ROOT = assignments.ROOT
@@ -212,7 +213,11 @@ def test_output_is_capped_and_results_json_stays_under_a_megabyte(tmp_path):
     assert len(json.dumps(grader.gradescope(huge), indent=2)) < grader.RESULTS_LIMIT
 
 
-def test_a_detached_child_neither_stretches_the_task_nor_survives_it(tmp_path, shared):
+@pytest.mark.parametrize("user", ["own uid", "the grader's"])
+def test_a_detached_child_neither_stretches_the_task_nor_survives_it(tmp_path, shared,
+                                                                     monkeypatch, user):
+    if user == "the grader's":  # as without root: its processes are found by their token
+        monkeypatch.setattr(sandbox, "own_uid", lambda: contextlib.nullcontext(None))
     tree = _tree(tmp_path, "op-backward")
     _cheat(tree, "op-backward", f"""
 import subprocess, sys

@@ -54,12 +54,13 @@ def lay_out(scratch, tree, uid, sources):
 
 
 def environment(scratch, token):
-    """Only what the task needs: the teacher's MINIPAR_* settings, the harness first."""
+    """Only what the task needs: the teacher's minipar, thread and MPI settings, the harness
+    first on the path."""
     env = {"MINIPAR_TIMEOUT": STUCK_TIMEOUT, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
            "MKL_NUM_THREADS": "1"}
-    env.update((k, v) for k, v in os.environ.items()
-               if k.startswith(("MINIPAR_", "OMP_", "OPENBLAS_", "MKL_"))
-               or k in ("PATH", "LANG", "LC_ALL", "TZ"))
+    env.update((k, v) for k, v in os.environ.items() if k.startswith((
+        "MINIPAR_", "OMP_", "OPENBLAS_", "MKL_", "OMPI_", "PRTE_", "PMIX_", "MPIR_", "HYDRA_",
+        "I_MPI_")) or k in ("PATH", "LD_LIBRARY_PATH", "LANG", "LC_ALL", "TZ"))
     home = str(scratch / "home")
     env.update(HOME=home, TMPDIR=home, USER="minipar-grader",
                PYTHONPATH=os.pathsep.join([str(scratch / "harness"), str(scratch / "tree")]),
@@ -119,7 +120,7 @@ def _out_of_reach(uid):
     """Whether ``uid`` cannot start this interpreter with its packages without reading rights."""
     if uid not in _REACH:
         try:
-            probe = subprocess.run([sys.executable, "-c", "import numpy, pytest, mpi4py"],
+            probe = subprocess.run([sys.executable, "-c", "import numpy, pytest"],
                                    preexec_fn=_become(uid, False), cwd="/", timeout=120,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             _REACH[uid] = probe.returncode != 0
