@@ -59,7 +59,7 @@ def refusal(tree):
     # refused all the same, so that the teacher reads what the tree tried.
     for entry in sorted(tree.iterdir()):
         name, stem = entry.name, entry.name.split(".")[0]
-        if name in ("sitecustomize.py", "usercustomize.py") or name.endswith(".pth"):
+        if stem in ("sitecustomize", "usercustomize") or name.endswith(".pth"):
             return f"{name} at the top of the tree would run when Python starts: remove it"
         if stem in SHADOWED and (entry.is_dir() or name.endswith((".py", ".pyc", ".so"))):
             return f"{name} at the top of the tree would be imported in place of {stem}: remove it"
