@@ -9,30 +9,24 @@ markers appear nowhere else (this module spells them in two pieces).
 regions become ``raise NotImplementedError("Task <id>: <title> (see lesson NN)")`` at their
 indentation (signatures, docstrings and the comments before them stay); the other tasks keep
 their solution, the markers removed; tree.py adds the README, setup.cfg and task record.
-``grade`` runs each task's checks (the grader's own copy of ``minipar/assignments/checks.py``)
-in a pytest subprocess whose working folder and ``PYTHONPATH`` are the student tree, all or
-nothing per task: a task scores its points when every one of its checks passes, else 0.
+``grade`` runs each task's checks in a sandbox (grader.py), all or nothing per task: a task
+scores its points when every one of its checks passes, else 0 (partial credit would reward a
+stub that passes one case).
 """
 import dataclasses
 import json
-import os
 import pathlib
 import re
 import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-import time
 
-from minipar.assignments import tree
+from minipar.assignments import grader, tree
+from minipar.assignments.grader import (BUDGET, CHECKS, TASK_TIMEOUT, clear_reports,  # noqa: F401
+                                        grade_task, gradescope, markdown, refusal, unscored,
+                                        write_reports)
+from minipar.assignments.sandbox import STUCK_TIMEOUT  # noqa: F401
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]  # the tree this minipar was loaded from
-CHECKS = pathlib.Path(__file__).resolve().parent / "checks.py"  # the reference checks
 BEGIN, END = "### BEGIN " + "SOLUTION", "### END " + "SOLUTION"  # split: no false region here
-TASK_TIMEOUT = 90  # seconds for one task's pytest run (each multi-rank job is bounded at 40 s)
-BUDGET = 290  # seconds for a whole grading run: a task started later gets what is left
-STUCK_TIMEOUT = "15"  # MINIPAR_TIMEOUT for graded ranks: a stuck call prints who waits on whom
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,96 +145,7 @@ def _lessons_dir(source):
 
 
 # --- grading ------------------------------------------------------------------------------------
-def _first_failure(output):
-    """The first failing test's report from pytest's output: its section, shortened."""
-    sections = re.split(r"\n_{3,} (.+?) _{3,}\n", output)
-    if len(sections) >= 3:
-        body = sections[2].split("\n=====")[0].strip().split("\n")
-        head = body[:60] + (["..."] if len(body) > 60 else [])
-        return f"first failing check: {sections[1]}\n" + "\n".join(head)
-    return "\n".join(output.strip().split("\n")[-30:])
-
-
-def _run(command, cwd, env, timeout):
-    """(returncode or None on timeout, output); a timeout kills the whole process group (the
-    pytest run and any mpiexec it started)."""
-    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output = proc.communicate(timeout=timeout)[0]
-        return proc.returncode, output
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        return None, proc.communicate()[0]
-
-
-def grade_task(task, tree, timeout=TASK_TIMEOUT, checks=CHECKS):
-    """{"task", "score", "max_score", "passed", "output", "seconds"} for one task in ``tree``.
-
-    ``checks`` is run from a folder of its own (pytest puts a test file's folder first on
-    sys.path, and the checks must import the tree's minipar, not the grader's)."""
-    tree = pathlib.Path(tree).resolve()
-    env = {"MINIPAR_TIMEOUT": STUCK_TIMEOUT, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1", **os.environ,
-           "PYTHONPATH": os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)}
-    start = time.time()
-    if timeout <= 0:
-        return {"task": task.id, "score": 0, "max_score": task.points, "passed": False,
-                "output": "not run: the grading's time budget was spent", "seconds": 0.0}
-    with tempfile.TemporaryDirectory(prefix="minipar-grade-") as folder:
-        test_file = shutil.copy(checks, pathlib.Path(folder) / "test_assignment_checks.py")
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short",
-                   "-x", f"--rootdir={folder}", *(f"{test_file}::{name}" for name in task.tests)]
-        code, output = _run(command, tree, env, timeout)
-    passed = code == 0
-    if passed:
-        output = "all checks passed"
-    elif code is None:
-        output = (f"timed out: its tests ran past {timeout:.0f} s and were stopped\n"
-                  + _first_failure(output)).strip()
-    else:
-        output = _first_failure(output)
-    return {"task": task.id, "score": task.points if passed else 0, "max_score": task.points,
-            "passed": passed, "output": output, "seconds": round(time.time() - start, 1)}
-
-
 def grade(tree=".", ids=None, timeout=TASK_TIMEOUT, progress=None, budget=BUDGET):
     """Grade every task (or ``ids``) in ``tree``, each within ``timeout`` seconds and all within
-    ``budget``; a list of grade_task results."""
-    results, end = [], time.time() + budget
-    for task in choose(ids):
-        results.append(grade_task(task, tree, min(timeout, end - time.time())))
-        if progress:
-            progress(results[-1])
-    return results
-
-
-def gradescope(results):
-    """Gradescope's autograder results.json: total ``score`` and one ``tests`` entry per task."""
-    return {"score": sum(r["score"] for r in results),
-            "execution_time": round(sum(r["seconds"] for r in results)),
-            "tests": [{"name": f"{r['task']}: {BY_ID[r['task']].title}", "score": r["score"],
-                       "max_score": r["max_score"], "status": "passed" if r["passed"] else "failed",
-                       "output": r["output"]} for r in results]}
-
-
-def markdown(results):
-    """The student's report: a table of scores, then each failing task's first failing check."""
-    total, most = sum(r["score"] for r in results), sum(r["max_score"] for r in results)
-    lines = [f"# Assignment grade: {total} / {most}", "", "| task | score | lesson |",
-             "|---|---|---|"]
-    lines += [f"| {r['task']} | {r['score']} / {r['max_score']} | {BY_ID[r['task']].lesson} |"
-              for r in results]
-    for r in results:
-        if not r["passed"]:
-            lines += ["", f"## {r['task']}: {BY_ID[r['task']].title}", "", "```",
-                      r["output"], "```"]
-    return "\n".join(lines) + "\n"
-
-
-def write_reports(results, json_path=None, markdown_path=None):
-    for path, text in ((json_path, lambda: json.dumps(gradescope(results), indent=2)),
-                       (markdown_path, lambda: markdown(results))):
-        if path:
-            pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
-            pathlib.Path(path).write_text(text())
+    ``budget``; a list of grade_task results (grader.grade_tasks on the tasks named)."""
+    return grader.grade_tasks(tree, choose(ids), timeout, progress, budget)

@@ -14,6 +14,11 @@ block, the task, the check, the ranks and size, and expected against got.
 import numpy as np
 import pytest
 
+# The harness comes from the grader when it grades: its sitecustomize (assignments/sandbox.py)
+# makes minipar.testing and minipar.gradcheck, wherever they are imported (here, in a check, on
+# a rank), the grader's own copies, while every other minipar module is the tree's, the code
+# under test; a tree's testing.py or gradcheck.py made to pass everything never grades it. The
+# names stay the library's so that a student runs these checks in the tree unchanged.
 from minipar.testing import run_on_ranks
 
 TIMEOUT = 40  # seconds per multi-rank job: a stub that hangs is reported, not waited on
