@@ -215,6 +215,12 @@ def _fill(target, source, path, plan, missing):
             continue
         mine, theirs = target[key], source[key]
         if is_stateful(mine):
+            # a dry run over what it holds now: a shape that differs, here or in any other
+            # object of the state dict, is named before anything loads
+            unfound = []
+            _fill(mine.state_dict(), theirs, here, [], unfound)
+            if hasattr(mine, "named_parameters"):  # a module loads strictly: every key
+                missing += unfound
             value = materialize(theirs)
             plan.append(lambda m=mine, v=value: m.load_state_dict(v))
         elif isinstance(mine, (dict, list)):
