@@ -19,7 +19,7 @@ import uuid
 
 from .. import backend, io
 from ..autograd import Tensor
-from .sharded import ShardedTensor, assemble, box, decode_index, encode_index, view
+from .sharded import ShardedTensor, assemble, box, decode_index, encode_index, fill, view
 from .state import AppState  # noqa: F401  (dcp.AppState)
 from .tree import is_array, is_stateful, items, unflatten
 
@@ -277,9 +277,4 @@ def _copies(mine, theirs, path):
     # a rank reads whole tensors to take a slice: simple, and cheap at this scale (torch's
     # planner reads only the overlapping pieces)
     full = theirs.array()
-
-    def copy(index, array):
-        xp = backend.get_array_module(array)
-        array[...] = xp.asarray(view(full, index).reshape(array.shape), dtype=array.dtype)
-
-    return [lambda i=i, a=a: copy(i, a) for i, a in pieces]
+    return [lambda i=i, a=a: fill(a, view(full, i)) for i, a in pieces]
