@@ -445,3 +445,87 @@ def reshard_body(folder):
 def test_tp_checkpoint_reshards_to_serial_tp1_and_back(tmp_path):
     for failures in run_on_ranks(reshard_body, 2, args=(str(tmp_path),), timeout=180):
         assert not failures, failures
+
+
+def appstate_reshard_body(folder):
+    """AppState(TP GPT on tp 2, AdamW) and AppState(expert-parallel MoE on ep 2, AdamW), one
+    step each, saved through distributed.checkpoint: the optimizer state loads into the serial
+    twin's AdamW equal to the serial twin trained alike (float64, 1e-10)."""
+    import os
+
+    import minipar
+    from minipar import Tensor, comm, nn, optim
+    from minipar.distributed import AppState
+    from minipar.distributed import checkpoint as dcp
+    from minipar.nn.moe import MoE
+    from minipar.parallel.expert import ExpertParallelMoE
+    from minipar.parallel.tensor import shard_from_serial
+
+    world = comm.world()
+    config = nn.GPTConfig(vocab_size=V, block_size=T, n_layer=1, n_head=H, n_embd=C,
+                          tie_weights=False)
+    ids = np.random.default_rng(0).integers(0, V, size=(B, T))
+    failures = []
+
+    def serial(seed):
+        minipar.manual_seed(seed)
+        return nn.GPT(config).double()
+
+    def compare(what, twin, twin_opt, app):
+        got = app.state_dict()
+        names = {id(p): n for n, p in twin.named_parameters()}
+        for n, a in twin.state_dict().items():
+            if _err(got["model"][n], a) > TOL:
+                failures.append(f"rank {world.rank} {what}: {n} differs")
+        for i, entry in twin_opt.state.items():
+            theirs = got["optimizer"]["state"][names[id(twin_opt.params[i])]]
+            if entry["step"] != theirs["step"] or _err(theirs["exp_avg"], entry["exp_avg"]) > TOL:
+                failures.append(f"rank {world.rank} {what}: optimizer state of "
+                                f"{names[id(twin_opt.params[i])]} differs")
+
+    twin = serial(0)
+    tp = shard_from_serial(twin, world)
+    for model in (twin, tp):
+        opt = optim.AdamW(model.parameters(), lr=1e-2)
+        model(ids, np.roll(ids, -1, axis=1))[1].backward()
+        opt.step()
+        if model is twin:
+            twin_opt = opt
+    dcp.save({"app": AppState(tp, opt)}, checkpoint_id=os.path.join(folder, "tp"))
+    plain = serial(1)
+    app = AppState(plain, optim.AdamW(plain.parameters(), lr=1e-2))
+    dcp.load({"app": app}, checkpoint_id=os.path.join(folder, "tp"))
+    compare("AppState tp 2 -> serial", twin, twin_opt, app)
+
+    minipar.manual_seed(2)
+    moe = MoE(C, 4, top_k=2).double()
+    ep = ExpertParallelMoE.from_serial(moe, world)
+    xs = np.random.default_rng(1).standard_normal((world.size, B, T, C))
+    moe_opt = optim.AdamW(moe.parameters(), lr=1e-2)
+    for x in xs:  # the serial twin sees every rank's tokens
+        (moe(Tensor(x)) ** 2).sum().backward()
+    moe_opt.step()
+    ep_opt = optim.AdamW(ep.parameters(), lr=1e-2)
+    (ep(Tensor(xs[world.rank])) ** 2).sum().backward()
+    ep.router_grads_sum()
+    ep_opt.step()
+    dcp.save({"app": AppState(ep, ep_opt)}, checkpoint_id=os.path.join(folder, "ep"))
+    minipar.manual_seed(3)
+    fresh = MoE(C, 4, top_k=2).double()
+    app = AppState(fresh, optim.AdamW(fresh.parameters(), lr=1e-2))
+    dcp.load({"app": app}, checkpoint_id=os.path.join(folder, "ep"))
+    compare("AppState ep 2 -> serial MoE", moe, moe_opt, app)
+    minipar.manual_seed(4)  # and back into ep 2
+    other = ExpertParallelMoE.from_serial(MoE(C, 4, top_k=2).double(), world)
+    back = AppState(other, optim.AdamW(other.parameters(), lr=1e-2))
+    dcp.load({"app": back}, checkpoint_id=os.path.join(folder, "ep"))
+    mine = AppState(ep, ep_opt).state_dict()["optimizer"]["state"]
+    for n, entry in back.state_dict()["optimizer"]["state"].items():
+        if _err(entry["exp_avg"], mine[n]["exp_avg"]) > 0:
+            failures.append(f"rank {world.rank} AppState ep 2 -> ep 2: {n} differs")
+    return failures
+
+
+def test_appstate_of_tp_and_ep_models_reshards_the_optimizer_too(tmp_path):
+    for failures in run_on_ranks(appstate_reshard_body, 2, args=(str(tmp_path),), timeout=180):
+        assert not failures, failures

@@ -174,11 +174,11 @@ def serial_names(model):
     return out
 
 
-def placed(module):
-    """(serial name, live array, what the state dict holds) for every parameter and buffer of
-    a tensor- or expert-parallel ``module``: a split parameter as the ShardedTensor of its
-    slices, an expert's as the whole tensor this expert rank alone holds, a replicated one as
-    the array (rank 0 writes it)."""
+def placements(module):
+    """(serial name, parameter, ``place``) for every parameter of ``module``; ``place(array)``
+    is what a state dict holds for an array shaped like the parameter (its values, its optimizer
+    state): a split parameter's the ShardedTensor of its slices, an expert's the whole tensor
+    this expert rank alone holds, a replicated one's the array itself (rank 0 writes it)."""
     cuts, groups = {}, {}
     for _, m in module.named_modules():
         for attr, (axis, stride) in getattr(m, "tp_split", {}).items():
@@ -192,39 +192,58 @@ def placed(module):
     for name, p in module.named_parameters():
         group = groups.get(id(p))
         if id(p) in cuts:
-            held = split(p.data, *cuts[id(p)], group.rank, group.size)
+            def place(a, cut=cuts[id(p)], g=group):
+                return split(a, *cut, g.rank, g.size)
         elif id(p) in experts:  # of its copies over a tensor group, tensor rank 0 writes it
-            held = ShardedTensor(p.shape, p.dtype, [(box(p.shape), p.data)],
-                                 write=group is None or group.rank == 0)
+            def place(a, g=group):
+                return ShardedTensor(a.shape, a.dtype, [(box(a.shape), a)],
+                                     write=g is None or g.rank == 0)
         else:
-            held = p.data
-        yield names[name], p.data, held
-    for name, array in module.named_buffers():
-        yield name, array, array
+            def place(a):
+                return a
+        yield names[name], p, place
+
+
+def held_elsewhere(module):
+    """``others(name)``: whether ``name`` is a parameter of an expert another expert rank holds:
+    a key of this layout, only not this rank's."""
+    prefixes = tuple(f"{prefix}.experts.{e}." if prefix else f"experts.{e}."
+                     for prefix, m in module.named_modules() if hasattr(m, "expert_ids")
+                     for e in range(m.n_experts) if e not in m.expert_ids)
+    return lambda name: bool(prefixes) and str(name).startswith(prefixes)
+
+
+def local(p, place, value):
+    """This rank's part of ``value`` (an array of the serial parameter's shape), shaped like
+    ``p``: what ``place`` cut, read back."""
+    out = backend.get_array_module(p.data).empty(p.shape, dtype=value.dtype)
+    for array, piece in _sources(place(out), value):
+        fill(array, piece)
+    return out
 
 
 class ShardedStateDict:
     """Mixin of the tensor- and expert-parallel modules: ``state_dict()`` under the serial
-    twin's names and global shapes (``placed``), so ``distributed.checkpoint`` reshards it into
+    twin's names and global shapes (``placements``), so ``distributed.checkpoint`` reshards it into
     a serial model or another layout; ``load_state_dict`` takes the serial twin's arrays, or a
     state dict of the same layout, and keeps this rank's slices."""
 
     def state_dict(self):
-        return {name: held for name, _, held in placed(self)}
+        state = {name: place(p.data) for name, p, place in placements(self)}
+        state.update(self.named_buffers())
+        return state
 
     def load_state_dict(self, state, strict=True):
         """As ``Module.load_state_dict``: every problem named before anything changes; returns
         ``(missing, unexpected)``."""
-        mine = list(placed(self))
-        missing = [name for name, _, _ in mine if name not in state]
-        # another expert rank's experts are this layout's keys too, only not this rank's
-        elsewhere = tuple(f"{prefix}.experts.{e}." if prefix else f"experts.{e}."
-                          for prefix, m in self.named_modules() if hasattr(m, "expert_ids")
-                          for e in range(m.n_experts) if e not in m.expert_ids)
-        unexpected = sorted(k for k in set(state) - {name for name, _, _ in mine}
-                            if not str(k).startswith(elsewhere) or not elsewhere)
+        mine = [(name, place(p.data)) for name, p, place in placements(self)]
+        mine += list(self.named_buffers())
+        missing = [name for name, _ in mine if name not in state]
+        others = held_elsewhere(self)
+        unexpected = sorted(k for k in set(state) - {name for name, _ in mine}
+                            if not others(k))
         copies, misfits = [], []
-        for name, _, held in mine:
+        for name, held in mine:
             if name in state:
                 try:
                     copies += _sources(held, state[name])
