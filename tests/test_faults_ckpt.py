@@ -105,7 +105,8 @@ def shard(folder, rank):
 DAMAGE = {
     "shard: one bit flipped in the middle": (1, flip_middle),
     "shard: truncated by one byte": (1, lambda p: p.write_bytes(p.read_bytes()[:-1])),
-    "shard: truncated to half": (0, lambda p: p.write_bytes(p.read_bytes()[:p.stat().st_size // 2])),
+    "shard: truncated to half": (0, lambda p: p.write_bytes(p.read_bytes()[:p.stat().st_size
+                                                                         // 2])),
     "shard: one byte appended": (0, lambda p: p.write_bytes(p.read_bytes() + b"\n")),
     "shard: missing": (1, os.unlink),
     "manifest: one bit flipped in the middle": ("manifest.npz", flip_middle),
