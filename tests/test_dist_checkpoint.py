@@ -97,6 +97,38 @@ def test_plain_trees_fill_in_place_and_stateful_objects_load(tmp_path):
     assert all(same(a, before[k]) for k, a in third.state_dict().items())
 
 
+@pytest.mark.parametrize("form", ["module", "AppState"])
+def test_a_failed_load_checks_everything_before_it_writes(tmp_path, form):
+    """{"a": a module that fits, "b": one that does not}: the error comes before ``a`` changes
+    (and before its optimizer does, in the AppState form)."""
+    import minipar
+    from minipar import nn, optim
+    from minipar.distributed import AppState
+    from minipar.distributed import checkpoint as dcp
+
+    def build(seed, width=4):
+        minipar.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(3, width), nn.Linear(width, 2))
+        opt = optim.AdamW(model.parameters(), lr=0.1)
+        model(minipar.randn(5, 3)).sum().backward()
+        opt.step()
+        return model, opt
+
+    def wrap(model, opt):
+        return model if form == "module" else AppState(model, opt)
+
+    saved = [build(0), build(1)]
+    dcp.save({"a": wrap(*saved[0]), "b": wrap(*saved[1])}, checkpoint_id=str(tmp_path / "c"))
+    ok, bad = build(2), build(3, width=5)
+    before = {k: a.copy() for k, a in ok[0].state_dict().items()}
+    moments = [s["exp_avg"].copy() for _, s in sorted(ok[1].state.items())]
+    with pytest.raises((KeyError, ValueError), match=r"0.weight.*\(5, 3\)"):
+        dcp.load({"a": wrap(*ok), "b": wrap(*bad)}, checkpoint_id=str(tmp_path / "c"))
+    assert all(same(a, before[k]) for k, a in ok[0].state_dict().items())
+    assert all(same(s["exp_avg"], m) for (_, s), m in zip(sorted(ok[1].state.items()), moments))
+    assert all(s["step"] == 1 for s in ok[1].state.values())
+
+
 # ---------------------------------------------------------------- data parallel (2 and 4 ranks)
 
 def dp_run(kind, comm, dropout, folder, steps, load=False, save_at=None):

@@ -96,15 +96,19 @@ def flip_middle(path):
     path.write_bytes(bytes(data))
 
 
+def shard(folder, rank):
+    """The shard file of ``rank`` in ``folder`` (its name carries the save's id)."""
+    found, = folder.glob(f"shard-{rank:05d}-*.npz")
+    return found.name
+
+
 DAMAGE = {
-    "shard: one bit flipped in the middle": ("shard-00001.npz", flip_middle),
-    "shard: truncated by one byte": ("shard-00001.npz",
-                                     lambda p: p.write_bytes(p.read_bytes()[:-1])),
-    "shard: truncated to half": ("shard-00000.npz",
-                                 lambda p: p.write_bytes(p.read_bytes()[:p.stat().st_size // 2])),
-    "shard: one byte appended": ("shard-00000.npz",
-                                 lambda p: p.write_bytes(p.read_bytes() + b"\n")),
-    "shard: missing": ("shard-00001.npz", os.unlink),
+    "shard: one bit flipped in the middle": (1, flip_middle),
+    "shard: truncated by one byte": (1, lambda p: p.write_bytes(p.read_bytes()[:-1])),
+    "shard: truncated to half": (0, lambda p: p.write_bytes(p.read_bytes()[:p.stat().st_size
+                                                                         // 2])),
+    "shard: one byte appended": (0, lambda p: p.write_bytes(p.read_bytes() + b"\n")),
+    "shard: missing": (1, os.unlink),
     "manifest: one bit flipped in the middle": ("manifest.npz", flip_middle),
     "manifest: missing": ("manifest.npz", os.unlink),
     "manifest: from another save": ("manifest.npz",
@@ -119,6 +123,7 @@ def test_altered_checkpoint_is_refused_and_nothing_loads(two_saves, tmp_path, ca
     folder = tmp_path / "a"
     shutil.copytree(two_saves / "a", folder)
     shutil.copytree(two_saves / "b", tmp_path / "b")
+    name = shard(folder, name) if isinstance(name, int) else name
     damage(folder / name)
     from minipar.distributed import checkpoint as dcp
     from minipar.io import CheckpointError
@@ -129,7 +134,8 @@ def test_altered_checkpoint_is_refused_and_nothing_loads(two_saves, tmp_path, ca
     with pytest.raises(CheckpointError) as error:
         dcp.load(state, checkpoint_id=str(folder))
     record(case, time.perf_counter() - start)
-    expected = "shard-00000.npz" if case == "manifest: from another save" else name
+    # b's manifest names b's shard files, which folder a lacks
+    expected = shard(tmp_path / "b", 0) if case == "manifest: from another save" else name
     assert str(folder / expected) in str(error.value)
     assert state["step"] == -1 and not state["app"].optimizer.state  # nothing loaded
     for n, a in model.state_dict().items():
@@ -142,13 +148,14 @@ def test_altered_checkpoint_is_refused_and_nothing_loads(two_saves, tmp_path, ca
 def test_every_rank_refuses_a_damaged_shard(two_saves, tmp_path):
     folder = tmp_path / "a"
     shutil.copytree(two_saves / "a", folder)
-    flip_middle(folder / "shard-00001.npz")
+    name = shard(folder, 1)
+    flip_middle(folder / name)
     start = time.perf_counter()
     messages = run_on_ranks(load_damaged_body, 2, args=(str(folder),), timeout=60)
     record("2 ranks load a checkpoint with a flipped bit in rank 1's shard",
            time.perf_counter() - start)
     for message in messages:
-        assert str(folder / "shard-00001.npz") in message and "damaged" in message
+        assert str(folder / name) in message and "damaged" in message
 
 
 def killed_body(folder, victim, when):
@@ -235,3 +242,80 @@ def test_a_failed_shard_write_is_an_error_on_every_rank(tmp_path):
     for message in messages:
         assert "rank 1: OSError" in message and "No space left" in message
     assert not (tmp_path / "c" / "manifest.npz").exists()  # no manifest: nothing claims a save
+
+
+def resave_body(folder, fail_rank):
+    """Save the untrained model, train a step, save again into the same folder while
+    ``fail_rank`` cannot write its shard (a full disk)."""
+    from minipar import comm, io
+    from minipar.distributed import checkpoint as dcp
+
+    world = comm.world()
+    model, state = model_and_state(0)
+    state["step"] = 1
+    dcp.save(state, checkpoint_id=folder)
+    train(world, model, state["app"].optimizer.step, 1)
+    if world.rank == fail_rank:
+        def full_disk(path, data):
+            raise OSError(28, "No space left on device")
+
+        io.write_atomic = full_disk
+    state["step"] = 2
+    with pytest.raises(RuntimeError, match="No space left"):
+        dcp.save(state, checkpoint_id=folder)
+
+
+@pytest.mark.fault
+def test_a_failed_resave_leaves_the_last_checkpoint_loadable(tmp_path):
+    """Rank 0 has written its new shard when rank 1's write fails: the folder's checkpoint is
+    still the first save, whole, and the failed save left no file behind."""
+    folder = tmp_path / "c"
+    run_on_ranks(resave_body, 2, args=(str(folder), 1), timeout=60)
+    from minipar.distributed import checkpoint as dcp
+
+    untrained, _ = model_and_state(0)
+    before = untrained.state_dict()
+    model, state = model_and_state(5)
+    dcp.load(state, checkpoint_id=str(folder))
+    assert state["step"] == 1
+    for n, a in model.state_dict().items():
+        assert same(a, before[n]), n
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        ["manifest.npz", shard(folder, 0), shard(folder, 1)])
+
+
+def test_a_resave_whose_manifest_fails_leaves_the_last_checkpoint(tmp_path, monkeypatch):
+    """One process: the shard is written, the manifest is not (the disk fills up between them);
+    a later successful save removes the earlier save's shard."""
+    from minipar import io
+    from minipar.distributed import checkpoint as dcp
+
+    folder = str(tmp_path / "c")
+    model, state = model_and_state(0)
+    state["step"] = 1
+    dcp.save(state, checkpoint_id=folder)
+    saved = {n: a.copy() for n, a in model.state_dict().items()}
+    for a in model.state_dict().values():
+        a += 1.0
+    write, calls = io.write_atomic, []
+
+    def full_after_one(path, data):
+        calls.append(path)
+        if len(calls) > 1:
+            raise OSError(28, "No space left on device")
+        write(path, data)
+
+    monkeypatch.setattr(io, "write_atomic", full_after_one)
+    state["step"] = 2
+    with pytest.raises(RuntimeError, match="No space left"):
+        dcp.save(state, checkpoint_id=folder)
+    monkeypatch.setattr(io, "write_atomic", write)
+    other, loaded = model_and_state(5)
+    dcp.load(loaded, checkpoint_id=folder)
+    assert loaded["step"] == 1
+    for n, a in other.state_dict().items():
+        assert same(a, saved[n]), n
+    dcp.save(state, checkpoint_id=folder)
+    assert len(os.listdir(folder)) == 2  # the manifest and this save's one shard
+    dcp.load(loaded, checkpoint_id=folder)
+    assert loaded["step"] == 2

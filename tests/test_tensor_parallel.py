@@ -358,3 +358,174 @@ def test_vocab_parallel_loss_ignores_targets_like_serial():
     for rank, found in enumerate(run_on_ranks(ignore_index_body, 2, timeout=60)):
         for case, loss_err, grad_err in found:
             assert loss_err < TOL and grad_err < TOL, (rank, case, loss_err, grad_err)
+
+
+def reshard_body(folder):
+    """TP GPT (tp 2) saved through distributed.checkpoint loads into the serial GPT, into tp 1
+    and back into tp 2, each equal to ``gather_to_serial``; the same for an expert-parallel MoE
+    (ep 2) and a TP MoE GPT. Returns this rank's failures."""
+    import os
+
+    import minipar
+    from minipar import comm, nn, to_numpy
+    from minipar.distributed import checkpoint as dcp
+    from minipar.nn.moe import MoE
+    from minipar.parallel.expert import ExpertParallelMoE
+    from minipar.parallel.tensor import TensorParallelGPT, gather_to_serial, shard_from_serial
+    from minipar.parallel.tensor.moe import MoEConfig, TensorParallelMoEGPT
+
+    world = comm.world()
+    solo = [world.group([r]) for r in range(world.size)][world.rank]  # tp 1
+    config = nn.GPTConfig(vocab_size=V, block_size=T, n_layer=2, n_head=H, n_embd=C,
+                          tie_weights=False)
+    failures = []
+
+    def check(what, got, want):
+        for name, a in want.items():
+            if name not in got or _err(got[name], a) > 0:
+                failures.append(f"rank {world.rank} {what}: {name} differs")
+
+    def serial(seed):
+        minipar.manual_seed(seed)
+        return nn.GPT(config).double()
+
+    tp2 = shard_from_serial(serial(0), world)
+    for p in tp2.parameters():  # trained-looking values, the same on every rank where replicated
+        p.data += 0.01 * np.cos(np.arange(p.size)).reshape(p.shape)
+    want = gather_to_serial(tp2, world)
+    dcp.save({"model": tp2.state_dict()}, checkpoint_id=os.path.join(folder, "tp2"))
+    for form in ("tree", "module"):  # {"model": state_dict()} filled in place; a Stateful
+        plain = serial(1)
+        dcp.load({"model": plain.state_dict() if form == "tree" else plain},
+                 checkpoint_id=os.path.join(folder, "tp2"))
+        check(f"tp 2 -> serial ({form})", plain.state_dict(), want)
+        tp1 = shard_from_serial(serial(2), solo)
+        dcp.load({"model": tp1.state_dict() if form == "tree" else tp1},
+                 checkpoint_id=os.path.join(folder, "tp2"))
+        check(f"tp 2 -> tp 1 ({form})", gather_to_serial(tp1, solo), want)
+    dcp.save({"model": tp1.state_dict()}, checkpoint_id=os.path.join(folder, "tp1"))
+    back = TensorParallelGPT(config, world, serial=serial(3))
+    dcp.load({"model": back}, checkpoint_id=os.path.join(folder, "tp1"))
+    check("tp 1 -> tp 2", gather_to_serial(back, world), want)
+    again = shard_from_serial(serial(4), world)
+    again.load_state_dict(tp2.state_dict())  # the same layout, in memory
+    check("tp 2 -> tp 2 in memory", gather_to_serial(again, world), want)
+    try:
+        shard_from_serial(serial(5), world).load_state_dict(
+            {k: v for k, v in tp2.state_dict().items() if k != "lm_head.weight"})
+        failures.append("a missing key loaded")
+    except KeyError as e:
+        if "lm_head.weight" not in str(e):
+            failures.append(f"missing key error: {e}")
+
+    minipar.manual_seed(6)
+    moe = MoE(C, 4, top_k=2).double()
+    ep = ExpertParallelMoE.from_serial(moe, world)
+    dcp.save({"moe": ep.state_dict()}, checkpoint_id=os.path.join(folder, "ep2"))
+    minipar.manual_seed(7)
+    plain = MoE(C, 4, top_k=2).double()
+    dcp.load({"moe": plain}, checkpoint_id=os.path.join(folder, "ep2"))
+    check("ep 2 -> serial MoE", plain.state_dict(), moe.state_dict())
+
+    moe_config = MoEConfig(n_experts=2)
+    minipar.manual_seed(8)
+    tpmoe = TensorParallelMoEGPT(config, moe_config, world, solo).double()
+    want = gather_to_serial(tpmoe, world)  # ep 1: local expert names are the serial names
+    dcp.save({"model": tpmoe}, checkpoint_id=os.path.join(folder, "moe"))
+    minipar.manual_seed(9)
+    other = TensorParallelMoEGPT(config, moe_config, solo, world).double()  # tp 1, ep 2
+    dcp.load({"model": other}, checkpoint_id=os.path.join(folder, "moe"))
+    names = other.serial_twin_names()  # {local name: serial name}
+    got = {names[n]: a for n, a in gather_to_serial(other, solo).items()}
+    check("tp 2 ep 1 -> tp 1 ep 2 (MoE GPT)", got, {n: to_numpy(a) for n, a in want.items()
+                                                   if n in got})
+    return failures
+
+
+def test_tp_checkpoint_reshards_to_serial_tp1_and_back(tmp_path):
+    for failures in run_on_ranks(reshard_body, 2, args=(str(tmp_path),), timeout=180):
+        assert not failures, failures
+
+
+def appstate_reshard_body(folder):
+    """AppState(TP GPT on tp 2, AdamW) and AppState(expert-parallel MoE on ep 2, AdamW), one
+    step each, saved through distributed.checkpoint: the optimizer state loads into the serial
+    twin's AdamW equal to the serial twin trained alike (float64, 1e-10)."""
+    import os
+
+    import minipar
+    from minipar import Tensor, comm, nn, optim
+    from minipar.distributed import AppState
+    from minipar.distributed import checkpoint as dcp
+    from minipar.nn.moe import MoE
+    from minipar.parallel.expert import ExpertParallelMoE
+    from minipar.parallel.tensor import shard_from_serial
+
+    world = comm.world()
+    config = nn.GPTConfig(vocab_size=V, block_size=T, n_layer=1, n_head=H, n_embd=C,
+                          tie_weights=False)
+    ids = np.random.default_rng(0).integers(0, V, size=(B, T))
+    failures = []
+
+    def serial(seed):
+        minipar.manual_seed(seed)
+        return nn.GPT(config).double()
+
+    def compare(what, twin, twin_opt, app):
+        got = app.state_dict()
+        names = {id(p): n for n, p in twin.named_parameters()}
+        for n, a in twin.state_dict().items():
+            if _err(got["model"][n], a) > TOL:
+                failures.append(f"rank {world.rank} {what}: {n} differs")
+        for i, entry in twin_opt.state.items():
+            theirs = got["optimizer"]["state"][names[id(twin_opt.params[i])]]
+            if entry["step"] != theirs["step"] or _err(theirs["exp_avg"], entry["exp_avg"]) > TOL:
+                failures.append(f"rank {world.rank} {what}: optimizer state of "
+                                f"{names[id(twin_opt.params[i])]} differs")
+
+    twin = serial(0)
+    tp = shard_from_serial(twin, world)
+    for model in (twin, tp):
+        opt = optim.AdamW(model.parameters(), lr=1e-2)
+        model(ids, np.roll(ids, -1, axis=1))[1].backward()
+        opt.step()
+        if model is twin:
+            twin_opt = opt
+    dcp.save({"app": AppState(tp, opt)}, checkpoint_id=os.path.join(folder, "tp"))
+    plain = serial(1)
+    app = AppState(plain, optim.AdamW(plain.parameters(), lr=1e-2))
+    dcp.load({"app": app}, checkpoint_id=os.path.join(folder, "tp"))
+    compare("AppState tp 2 -> serial", twin, twin_opt, app)
+
+    minipar.manual_seed(2)
+    moe = MoE(C, 4, top_k=2).double()
+    ep = ExpertParallelMoE.from_serial(moe, world)
+    xs = np.random.default_rng(1).standard_normal((world.size, B, T, C))
+    moe_opt = optim.AdamW(moe.parameters(), lr=1e-2)
+    for x in xs:  # the serial twin sees every rank's tokens
+        (moe(Tensor(x)) ** 2).sum().backward()
+    moe_opt.step()
+    ep_opt = optim.AdamW(ep.parameters(), lr=1e-2)
+    (ep(Tensor(xs[world.rank])) ** 2).sum().backward()
+    ep.router_grads_sum()
+    ep_opt.step()
+    dcp.save({"app": AppState(ep, ep_opt)}, checkpoint_id=os.path.join(folder, "ep"))
+    minipar.manual_seed(3)
+    fresh = MoE(C, 4, top_k=2).double()
+    app = AppState(fresh, optim.AdamW(fresh.parameters(), lr=1e-2))
+    dcp.load({"app": app}, checkpoint_id=os.path.join(folder, "ep"))
+    compare("AppState ep 2 -> serial MoE", moe, moe_opt, app)
+    minipar.manual_seed(4)  # and back into ep 2
+    other = ExpertParallelMoE.from_serial(MoE(C, 4, top_k=2).double(), world)
+    back = AppState(other, optim.AdamW(other.parameters(), lr=1e-2))
+    dcp.load({"app": back}, checkpoint_id=os.path.join(folder, "ep"))
+    mine = AppState(ep, ep_opt).state_dict()["optimizer"]["state"]
+    for n, entry in back.state_dict()["optimizer"]["state"].items():
+        if _err(entry["exp_avg"], mine[n]["exp_avg"]) > 0:
+            failures.append(f"rank {world.rank} AppState ep 2 -> ep 2: {n} differs")
+    return failures
+
+
+def test_appstate_of_tp_and_ep_models_reshards_the_optimizer_too(tmp_path):
+    for failures in run_on_ranks(appstate_reshard_body, 2, args=(str(tmp_path),), timeout=180):
+        assert not failures, failures

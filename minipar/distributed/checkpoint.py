@@ -8,25 +8,30 @@
 
 The state dict's values are trees (``{"model": module.state_dict()}``) or Stateful objects,
 anything with ``state_dict()`` and ``load_state_dict()``: a module, an optimizer, ``AppState``,
-ZeRO, the 3D trainer. Every rank writes ``shard-<rank>.npz``, rank 0 then ``manifest.npz``; a load
-needs no communication, so a checkpoint of N ranks loads in a plain process started without
-mpiexec. The layout on disk and how a load reshards: docs/checkpoints.md.
+ZeRO, the 3D trainer. Every rank writes ``shard-<rank>-<save>.npz``, rank 0 then
+``manifest.npz``; a load needs no communication, so a checkpoint of N ranks loads in a plain
+process started without mpiexec. The layout on disk and how a load reshards: docs/checkpoints.md.
 """
 import os
+import re
 import sys
 import uuid
 
 from .. import backend, io
 from ..autograd import Tensor
-from .sharded import ShardedTensor, assemble, box, decode_index, encode_index, view
+from .sharded import ShardedTensor, assemble, box, decode_index, encode_index, fill, view
 from .state import AppState  # noqa: F401  (dcp.AppState)
 from .tree import is_array, is_stateful, items, unflatten
 
 MANIFEST, FORMAT, VERSION = "manifest.npz", "minipar-distributed-checkpoint", 1
 
 
-def shard_name(rank):
-    return f"shard-{rank:05d}.npz"
+def shard_name(rank, run):
+    # the save's own name: a re-save into the folder writes beside the checkpoint it replaces
+    return f"shard-{rank:05d}-{run[:8]}.npz"
+
+
+SHARD = re.compile(r"shard-\d{5}(-[0-9a-f]{8})?\.npz")  # this save's and older saves' names
 
 
 def _group(process_group, no_dist=False):
@@ -73,10 +78,11 @@ def save(state_dict, *, checkpoint_id, process_group=None, no_dist=False):
             chunks.append((rank, len(arrays) - 1, encode_index(index)))
         layout.append((path, "tensor", (shape, str(dtype), chunks)))
     run = comm.broadcast_object(uuid.uuid4().hex) if comm else uuid.uuid4().hex
+    mine = os.path.join(checkpoint_id, shard_name(rank, run))
     digest = error = None
     try:  # an error here is every rank's: the manifest waits for all shards
         data = io.to_bytes({"run": run, "rank": rank, "pieces": arrays})
-        io.write_atomic(os.path.join(checkpoint_id, shard_name(rank)), data)
+        io.write_atomic(mine, data)
         digest = data[-64:].decode()
     except Exception as e:
         error = f"rank {rank}: {type(e).__name__}: {e}"
@@ -85,12 +91,33 @@ def save(state_dict, *, checkpoint_id, process_group=None, no_dist=False):
         error = "; ".join(e for _, _, e in everyone if e)
         try:
             if not error:
-                io.save(_manifest(everyone, run), os.path.join(checkpoint_id, MANIFEST))
+                manifest = _manifest(everyone, run)
+                # the switch: one atomic rename makes this save the folder's checkpoint; until
+                # then the previous one (its manifest and its shards) is whole
+                io.save(manifest, os.path.join(checkpoint_id, MANIFEST))
+                _remove_stale(checkpoint_id, {name for name, _ in manifest["files"]})
         except Exception as e:
             error = f"rank 0: {type(e).__name__}: {e}"
     error = comm.broadcast_object(error) if comm else error
     if error:
+        if digest is not None:  # a failed save leaves only what was there before
+            _remove(mine)
         raise RuntimeError(f"saving the checkpoint {checkpoint_id} failed: {error}")
+
+
+def _remove_stale(folder, keep):
+    """Remove the shard files of earlier saves into ``folder``: after the switch, nothing
+    names them."""
+    for name in os.listdir(folder):
+        if SHARD.fullmatch(name) and name not in keep:
+            _remove(os.path.join(folder, name))
+
+
+def _remove(path):
+    try:
+        os.unlink(path)
+    except OSError:  # a file left behind costs disk space, not correctness
+        pass
 
 
 def _manifest(everyone, run):
@@ -110,7 +137,7 @@ def _manifest(everyone, run):
                                  f"{(shape, dtype)} on rank {rank}")
             record["chunks"] += chunks
     return {"format": FORMAT, "version": VERSION, "run": run, "world_size": len(everyone),
-            "files": [(shard_name(r), digest) for r, (_, digest, _) in enumerate(everyone)],
+            "files": [(shard_name(r, run), digest) for r, (_, digest, _) in enumerate(everyone)],
             "records": [(path, r) for path, r in records.items()]}
 
 
@@ -215,6 +242,12 @@ def _fill(target, source, path, plan, missing):
             continue
         mine, theirs = target[key], source[key]
         if is_stateful(mine):
+            # a dry run over what it holds now: a shape that differs, here or in any other
+            # object of the state dict, is named before anything loads
+            unfound = []
+            _fill(mine.state_dict(), theirs, here, [], unfound)
+            if hasattr(mine, "named_parameters"):  # a module loads strictly: every key
+                missing += unfound
             value = materialize(theirs)
             plan.append(lambda m=mine, v=value: m.load_state_dict(v))
         elif isinstance(mine, (dict, list)):
@@ -244,9 +277,4 @@ def _copies(mine, theirs, path):
     # a rank reads whole tensors to take a slice: simple, and cheap at this scale (torch's
     # planner reads only the overlapping pieces)
     full = theirs.array()
-
-    def copy(index, array):
-        xp = backend.get_array_module(array)
-        array[...] = xp.asarray(view(full, index).reshape(array.shape), dtype=array.dtype)
-
-    return [lambda i=i, a=a: copy(i, a) for i, a in pieces]
+    return [lambda i=i, a=a: fill(a, view(full, i)) for i, a in pieces]

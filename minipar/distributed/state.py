@@ -13,24 +13,31 @@ loads into a serial model and its optimizer, and back.
 """
 import copy
 
+from .sharded import held_elsewhere, local, placements
+
 
 class AppState:
-    """``model`` (a Module) and ``optimizer`` (an optimizer of some of its parameters, or None)."""
+    """``model`` (a Module) and ``optimizer`` (an optimizer of some of its parameters, or None).
+    A tensor- or expert-parallel model's optimizer state is cut as its parameters are
+    (``sharded.placements``), so it reshards too."""
 
     def __init__(self, model, optimizer=None):
         self.model, self.optimizer = model, optimizer
 
-    def _names(self):
-        return {id(p): name for name, p in self.model.named_parameters()}
+    def _places(self):
+        """{id(parameter): (serial name, parameter, place)}"""
+        return {id(p): (name, p, place) for name, p, place in placements(self.model)}
 
     def state_dict(self):
         out = {"model": self.model.state_dict()}
         if self.optimizer is not None:
-            names, own = self._names(), self.optimizer.state_dict()
-            out["optimizer"] = {
-                "state": {names[id(self.optimizer.params[i])]: s
-                          for i, s in sorted(own["state"].items())},
-                "hyperparameters": own["hyperparameters"]}
+            places, own = self._places(), self.optimizer.state_dict()
+            state = {}
+            for i, entry in sorted(own["state"].items()):
+                name, p, place = places[id(self.optimizer.params[i])]
+                state[name] = {key: place(v) if _shape(v) == p.shape else v
+                               for key, v in entry.items()}
+            out["optimizer"] = {"state": state, "hyperparameters": own["hyperparameters"]}
         return out
 
     def load_state_dict(self, state_dict):
@@ -38,17 +45,27 @@ class AppState:
         the model its own)."""
         named = None
         if self.optimizer is not None:
-            names = self._names()
-            index = {names[id(p)]: i for i, p in enumerate(self.optimizer.params)}
-            saved = state_dict["optimizer"]
-            unknown = [n for n in saved["state"] if n not in index]
+            places = self._places()
+            index = {places[id(p)][0]: i for i, p in enumerate(self.optimizer.params)}
+            saved, others = state_dict["optimizer"], held_elsewhere(self.model)
+            saved_state = {n: s for n, s in saved["state"].items() if not others(n)}
+            unknown = [n for n in saved_state if n not in index]
             if unknown:
                 raise KeyError(f"optimizer state for parameters this optimizer does not hold: "
                                f"{', '.join(map(str, unknown))}")
-            named = {"state": {index[n]: s for n, s in saved["state"].items()},
-                     "hyperparameters": saved["hyperparameters"]}
+            named = {"state": {}, "hyperparameters": saved["hyperparameters"]}
+            for n, entry in saved_state.items():
+                _, p, place = places[id(self.optimizer.params[index[n]])]
+                whole = tuple(place(p.data).shape)  # the serial parameter's shape
+                named["state"][index[n]] = {
+                    key: local(p, place, v) if whole != p.shape and _shape(v) == whole else v
+                    for key, v in entry.items()}
         load_after_dry_run(self.optimizer, named,
                            lambda: self.model.load_state_dict(state_dict["model"]))
+
+
+def _shape(value):
+    return tuple(value.shape) if hasattr(value, "shape") else None
 
 
 def load_after_dry_run(optimizer, named, load_model):

@@ -12,12 +12,13 @@ parameters (why, and how a data-parallel trainer averages it: docs/tensor_parall
 import numbers
 
 from ... import random
+from ...distributed.sharded import ShardedStateDict
 from ...nn import ModuleList
 from ...nn.moe import MoE
 from .dispatch import combine, dispatch, plan
 
 
-class ExpertParallelMoE(MoE):
+class ExpertParallelMoE(ShardedStateDict, MoE):
     """``MoE`` whose ``experts`` are this rank's E/ep (``expert_ids``); the rest is replicated.
     Built from the RNG like the serial MoE, so one seed gives the twin's parameters."""
 

@@ -10,12 +10,13 @@ logits are never gathered: docs/tensor_parallel.md):
 from ... import backend, nn, ops
 from ... import functional as F
 from ...autograd import Tensor, as_tensor, embedding, make_result
+from ...distributed.sharded import ShardedStateDict
 from ...nn import Module, Parameter
 from .mappings import _all_reduce, reduce_from_tensor_region, reduce_scatter_to_sequence_region
 from .shard import divide, shard
 
 
-class VocabParallelEmbedding(Module):
+class VocabParallelEmbedding(ShardedStateDict, Module):
     """nn.Embedding split by vocabulary. Rank i holds rows [i·V/p, (i+1)·V/p). A token outside
     that range gets a zero vector, so g's sum (or a reduce-scatter of T under sequence
     parallelism) gives every token its one owner's row."""

@@ -14,6 +14,7 @@ Each parameter is this rank's slice of the serial parameter of the same name:
     loss.backward(); model.finalize_grads()         # sequence parallelism's extra sum
 """
 from ... import backend, nn, random
+from ...distributed.sharded import ShardedStateDict
 from ...nn import Module, Sequential
 from .embedding import VocabParallelEmbedding, vocab_parallel_cross_entropy
 from .layers import ColumnParallelLinear, ParallelMLP, ParallelSelfAttention
@@ -21,7 +22,7 @@ from .mappings import allreduce_replicated_grads
 from .shard import copy_serial_slices, divide
 
 
-class ParallelGPTEmbedding(Module):
+class ParallelGPTEmbedding(ShardedStateDict, Module):
     """nn.GPTEmbedding with a vocab-parallel token table. Under sequence parallelism the sum is
     a reduce-scatter, and each rank adds the positions of its own T slice."""
 
@@ -49,7 +50,7 @@ class ParallelGPTEmbedding(Module):
         return self.drop(self.wte(ids) + self.wpe(pos))
 
 
-class ParallelBlock(Module):
+class ParallelBlock(ShardedStateDict, Module):
     """nn.Block with parallel attention and MLP: x + attn(ln_1(x)); x + mlp(ln_2(x))."""
 
     def __init__(self, n_embd, n_head, group, dropout=0.0, sequence_parallel=False, mlp=None):
@@ -77,7 +78,7 @@ def check_config(config, tp):
     divide(config.vocab_size, tp, "vocabulary size")
 
 
-class TensorParallelGPT(Module):
+class TensorParallelGPT(ShardedStateDict, Module):
     """``local_logits, loss = model(ids, targets)``: nn.GPT over the tensor group ``group``.
     ``local_logits`` is this rank's vocabulary slice (B, T, V/p). ``loss`` is the same number
     on every rank.

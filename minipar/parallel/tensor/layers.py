@@ -11,6 +11,7 @@ docs/tensor_parallel.md). Each layer draws its serial twin's weight whole and ke
 """
 from ... import nn
 from ... import functional as F
+from ...distributed.sharded import ShardedStateDict
 from ...nn import Module, Parameter
 from .mappings import (copy_to_tensor_region, gather_from_sequence_region,
                        gather_from_tensor_region, reduce_from_tensor_region,
@@ -18,7 +19,7 @@ from .mappings import (copy_to_tensor_region, gather_from_sequence_region,
 from .shard import divide, shard
 
 
-class ColumnParallelLinear(Module):
+class ColumnParallelLinear(ShardedStateDict, Module):
     """Y_i = X A_iᵀ + b_i. Rank i holds out/p of the weight's rows (and of the bias). The input
     enters through f, or through an all-gather of T under sequence parallelism. The output stays
     split unless ``gather_output``. ``stride`` (Megatron's name) splits each of that many row
@@ -44,7 +45,7 @@ class ColumnParallelLinear(Module):
         return gather_from_tensor_region(y, self.group, self.where) if self.gather_output else y
 
 
-class RowParallelLinear(Module):
+class RowParallelLinear(ShardedStateDict, Module):
     """Y = Σ_i X_i A_iᵀ + b. Rank i holds in/p of the weight's columns and the input slice X_i
     (scattered first unless ``input_is_parallel``). The partial products are summed by g, or by a
     reduce-scatter of T under sequence parallelism. The bias is replicated and added once, after
@@ -72,7 +73,7 @@ class RowParallelLinear(Module):
         return y if self.bias is None else y + self.bias
 
 
-class ParallelMLP(Module):
+class ParallelMLP(ShardedStateDict, Module):
     """nn.MLP split: c_fc column-parallel -> GeLU on each rank's slice -> c_proj row-parallel.
     One all-reduce forward (g) and one backward (f). The GeLU is what decides the split: see
     docs/tensor_parallel.md."""
@@ -93,7 +94,7 @@ class ParallelMLP(Module):
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
 
-class ParallelSelfAttention(Module):
+class ParallelSelfAttention(ShardedStateDict, Module):
     """nn.CausalSelfAttention split by heads. Rank i owns H/p whole heads: its rows of q, k and v
     (c_attn column-parallel with stride 3) and the matching input columns of c_proj (row-parallel).
     Heads attend independently, so the only sum is c_proj's.

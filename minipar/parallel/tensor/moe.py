@@ -17,6 +17,7 @@ import dataclasses
 from ... import nn
 from ...nn import ModuleList, Sequential
 from ...nn.moe import MoEBlock
+from ...distributed.sharded import serial_names
 from ..expert import ExpertParallelMoE
 from .gpt import ParallelBlock, TensorParallelGPT
 from .layers import ParallelMLP
@@ -110,18 +111,6 @@ class TensorParallelMoEGPT(TensorParallelGPT):
     def expert_parameters(self):
         """Every parameter of this rank's experts: reduced over the expert-data group."""
         return [p for layer in self.moe_layers() for p in layer.expert_parameters()]
-
-
-def serial_names(model):
-    """{parameter name in ``model``: its name in the serial twin}: the local expert i of an
-    ExpertParallelMoE is the serial ``experts.{expert_ids[i]}`` (its ``serial_name``)."""
-    out = {name: name for name, _ in model.named_parameters()}
-    for prefix, m in model.named_modules():
-        if isinstance(m, ExpertParallelMoE):
-            head = f"{prefix}." if prefix else ""
-            out.update({head + name: head + m.serial_name(name)
-                        for name, _ in m.named_parameters()})
-    return out
 
 
 def serial_slices(model, full, tensor_group):
