@@ -4,11 +4,11 @@ The tree is the folder holding ``minipar/``: the path itself, else the shallowes
 below it when it is the only one at its depth (a zipped folder, the commonest way to hand in,
 puts the tree one level down). A zip is unpacked into a temporary folder first; a submission
 that holds no tree, two trees, or a zip that is empty, corrupt, unsafe or too big, gives the
-reason instead, and ``zero`` turns it into results that score every task 0 with that reason,
+reason instead, and ``assignments.unscored`` turns it into results scoring every task 0 with it,
 so Gradescope always gets a results.json the student can read.
 
     with submission.opened("hw2.zip") as (tree, reason):
-        results = grade(tree) if tree else submission.zero(tasks, reason)
+        results = grade(tree) if tree else assignments.unscored(tasks, f"not graded: {reason}")
 """
 import contextlib
 import os
@@ -115,10 +115,3 @@ def unzip(path, into):
                     NotImplementedError) as err:
                 raise Unusable(f"{path.name} is corrupt at {member.filename!r} ({err})") from None
     return into
-
-
-def zero(tasks, reason):
-    """grade_task's results for a submission that could not be graded: every task 0, the
-    reason as each one's output."""
-    return [{"task": t.id, "score": 0, "max_score": t.points, "passed": False,
-             "output": f"not graded: {reason}", "seconds": 0.0} for t in tasks]

@@ -69,6 +69,8 @@ def run(args):
         if importlib.util.find_spec("pytest") is None:  # else every task would score 0
             raise UsageError("argument grade: grading runs the checks with pytest, which is not "
                              "installed: pip install 'minipar[dev]' (or pip install pytest)")
+        # a grading that dies leaves no report rather than a stale or planted one
+        assignments.clear_reports(args.json, args.markdown)
         with submission.opened(args.dir) as (found, reason):
             results = _grade(found, reason, ids, args)
         total = sum(r["score"] for r in results)
@@ -89,7 +91,7 @@ def _grade(found, reason, ids, args):
             found, ids, reason = None, None, f"{tree.RECORD} in the tree: {err}"
     if found is None:
         print(f"cannot grade {args.dir}: {reason}")
-        results = submission.zero(assignments.choose(ids), reason)
+        results = assignments.unscored(assignments.choose(ids), f"not graded: {reason}")
         for result in results:
             _show(result)
         return results
