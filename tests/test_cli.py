@@ -61,3 +61,10 @@ def test_the_script_names_itself_in_its_errors():
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.splitlines()[-1].startswith(
         "scripts/bench_allreduce.py: error: argument --sizes:")
+
+
+def test_python_dash_m_minipar_is_the_command():
+    """Where the console script is not on PATH (a student's tree before pip install)."""
+    done = subprocess.run([sys.executable, "-m", "minipar", "assignment", "list"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "ring-all-reduce" in done.stdout, done.stderr

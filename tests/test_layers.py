@@ -29,7 +29,8 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "minipar"
 TEACHING = {"minipar.testing", "minipar.cli", "minipar.bench", "minipar.console",
-            "minipar.assignments", "minipar.doctor", "minipar.figures"}
+            "minipar.assignments", "minipar.doctor", "minipar.figures",
+            "minipar.__main__"}  # python -m minipar: the command
 ORDER = ("backend", "engine", "comm", "parallel", "teaching")
 MAY_IMPORT = {  # layer -> the layers its modules may import
     "backend": {"backend"},
