@@ -80,9 +80,7 @@ def _torch_cross_entropy(fn):
         if weight is not None or label_smoothing:
             raise NotImplementedError("cross_entropy: class weights and label_smoothing are "
                                       "not implemented")
-        if size_average is not None or reduce is not None:  # torch's deprecated pair
-            reduction = ("none" if reduce is False else
-                         "sum" if size_average is False else "mean")
+        reduction = _legacy_reduction(size_average, reduce, reduction)
         logits = as_tensor(logits)
         t_shape = tuple(target.shape if hasattr(target, "shape")
                         else _xp(logits.data).asarray(target).shape)
@@ -92,6 +90,13 @@ def _torch_cross_entropy(fn):
         return fn(logits, target, ignore_index, reduction)
     del cross_entropy.__wrapped__
     return cross_entropy
+
+
+def _legacy_reduction(size_average, reduce, reduction):
+    """The reduction torch's deprecated pair ``size_average``, ``reduce`` names, if given."""
+    if size_average is None and reduce is None:
+        return reduction
+    return "none" if reduce is False else "sum" if size_average is False else "mean"
 
 
 @_torch_dim
@@ -189,6 +194,69 @@ def cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
         return (p.reshape(logits.shape),)
 
     return make_result(xp.asarray(out, dtype=logits.dtype), (logits,), backward, "cross_entropy")
+
+
+def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+             reduction="mean"):
+    """torch's: the mean over targets of −input[n, target[n]], ``input`` log-probabilities with
+    the classes on axis 1, (N, C) or (N, C, d...), or (C,) for one target; ignored targets count
+    neither in the sum nor in n.  d/dinput = −onehot(target)/n."""
+    if weight is not None:
+        raise NotImplementedError("nll_loss: class weights are not implemented")
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"nll_loss: reduction must be 'mean', 'sum' or 'none', got "
+                         f"{reduction!r}")
+    x = as_tensor(input)
+    given = target.data if isinstance(target, Tensor) else target
+    xp = _xp(x.data)
+    t = xp.asarray(given)
+    if t.dtype.kind not in "iu":
+        raise TypeError(f"nll_loss: target must hold integer class indices, got {t.dtype}")
+    # the classes on the last axis, as the ops below read them
+    z = x.reshape(1, -1) if x.ndim == 1 else x.permute(0, *range(2, x.ndim), 1)
+    if z.shape[:-1] != (t.shape or (1,)):
+        want = z.shape[:-1] if x.ndim > 1 else ()
+        raise ValueError(f"nll_loss: input of shape {x.shape} needs a target of shape {want}, "
+                         f"got {t.shape}")
+    classes = z.shape[-1]
+    zf = z.data.reshape(-1, classes)
+    t, keep = kept_targets(t, classes, ignore_index, "nll_loss", given)
+    safe_t = xp.where(keep, t, 0)
+    rows = xp.arange(zf.shape[0])
+    weights = keep.astype(zf.dtype)
+    losses = -zf[rows, safe_t] * weights
+    n = xp.maximum(weights.sum(), 1)  # on the device: no host read
+    if reduction == "mean":
+        out = losses.sum() / n
+    elif reduction == "sum":
+        out = losses.sum()
+    else:
+        out = losses.reshape(xp.asarray(given).shape)
+
+    def backward(g):
+        d = xp.zeros_like(zf)
+        d[rows, safe_t] = -weights * (g.reshape(-1) if reduction == "none" else
+                                      g / n if reduction == "mean" else g)
+        return (d.reshape(z.shape),)
+
+    return make_result(xp.asarray(out, dtype=x.dtype), (z,), backward, "nll_loss")
+
+
+def relu(input, inplace=False):
+    """max(x, 0), torch's F.relu (``Tensor.relu``'s op). ``inplace=True`` is refused, as in
+    dropout: autograd keeps x, so the result is a new tensor."""
+    if inplace:
+        raise ValueError("relu: inplace=True is not supported; write y = relu(x)")
+    return as_tensor(input).relu()
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    """torch's F.max_pool2d: the pool of ``nn.functional_conv``, where the window ops live."""
+    from .nn import functional_conv  # here, not at the top: minipar.nn imports this module
+    return functional_conv.max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode,
+                                      return_indices)
 
 
 def gelu(x, approximate="tanh"):
