@@ -21,6 +21,16 @@ def _run(ours, params, grads_per_step):
         ours.step()
 
 
+def _run_with_torch(ours, params, theirs, tparams, grads_per_step):
+    """Both optimizers through the same gradients (None: the parameter has none that step)."""
+    for grads in grads_per_step:
+        for p, t, g in zip(params, tparams, grads):
+            p.grad = None if g is None else minipar.backend.asarray(g.copy())
+            t.grad = None if g is None else torch.tensor(g)
+        ours.step()
+        theirs.step()
+
+
 CASES = [
     ("SGD", dict(lr=0.1)),
     ("SGD", dict(lr=0.1, momentum=0.9)),
@@ -207,12 +217,7 @@ def test_adam_falls_back_per_parameter_and_still_matches_torch():
     ours = optim.AdamW(params, lr=0.01, weight_decay=0.1)
     tparams = [torch.tensor(v, requires_grad=True) for v in values]
     theirs = torch.optim.AdamW(tparams, lr=0.01, weight_decay=0.1)
-    for grads in steps:
-        for p, t, g in zip(params, tparams, grads):
-            p.grad = None if g is None else minipar.backend.asarray(g.copy())
-            t.grad = None if g is None else torch.tensor(g)
-        ours.step()
-        theirs.step()
+    _run_with_torch(ours, params, theirs, tparams, steps)
     assert [ours.state[i]["step"] for i in range(3)] == [4, 3, 4]
     for p, t in zip(params, tparams):
         np.testing.assert_allclose(p.numpy(), t.detach().numpy(), rtol=1e-12, atol=1e-14)
@@ -291,12 +296,7 @@ def test_param_groups_match_torch(name):
     ours = getattr(optim, name)(_decay_groups(params), **kwargs)
     tparams = [torch.tensor(v, requires_grad=True) for v in values]
     theirs = getattr(torch.optim, name)(_decay_groups(tparams), **kwargs)
-    for grads in steps:
-        for p, t, g in zip(params, tparams, grads):
-            p.grad = None if g is None else minipar.backend.asarray(g.copy())
-            t.grad = None if g is None else torch.tensor(g)
-        ours.step()
-        theirs.step()
+    _run_with_torch(ours, params, theirs, tparams, steps)
     for p, t in zip(params, tparams):
         np.testing.assert_allclose(p.numpy(), t.detach().numpy(), rtol=1e-12, atol=1e-14)
     assert [g["weight_decay"] for g in ours.param_groups] == [0.2, 0.0]
