@@ -68,7 +68,7 @@ class LRScheduler:
             group["lr"] = lr
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
-    def lrs(self):
+    def _lrs(self):
         """Each param group's lr now."""
         return [group["lr"] for group in self.optimizer.param_groups]
 
@@ -121,8 +121,8 @@ class StepLR(LRScheduler):
 
     def get_lr(self):
         if self.last_epoch == 0 or self.last_epoch % self.step_size != 0:
-            return self.lrs()
-        return [lr * self.gamma for lr in self.lrs()]
+            return self._lrs()
+        return [lr * self.gamma for lr in self._lrs()]
 
     def _get_closed_form_lr(self):
         return [base * self.gamma ** (self.last_epoch // self.step_size)
@@ -145,14 +145,14 @@ class LinearLR(LRScheduler):
 
     def get_lr(self):
         if self.last_epoch == 0:
-            return [lr * self.start_factor for lr in self.lrs()]
+            return [lr * self.start_factor for lr in self._lrs()]
         if self._is_initial or self.last_epoch > self.total_iters:
-            return self.lrs()
+            return self._lrs()
         # torch's recursive form: the ratio of this epoch's factor to the last one's
         change = self.end_factor - self.start_factor
         ratio = 1.0 + change / (self.total_iters * self.start_factor
                                 + (self.last_epoch - 1) * change)
-        return [lr * ratio for lr in self.lrs()]
+        return [lr * ratio for lr in self._lrs()]
 
     def _get_closed_form_lr(self):
         factor = (self.start_factor + (self.end_factor - self.start_factor)
@@ -171,15 +171,15 @@ class CosineAnnealingLR(LRScheduler):
     def get_lr(self):
         t, T, low = self.last_epoch, self.T_max, self.eta_min
         if self._is_initial:
-            return self.lrs()
+            return self._lrs()
         if self._step_count == 1 and t > 0:  # resumed at last_epoch > 0: the closed form
             return [low + (base - low) * (1 + math.cos(t * math.pi / T)) / 2
                     for base in self.base_lrs]
         if (t - 1 - T) % (2 * T) == 0:  # the bottom of the cosine: the ratio below is 0/0
             return [lr + (base - low) * (1 - math.cos(math.pi / T)) / 2
-                    for lr, base in zip(self.lrs(), self.base_lrs)]
+                    for lr, base in zip(self._lrs(), self.base_lrs)]
         ratio = (1 + math.cos(math.pi * t / T)) / (1 + math.cos(math.pi * (t - 1) / T))
-        return [ratio * (lr - low) + low for lr in self.lrs()]
+        return [ratio * (lr - low) + low for lr in self._lrs()]
 
     def _get_closed_form_lr(self):
         return [self.eta_min + (base - self.eta_min)
