@@ -109,8 +109,21 @@ class Tensor:
     def __getitem__(self, index):
         """Basic slicing (a view's gradient is a slice assignment) or advanced indexing (repeated
         indices accumulate their gradients)."""
-        index = tuple(_array(i) for i in index) if isinstance(index, tuple) else _array(index)
+        index = _index(index)
         return apply(ops.slice_ if ops.is_basic_index(index) else ops.getitem, self, index=index)
+
+    def __setitem__(self, index, value):
+        """``t[index] = value`` in place, where torch allows it: on a tensor that does not require
+        grad, or on a leaf under ``no_grad()`` (setting weights). A tensor in the graph is
+        refused: its backward may hold the array the write would change."""
+        if self.requires_grad and self.is_leaf and is_grad_enabled():
+            raise RuntimeError("item assignment on a leaf that requires grad, outside no_grad() "
+                               "(torch refuses it too): set it under minipar.no_grad()")
+        if self.requires_grad and not self.is_leaf:
+            raise RuntimeError("item assignment on a tensor in the graph: minipar records no "
+                               "in-place writes (its backward may hold this array); build the "
+                               "new values with minipar.where() or masked_fill()")
+        self.data[_index(index)] = _array(value)
 
     def gather(self, dim, index):
         """torch.gather: out[i][j] = self[i][index[i][j]] for dim=1 (likewise for any dim)."""
@@ -151,6 +164,10 @@ class Tensor:
     def detach(self):
         """The same values (shared memory) cut off from the graph."""
         return Tensor(self.data)
+
+    def clone(self):
+        """A copy in its own memory, still in the graph (its gradient flows back to self)."""
+        return apply(ops.clone, self)
 
     def retain_grad(self):
         """Keep ``.grad`` on this non-leaf tensor too (for inspection and tests)."""
@@ -212,6 +229,11 @@ def _array(x):
     if isinstance(x, Tensor):
         return x.data
     return backend.asarray(x) if isinstance(x, backend.numpy.ndarray) else x
+
+
+def _index(index):
+    """An index (a tuple of them, too) with its tensors and NumPy arrays made device arrays."""
+    return tuple(_array(i) for i in index) if isinstance(index, tuple) else _array(index)
 
 
 def apply(op, *inputs, **options):

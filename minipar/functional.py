@@ -7,7 +7,8 @@ formula its backward implements.
 torch's argument forms work too (``_torch_*`` below): ``layer_norm(x, normalized_shape, weight,
 bias, eps)``, ``softmax(x, dim=)``, ``cross_entropy(input, target, weight, ..., reduction=)``
 with torch's (N, C, d...) layout, ``dropout(x, p, training, inplace=False)`` and
-``scaled_dot_product_attention(q, k, v, is_causal=True)``.
+``scaled_dot_product_attention(q, k, v, is_causal=True)``; ``relu``, ``nll_loss`` and
+``max_pool2d`` are torch's own (its tutorials' MNIST net runs on them).
 """
 import functools
 import math
@@ -80,9 +81,7 @@ def _torch_cross_entropy(fn):
         if weight is not None or label_smoothing:
             raise NotImplementedError("cross_entropy: class weights and label_smoothing are "
                                       "not implemented")
-        if size_average is not None or reduce is not None:  # torch's deprecated pair
-            reduction = ("none" if reduce is False else
-                         "sum" if size_average is False else "mean")
+        reduction = _legacy_reduction(size_average, reduce, reduction)
         logits = as_tensor(logits)
         t_shape = tuple(target.shape if hasattr(target, "shape")
                         else _xp(logits.data).asarray(target).shape)
@@ -92,6 +91,13 @@ def _torch_cross_entropy(fn):
         return fn(logits, target, ignore_index, reduction)
     del cross_entropy.__wrapped__
     return cross_entropy
+
+
+def _legacy_reduction(size_average, reduce, reduction):
+    """The reduction torch's deprecated pair ``size_average``, ``reduce`` names, if given."""
+    if size_average is None and reduce is None:
+        return reduction
+    return "none" if reduce is False else "sum" if size_average is False else "mean"
 
 
 @_torch_dim
@@ -152,43 +158,91 @@ def cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
     d/dlogits = (softmax(logits) − onehot(target)) / n, with ignored targets contributing 0.
     """
     logits = as_tensor(logits)
-    given = target.data if isinstance(target, Tensor) else target
-    xp = _xp(logits.data)
-    t = xp.asarray(given)
-    if t.dtype.kind not in "iu":
-        raise TypeError(f"cross_entropy: target must hold integer class indices, got {t.dtype}")
+    given, t = _integer_targets("cross_entropy", target, _xp(logits.data))
     if logits.shape[:-1] != t.shape:
         raise ValueError(f"cross_entropy: logits of shape {logits.shape} need a target of shape "
                          f"{logits.shape[:-1]}, got {t.shape}")
+    return _class_loss("cross_entropy", logits, given, t, ignore_index, reduction, True)
+
+
+def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+             reduction="mean"):
+    """torch's: the mean over targets of −input[n, target[n]], ``input`` log-probabilities with
+    the classes on axis 1, (N, C) or (N, C, d...), or (C,) for one target; ignored targets count
+    neither in the sum nor in n.  d/dinput = −onehot(target)/n."""
+    if weight is not None:
+        raise NotImplementedError("nll_loss: class weights are not implemented")
+    x = as_tensor(input)
+    given, t = _integer_targets("nll_loss", target, _xp(x.data))
+    # the classes on the last axis, where _class_loss reads them
+    z = x.reshape(1, -1) if x.ndim == 1 else x.permute(0, *range(2, x.ndim), 1)
+    if z.shape[:-1] != (t.shape or (1,)):
+        want = z.shape[:-1] if x.ndim > 1 else ()
+        raise ValueError(f"nll_loss: input of shape {x.shape} needs a target of shape {want}, "
+                         f"got {t.shape}")
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    return _class_loss("nll_loss", z, given, t, ignore_index, reduction, False)
+
+
+def _integer_targets(name, target, xp):
+    """The targets as given (for kept_targets' host check) and as a device array of integers."""
+    given = target.data if isinstance(target, Tensor) else target
+    t = xp.asarray(given)
+    if t.dtype.kind not in "iu":
+        raise TypeError(f"{name}: target must hold integer class indices, got {t.dtype}")
+    return given, t
+
+
+def _class_loss(name, z, given, t, ignore_index, reduction, normalise):
+    """The loss −z[target] (``normalise``: of log softmax(z), i.e. logsumexp(z) − z[target])
+    of each row of z (..., C) with its target t (...), reduced; rows whose target is
+    ``ignore_index`` count neither in the sum nor in n."""
     if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got "
+        raise ValueError(f"{name}: reduction must be 'mean', 'sum' or 'none', got "
                          f"{reduction!r}")
-    classes = logits.shape[-1]
-    z = logits.data.reshape(-1, classes)
-    t, keep = kept_targets(t, classes, ignore_index, "cross_entropy", given)
+    xp = _xp(z.data)
+    classes, shape = z.shape[-1], t.shape
+    zf = z.data.reshape(-1, classes)
+    t, keep = kept_targets(t, classes, ignore_index, name, given)
     safe_t = xp.where(keep, t, 0)
-    rows = xp.arange(z.shape[0])
-    lse = _logsumexp(z, -1)[:, 0]
-    losses = (lse - z[rows, safe_t]) * keep
-    n = xp.maximum(keep.sum(), 1).astype(z.dtype)  # on the device: no host read
+    rows = xp.arange(zf.shape[0])
+    lse = _logsumexp(zf, -1)[:, 0] if normalise else 0
+    losses = (lse - zf[rows, safe_t]) * keep
+    n = xp.maximum(keep.sum(), 1).astype(zf.dtype)  # on the device: no host read
     if reduction == "mean":
         out = losses.sum() / n
     elif reduction == "sum":
         out = losses.sum()
     else:
-        out = losses.reshape(logits.shape[:-1])
+        out = losses.reshape(shape)
 
     def backward(g):
-        p = xp.exp(z - lse[:, None])
+        p = xp.exp(zf - lse[:, None]) if normalise else xp.zeros_like(zf)
         p[rows, safe_t] -= 1
         p *= keep[:, None]
         if reduction == "none":
             p *= g.reshape(-1)[:, None]
         else:
             p *= g / n if reduction == "mean" else g
-        return (p.reshape(logits.shape),)
+        return (p.reshape(z.shape),)
 
-    return make_result(xp.asarray(out, dtype=logits.dtype), (logits,), backward, "cross_entropy")
+    return make_result(xp.asarray(out, dtype=z.dtype), (z,), backward, name)
+
+
+def relu(input, inplace=False):
+    """max(x, 0), torch's F.relu (``Tensor.relu``'s op). ``inplace=True`` is refused, as in
+    dropout: autograd keeps x, so the result is a new tensor."""
+    if inplace:
+        raise ValueError("relu: inplace=True is not supported; write y = relu(x)")
+    return as_tensor(input).relu()
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    """torch's F.max_pool2d: the pool of ``nn.functional_conv``, where the window ops live."""
+    from .nn import functional_conv  # here, not at the top: minipar.nn imports this module
+    return functional_conv.max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode,
+                                      return_indices)
 
 
 def gelu(x, approximate="tanh"):

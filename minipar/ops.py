@@ -390,6 +390,11 @@ def stack(*arrays, axis=0):
     return xp.stack(arrays, axis=axis), tuple(piece(i) for i in range(len(arrays)))
 
 
+def clone(a):
+    """A copy in its own memory (torch's clone); the gradient passes through unchanged."""
+    return a.copy(), (lambda g: g,)
+
+
 def astype(a, dtype):
     """A copy in another dtype; the gradient is cast back to the input's dtype."""
     src = a.dtype

@@ -183,3 +183,68 @@ def test_row_and_column_sums_above_the_blas_size():
         return TF.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(
             B, T, H * d)
     compare(lambda qkv: F.attention_heads(qkv, H), theirs, rand(B, T, 3 * H * d))
+
+
+def test_torch_tutorial_functions():
+    """F.relu, F.log_softmax, F.nll_loss and F.max_pool2d in torch's own calls (the MNIST net of
+    torch's tutorials): values and gradients equal torch's."""
+    x, img = rand(6, 5), rand(2, 3, 9, 8)
+    t = rng.integers(0, 5, 6)
+    compare(F.relu, TF.relu, x)
+    compare(lambda a: F.log_softmax(a, dim=1), lambda a: TF.log_softmax(a, dim=1), x)
+    compare(lambda a: F.log_softmax(a, 0), lambda a: TF.log_softmax(a, 0), x)
+    for reduction in ("mean", "sum", "none"):
+        compare(lambda a: F.nll_loss(F.log_softmax(a, dim=1), t, reduction=reduction),
+                lambda a: TF.nll_loss(TF.log_softmax(a, dim=1), torch.tensor(t),
+                                      reduction=reduction), x)
+    ignored = t.copy()
+    ignored[[1, 4]] = -100
+    compare(lambda a: F.nll_loss(a, ignored), lambda a: TF.nll_loss(a, torch.tensor(ignored)), x)
+    dense = rng.integers(0, 3, (2, 9, 8))  # (N, C, d1, d2) against (N, d1, d2)
+    compare(lambda a: F.nll_loss(a, dense, reduction="sum"),
+            lambda a: TF.nll_loss(a, torch.tensor(dense), reduction="sum"), img)
+    compare(lambda a: F.nll_loss(a[0, :, 0, 0], dense[0, 0, 0]),
+            lambda a: TF.nll_loss(a[0, :, 0, 0], torch.tensor(dense[0, 0, 0])), img)
+    compare(lambda a: F.max_pool2d(a, 2), lambda a: TF.max_pool2d(a, 2), img)
+    compare(lambda a: F.max_pool2d(a, (3, 2), stride=(2, 1), padding=1),
+            lambda a: TF.max_pool2d(a, (3, 2), stride=(2, 1), padding=1), img)
+    y, idx = F.max_pool2d(minipar.tensor(img), 3, 2, 1, return_indices=True)
+    y_t, idx_t = TF.max_pool2d(torch.tensor(img), 3, 2, 1, return_indices=True)
+    np.testing.assert_array_equal(minipar.to_numpy(idx.data), idx_t.numpy())
+
+
+def test_clone_is_a_copy_in_the_graph():
+    """Tensor.clone(): its own memory, and the gradient flows through it, as torch's."""
+    compare(lambda a: a.clone() * a, lambda a: a.clone() * a, rand(3, 4))
+    x = minipar.tensor(rand(3), requires_grad=True)
+    y = x.clone()
+    y.data[0] = 100.0
+    assert x.data[0] != 100.0 and y.requires_grad and not y.is_leaf
+
+
+def test_item_assignment_where_torch_allows_it():
+    """On a tensor that does not require grad, and on a leaf under no_grad(): as torch writes;
+    on a leaf requiring grad outside no_grad() and on a tensor in the graph: a clear error."""
+    a, b = rand(3, 4), rand(4)
+    ours, theirs = minipar.tensor(a.copy()), torch.tensor(a.copy())
+    for index, value in [(0, 5.0), ((1, slice(1, 3)), -1.0), (slice(None), b),
+                         (np.array([2, 0]), minipar.tensor(b)), (ours.data > 1, 0.0)]:
+        ours[index] = value
+        t_index = torch.tensor(minipar.to_numpy(index)) if hasattr(index, "shape") else index
+        theirs[t_index] = torch.tensor(value.numpy() if hasattr(value, "numpy") else value)
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+    w, w_t = minipar.tensor(a.copy(), requires_grad=True), torch.tensor(a.copy(), requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf that requires grad"):
+        w[0, 0] = 1.0
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        w_t[0, 0] = 1.0
+    with minipar.no_grad():
+        w[0] = 2.0
+    with torch.no_grad():
+        w_t[0] = 2.0
+    compare_values = (w * w).sum()
+    compare_values.backward()
+    (w_t * w_t).sum().backward()
+    np.testing.assert_array_equal(minipar.to_numpy(w.grad), w_t.grad.numpy())
+    with pytest.raises(RuntimeError, match="tensor in the graph"):
+        (w * 2)[0] = 1.0

@@ -115,3 +115,28 @@ def test_torch_calls_give_torch_values():
         rng.bit_generator.state = state  # the same random weights for both
         ours = call(F, Tensor).numpy()
         np.testing.assert_allclose(ours, theirs, atol=1e-10, err_msg=f"call {i}")
+
+
+def test_torch_signatures_of_relu_nll_loss_and_max_pool2d():
+    """torch's argument forms: relu(input, inplace), nll_loss(input, target, weight,
+    size_average, ignore_index, reduce, reduction), max_pool2d(input, kernel_size, stride,
+    padding, dilation, ceil_mode, return_indices); what is not implemented says so."""
+    x, t = leaf(6, 5), rng.integers(0, 5, 6)
+    same(F.relu(x, False), x.relu())
+    with pytest.raises(ValueError, match="inplace"):
+        F.relu(x, inplace=True)
+    logp = F.log_softmax(x, dim=1)
+    same(F.nll_loss(logp, t, None, None, -100, None, "sum"), F.nll_loss(logp, t, reduction="sum"))
+    same(F.nll_loss(logp, t, size_average=False), F.nll_loss(logp, t, reduction="sum"))
+    same(F.nll_loss(logp, t), F.cross_entropy(x, t))  # cross-entropy is log-softmax then nll
+    with pytest.raises(NotImplementedError, match="weights"):
+        F.nll_loss(logp, t, weight=np.ones(5))
+    with pytest.raises(ValueError, match=r"needs a target of shape \(6,\)"):
+        F.nll_loss(logp, t[:4])
+    with pytest.raises(IndexError, match=r"target values must lie in \[0, 5\)"):
+        F.nll_loss(logp, np.array([0, 1, 2, 3, 4, 5]))
+    img = leaf(1, 2, 6, 6)
+    same(F.max_pool2d(img, 2, None, 0, 1, False, False), F.max_pool2d(img, kernel_size=2))
+    for bad in (dict(dilation=2), dict(ceil_mode=True)):
+        with pytest.raises(NotImplementedError, match="not implemented"):
+            F.max_pool2d(img, 2, **bad)

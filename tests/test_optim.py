@@ -21,6 +21,16 @@ def _run(ours, params, grads_per_step):
         ours.step()
 
 
+def _run_with_torch(ours, params, theirs, tparams, grads_per_step):
+    """Both optimizers through the same gradients (None: the parameter has none that step)."""
+    for grads in grads_per_step:
+        for p, t, g in zip(params, tparams, grads):
+            p.grad = None if g is None else minipar.backend.asarray(g.copy())
+            t.grad = None if g is None else torch.tensor(g)
+        ours.step()
+        theirs.step()
+
+
 CASES = [
     ("SGD", dict(lr=0.1)),
     ("SGD", dict(lr=0.1, momentum=0.9)),
@@ -207,12 +217,7 @@ def test_adam_falls_back_per_parameter_and_still_matches_torch():
     ours = optim.AdamW(params, lr=0.01, weight_decay=0.1)
     tparams = [torch.tensor(v, requires_grad=True) for v in values]
     theirs = torch.optim.AdamW(tparams, lr=0.01, weight_decay=0.1)
-    for grads in steps:
-        for p, t, g in zip(params, tparams, grads):
-            p.grad = None if g is None else minipar.backend.asarray(g.copy())
-            t.grad = None if g is None else torch.tensor(g)
-        ours.step()
-        theirs.step()
+    _run_with_torch(ours, params, theirs, tparams, steps)
     assert [ours.state[i]["step"] for i in range(3)] == [4, 3, 4]
     for p, t in zip(params, tparams):
         np.testing.assert_allclose(p.numpy(), t.detach().numpy(), rtol=1e-12, atol=1e-14)
@@ -268,3 +273,105 @@ def test_adam_flat_and_per_parameter_paths_run_one_formula(name, kwargs):
     _run(fallback, shards, steps)
     for p, q in zip(flat, shards):
         np.testing.assert_array_equal(p.numpy(), q.numpy())
+
+
+def _decay_groups(params):
+    """The common split: weight decay on matrices, none on biases and norms."""
+    return [{"params": [p for p in params if p.ndim >= 2]},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, "lr": 0.03}]
+
+
+@requires_torch
+@pytest.mark.parametrize("name", ["AdamW", "Adam", "SGD"])
+def test_param_groups_match_torch(name):
+    """Two groups (decay, and no decay with its own lr) equal torch's over several steps, in
+    float64 to 1e-12, with a parameter without a gradient at one step (left alone)."""
+    shapes = [(3, 4), (4,), (2, 5), (5,)]
+    values = [RNG.standard_normal(s) for s in shapes]
+    steps = [[RNG.standard_normal(s) for s in shapes] for _ in range(6)]
+    steps[2][3] = None
+    kwargs = dict(lr=0.01, weight_decay=0.2) if name != "SGD" else dict(lr=0.01, momentum=0.9,
+                                                                         weight_decay=0.2)
+    params = _params(values)
+    ours = getattr(optim, name)(_decay_groups(params), **kwargs)
+    tparams = [torch.tensor(v, requires_grad=True) for v in values]
+    theirs = getattr(torch.optim, name)(_decay_groups(tparams), **kwargs)
+    _run_with_torch(ours, params, theirs, tparams, steps)
+    for p, t in zip(params, tparams):
+        np.testing.assert_allclose(p.numpy(), t.detach().numpy(), rtol=1e-12, atol=1e-14)
+    assert [g["weight_decay"] for g in ours.param_groups] == [0.2, 0.0]
+
+
+def test_optimizers_leave_a_parameter_without_gradient_alone():
+    """No momentum, no weight decay, no step count for a parameter whose grad is None (torch)."""
+    for name, kwargs in [("SGD", dict(lr=0.1, momentum=0.9, weight_decay=0.1)),
+                         ("AdamW", dict(lr=0.1, weight_decay=0.1))]:
+        a, b = _params([np.ones(3), np.ones(2)])
+        opt = getattr(optim, name)([a, b], **kwargs)
+        for _ in range(3):
+            a.grad, b.grad = minipar.backend.asarray(np.ones(3)), None
+            opt.step()
+        assert (b.numpy() == 1).all() and 1 not in opt.state
+        assert opt.state[0]["step"] == 3
+
+
+def test_add_param_group_and_group_errors():
+    a, b, c = _params([np.zeros(2), np.zeros(3), np.zeros(4)])
+    opt = optim.AdamW([a], lr=0.1, weight_decay=0.5)
+    opt.add_param_group({"params": b, "weight_decay": 0.0})
+    assert opt.params == [a, b] and opt.param_groups[1]["lr"] == 0.1
+    assert len(opt.flats) == 2 and opt.flats[1].holds([b])
+    with pytest.raises(AttributeError, match="param groups differ"):
+        opt.weight_decay
+    opt.lr = 0.2  # sets every group's
+    assert [g["lr"] for g in opt.param_groups] == [0.2, 0.2] and opt.lr == 0.2
+    with pytest.raises(ValueError, match="appears twice"):
+        opt.add_param_group({"params": [a]})
+    with pytest.raises(ValueError, match=r"AdamW: invalid weight_decay=-1"):
+        opt.add_param_group({"params": [c], "weight_decay": -1})
+    with pytest.raises(TypeError, match="'params' key"):
+        opt.add_param_group([c])
+    with pytest.raises(ValueError, match="Nesterov"):
+        optim.SGD([{"params": [c], "nesterov": True}], lr=0.1)
+
+
+def test_state_dict_carries_the_groups():
+    """torch's format (param_groups with their indices), loaded into a fresh optimizer: the
+    per-group hyperparameters come back and training continues identically; a checkpoint of
+    another group layout is refused before anything changes."""
+    values = [RNG.standard_normal(s) for s in [(3, 4), (4,), (2, 2)]]
+    steps = [[RNG.standard_normal(v.shape) for v in values] for _ in range(4)]
+    a_params = _params(values)
+    a = optim.AdamW(_decay_groups(a_params), lr=0.05, weight_decay=0.3)
+    _run(a, a_params, steps[:2])
+    saved = a.state_dict()
+    assert [g["params"] for g in saved["param_groups"]] == [[0, 1], [2]]  # counted over groups
+    assert saved["hyperparameters"]["param_groups"][1]["weight_decay"] == 0.0
+    b_params = _params([p.numpy() for p in a_params])
+    b = optim.AdamW(_decay_groups(b_params), lr=0.9)
+    b.load_state_dict(saved)
+    assert [g["lr"] for g in b.param_groups] == [0.05, 0.03]
+    # the trainers' checkpoint form: state and hyperparameters only
+    c_params = _params([p.numpy() for p in a_params])
+    c = optim.AdamW(_decay_groups(c_params), lr=0.9)
+    c.load_state_dict({"state": saved["state"], "hyperparameters": saved["hyperparameters"]})
+    _run(a, a_params, steps[2:])
+    for opt, ps in ((b, b_params), (c, c_params)):
+        _run(opt, ps, steps[2:])
+        for p, q in zip(a_params, ps):
+            np.testing.assert_array_equal(p.numpy(), q.numpy())
+    one = optim.AdamW(_params(values), lr=0.9)
+    with pytest.raises(ValueError, match="param groups"):
+        one.load_state_dict(saved)
+    with pytest.raises(ValueError, match="param groups"):
+        one.load_state_dict({"state": {}, "hyperparameters": saved["hyperparameters"]})
+    assert one.lr == 0.9 and not one.state
+
+
+def test_a_dry_run_on_a_shallow_copy_leaves_the_groups_alone():
+    """The checkpoint adapters try a load on copy.copy(optimizer) first (load_after_dry_run)."""
+    import copy
+    opt = optim.AdamW(_params([np.zeros(2)]), lr=0.1)
+    copy.copy(opt).load_state_dict({"state": {}, "hyperparameters": {
+        "lr": 0.5, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}})
+    assert opt.lr == 0.1 and opt.weight_decay == 0.01

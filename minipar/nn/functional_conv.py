@@ -116,9 +116,15 @@ def _pool_windows(name, x, kernel_size, stride, padding, pad_value):
     return x, windows(xpad, kh, kw, stride, oh, ow), xpad.shape, stride, (ph, pw)
 
 
-def max_pool2d(x, kernel_size, stride=None, padding=0):
+def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
     """Largest value of each window (padding counts as −∞); the gradient goes to that element
-    (the first one, on ties)."""
+    (the first one, on ties). torch's arguments: ``return_indices`` also gives where each
+    maximum is, as torch numbers it (h·W + w in its input plane); a dilation other than 1 and
+    ``ceil_mode`` are not implemented."""
+    if _pair(dilation) != (1, 1) or ceil_mode:
+        raise NotImplementedError(f"max_pool2d: dilation={dilation!r} and ceil_mode="
+                                  f"{ceil_mode!r} are not implemented (only 1 and False)")
     x, cols, padded, stride, (ph, pw) = _pool_windows("max_pool2d", x, kernel_size, stride,
                                                       padding, -float("inf"))
     xp = backend.get_array_module(cols)
@@ -132,7 +138,13 @@ def max_pool2d(x, kernel_size, stride=None, padding=0):
         gcols = (hit * g[:, :, None]).reshape(N, C, kh, kw, oh, ow)
         return (_unpad(add_windows(gcols, padded, stride), ph, pw),)
 
-    return make_result(y, (x,), backward, "max_pool2d")
+    out = make_result(y, (x,), backward, "max_pool2d")
+    if not return_indices:
+        return out
+    # window offset (i, j) of output (r, c) is input pixel (r·sh + i − ph, c·sw + j − pw)
+    rows = xp.arange(oh).reshape(-1, 1) * stride[0] + arg[:, :, 0] // kw - ph
+    columns = xp.arange(ow).reshape(1, -1) * stride[1] + arg[:, :, 0] % kw - pw
+    return out, as_tensor(rows * x.shape[3] + columns)
 
 
 def avg_pool2d(x, kernel_size, stride=None, padding=0):
