@@ -71,6 +71,11 @@ class Communicator:
             # every receive here checks the tag: the call's fingerprint (agreement.py)
             self.strict_tags = True
             self.coll = self
+        if parent is None and self.size > 1:
+            # the node layout now, while every rank is here anyway (Dup waits for them all):
+            # asked at ``auto``'s first all-reduce, MPI's own collectives would go before the
+            # call's fingerprinted messages, and a rank in another collective would hang there
+            node.span(self)
 
     @property
     def trace(self):
@@ -257,7 +262,8 @@ def world(timeout=None):
     rank on the GPU of its node-local rank (``.local``: node.py; ``.gpu``: None on the CPU)."""
     if "world" not in _world:
         watch.start(timeout)
-        comm, local = Communicator(MPI.COMM_WORLD), node.local(MPI.COMM_WORLD)
+        local = node.local(MPI.COMM_WORLD)  # every rank's node, so no communicator asks again
+        comm = Communicator(MPI.COMM_WORLD)
         comm.local, comm.gpu = local, backend.select_gpu(local.rank)
         _world["world"] = comm
     elif timeout is not None:

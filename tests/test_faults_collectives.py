@@ -1,0 +1,61 @@
+"""Every collective under the fingerprints and the watchdog (issue 22, item 4): each mistake of
+this file is a clear error on every rank, or a named hang, within seconds with the watchdog at
+MINIPAR_TIMEOUT=10, where it was a hang until the watchdog, a hang for ever, or a silently wrong
+answer. Each case runs as a plain ``mpiexec`` job on 2 ranks, as in test_faults_comm.py.
+
+The seconds each job took are printed with ``pytest -s``."""
+import textwrap
+
+import pytest
+
+from minipar.testing import run_job
+
+pytestmark = [pytest.mark.mpi, pytest.mark.fault]
+
+BOUND = 10.0  # seconds a job may take to end, start-up included (generous: shared machines)
+
+PRELUDE = """
+import sys
+import numpy as np
+from minipar import comm
+
+
+def on_every_rank(world, call):
+    # the error each rank raises, printed by each; then the job fails (status 1)
+    try:
+        call()
+    except Exception as error:
+        print(f"rank {world.rank} raised {type(error).__name__}: {error}", flush=True)
+        world.barrier()
+        sys.exit(1)
+    print(f"rank {world.rank} raised nothing", flush=True)
+"""
+
+EVERY_RANK = ["rank 0 raised CommError", "rank 1 raised CommError"]
+
+CASES = {
+    # name: (body run on every rank, expected words in the output)
+    "auto all_reduce on one rank, broadcast on the other": ("""
+world = comm.world()
+x = np.ones(10)
+if world.rank == 0:
+    world.all_reduce(x)
+else:
+    world.broadcast(x, root=0)
+print("second all-reduce gives", world.all_reduce(np.ones(10))[0])
+""", ["CommError", "collectives differ across ranks", "broadcast #0", "all_reduce #0"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_job_ends_with_a_message_naming_the_problem(case):
+    body, words = CASES[case]
+    status, output, seconds = run_job(PRELUDE + textwrap.dedent(body), 2, timeout=60,
+                                      env={"MINIPAR_TIMEOUT": "10"})
+    print(f"\n{case}: exit status {status}, ended in {seconds:.1f} s")
+    assert status not in (None, 0), f"{case}: the job did not fail (status {status}):\n{output}"
+    missing = [w for w in words if w not in output]
+    assert not missing, f"{case}: {missing} not in the output:\n{output}"
+    assert "second all-reduce gives" not in output, output  # no corrupted result after a mismatch
+    assert "raised nothing" not in output and "sum [" not in output, output
+    assert seconds < BOUND, f"{case}: the job took {seconds:.1f} s to end:\n{output}"
