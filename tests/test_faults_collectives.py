@@ -44,6 +44,26 @@ else:
     world.broadcast(x, root=0)
 print("second all-reduce gives", world.all_reduce(np.ones(10))[0])
 """, ["CommError", "collectives differ across ranks", "broadcast #0", "all_reduce #0"]),
+    "a rank skips all_gather_object": ("""
+world = comm.world()
+if world.rank == 0:
+    world.all_gather_object("hello")
+""", ["reached the end of its program while rank 0 still waits for it",
+      "all_gather_object"]),
+    "only rank 0 wraps the model in DDP": ("""
+from minipar import nn
+from minipar.parallel.data import DistributedDataParallel
+world = comm.world()
+if world.rank == 0:
+    DistributedDataParallel(nn.Linear(3, 2), world)
+""", ["reached the end of its program while rank 0 still waits for it",
+      "all_gather_object"]),
+    "a rank skips new_group": ("""
+import minipar.distributed as dist
+dist.init_process_group("mpi")
+if dist.get_rank() == 0:
+    dist.new_group([0, 1])
+""", ["reached the end of its program while rank 0 still waits for it", "group"]),
 }
 
 

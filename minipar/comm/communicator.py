@@ -93,14 +93,18 @@ class Communicator:
     # -- sub-groups --------------------------------------------------------------------------
     def split(self, color, key=None):
         """Ranks with the same ``color`` form a new communicator, ordered by ``key`` (default rank)."""
-        return Communicator(self.mpi.Split(color, self.rank if key is None else key))
+        with watch.blocking("split", self.world_ranks):
+            new = self.mpi.Split(color, self.rank if key is None else key)
+        return Communicator(new)
 
     def group(self, ranks):
         """A communicator of ``ranks`` in that order (collective; ranks not listed get None)."""
         ranks = [int(r) for r in ranks]
         for r in ranks:
             self.check_peer(r)
-        new = self.mpi.Create_group(self.mpi.Get_group().Incl(ranks))
+        # MPI_Comm_create_group: collective over the ranks listed only
+        with watch.blocking("group", [self.world_ranks[r] for r in ranks]):
+            new = self.mpi.Create_group(self.mpi.Get_group().Incl(ranks))
         return None if new == MPI.COMM_NULL else Communicator(new)
 
     def dup(self, share_counters=False):
@@ -180,17 +184,21 @@ class Communicator:
         return request.post(chunks.irecv(self.mpi, request.rbuf, source, request.match), out)
 
     # -- small Python objects (metadata, checks, timings: pickled by mpi4py, not counted) ------
+    # MPI's own collectives: noted for the watchdog, so a rank that skips one is named
     def all_gather_object(self, obj):
         """Every rank's ``obj``, as a list in rank order, on every rank (torch's name)."""
-        return self.mpi.allgather(obj)
+        with watch.blocking("all_gather_object", self.world_ranks):
+            return self.mpi.allgather(obj)
 
     def gather_object(self, obj, root=0):
         """Every rank's ``obj`` as a list in rank order on ``root``; None elsewhere."""
-        return self.mpi.gather(obj, root=root)
+        with watch.blocking("gather_object", self.world_ranks):
+            return self.mpi.gather(obj, root=root)
 
     def broadcast_object(self, obj, root=0):
         """``root``'s ``obj`` on every rank (the others' argument is ignored)."""
-        return self.mpi.bcast(obj, root=root)
+        with watch.blocking("broadcast_object", self.world_ranks):
+            return self.mpi.bcast(obj, root=root)
 
     def barrier(self):
         """Wait until every rank of this communicator arrives (MPI's barrier; moves no data)."""
