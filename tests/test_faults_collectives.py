@@ -64,6 +64,21 @@ dist.init_process_group("mpi")
 if dist.get_rank() == 0:
     dist.new_group([0, 1])
 """, ["reached the end of its program while rank 0 still waits for it", "group"]),
+    "a rank skips the async mpi all-reduce": ("""
+world = comm.world()
+if world.rank == 0:
+    world.iall_reduce(np.ones(4), algorithm="mpi").wait()
+""", ["reached the end of its program while rank 0 still waits for it", "MPI"]),
+    "async mpi with int32 on one rank and float32 on the other": ("""
+world = comm.world()
+x = np.ones(4, "int32" if world.rank == 0 else "float32")
+on_every_rank(world, lambda: print("sum", world.iall_reduce(x, algorithm="mpi").wait()))
+""", EVERY_RANK + ["disagree on an MPI collective", "dtypes differ across ranks"]),
+    "async mpi with 4 elements on one rank and 6 on the other": ("""
+world = comm.world()
+x = np.ones(4 if world.rank == 0 else 6)
+on_every_rank(world, lambda: print("sum", world.iall_reduce(x, algorithm="mpi").wait()))
+""", EVERY_RANK + ["disagree on an MPI collective", "counts or roots differ across ranks"]),
 }
 
 

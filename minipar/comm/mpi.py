@@ -49,6 +49,17 @@ def agree(c, tag):
                         f"{agreement.difference(tags[0], other)}")
 
 
+def agree_on_call(comm, collective, op, x):
+    """Number and fingerprint a call of MPI's on Communicator ``comm`` that does not run
+    through ``mpi_algorithm`` (the non-blocking all-reduce), and ``agree`` on it."""
+    tag = comm.collective_tag(collective, "mpi", op, x)
+    try:
+        with watch.blocking("MPI collective", comm.world_ranks):
+            agree(comm.coll, tag)
+    finally:
+        watch.state["collective"] = None
+
+
 def _run(c, call, send, recv):
     """``call(send buffer, receive buffer)`` on arrays (either may be None), staging GPU arrays."""
     aware = c.is_cuda_aware()
