@@ -79,6 +79,12 @@ world = comm.world()
 x = np.ones(4 if world.rank == 0 else 6)
 on_every_rank(world, lambda: print("sum", world.iall_reduce(x, algorithm="mpi").wait()))
 """, EVERY_RANK + ["disagree on an MPI collective", "counts or roots differ across ranks"]),
+    "mpi all_to_all_v where rank 1 expects more rows than rank 0 sends": ("""
+world = comm.world()
+x = np.arange(4.0).reshape(2, 2)
+recv = [2, 1] if world.rank == 1 else [1, 1]
+on_every_rank(world, lambda: print(world.all_to_all_v(x, [1, 1], recv, algorithm="mpi")))
+""", EVERY_RANK + ["rank 1 expects 2 rows from rank 0, which sends it 1"]),
 }
 
 
