@@ -85,6 +85,37 @@ x = np.arange(4.0).reshape(2, 2)
 recv = [2, 1] if world.rank == 1 else [1, 1]
 on_every_rank(world, lambda: print(world.all_to_all_v(x, [1, 1], recv, algorithm="mpi")))
 """, EVERY_RANK + ["rank 1 expects 2 rows from rank 0, which sends it 1"]),
+    "ExpertParallelMoE ranks that disagree on top_k": ("""
+from minipar.parallel.expert import ExpertParallelMoE
+world = comm.world()
+on_every_rank(world, lambda: ExpertParallelMoE(8, 4, top_k=1 + world.rank, group=world))
+""", EVERY_RANK + ["ExpertParallelMoE: the ranks disagree on top_k (rank 0: 1, rank 1: 2)"]),
+    "ExpertParallelMoE ranks that disagree on capacity_factor": ("""
+from minipar.parallel.expert import ExpertParallelMoE
+world = comm.world()
+cf = 1.25 if world.rank == 0 else None
+on_every_rank(world, lambda: ExpertParallelMoE(8, 4, capacity_factor=cf, group=world))
+""", EVERY_RANK + ["the ranks disagree on capacity_factor (rank 0: 1.25, rank 1: None)"]),
+    "Trainer4D data ranks that disagree on top_k": ("""
+from minipar import nn
+from minipar.parallel.groups import ParallelGroups
+from minipar.parallel.hybrid4d import Trainer4D
+from minipar.parallel.tensor.moe import MoEConfig
+world = comm.world()
+gpt = nn.GPTConfig(vocab_size=16, block_size=8, n_head=2, n_embd=16, n_layer=2)
+moe = MoEConfig(n_experts=2, top_k=1 + world.rank)
+on_every_rank(world, lambda: Trainer4D(gpt, moe, ParallelGroups(world)))  # ep=1: dp=2
+""", EVERY_RANK + ["Trainer4D: the ranks disagree on top_k (rank 0: 1, rank 1: 2)"]),
+    "Trainer4D ranks that disagree on capacity_factor": ("""
+from minipar import nn
+from minipar.parallel.groups import ParallelGroups
+from minipar.parallel.hybrid4d import Trainer4D
+from minipar.parallel.tensor.moe import MoEConfig
+world = comm.world()
+gpt = nn.GPTConfig(vocab_size=16, block_size=8, n_head=2, n_embd=16, n_layer=2)
+moe = MoEConfig(n_experts=2, capacity_factor=1.0 + world.rank)
+on_every_rank(world, lambda: Trainer4D(gpt, moe, ParallelGroups(world, ep=2)))
+""", EVERY_RANK + ["the ranks disagree on capacity_factor (rank 0: 1.0, rank 1: 2.0)"]),
 }
 
 
