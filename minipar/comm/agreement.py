@@ -16,7 +16,7 @@ import zlib
 
 from mpi4py import MPI
 
-from minipar.comm.errors import dtype_tag, tag_dtype
+from minipar.comm.errors import CommError, dtype_tag, tag_dtype
 from minipar.comm.registry import ALGORITHMS, COLLECTIVES, OPS
 
 ENABLED = os.environ.get("MINIPAR_CHECK", "1") not in ("", "0")
@@ -82,3 +82,16 @@ def difference(mine, theirs):
         if a[field] != b[field]:
             return f"{words} differ across ranks"
     return "tags differ across ranks"
+
+
+def same_everywhere(comm, what, **settings):
+    """The same CommError on every rank of Communicator ``comm`` unless every rank passed equal
+    ``settings`` (one all_gather_object): for the settings that decide which messages a rank
+    sends, where ranks that differ would exchange messages that do not pair up, or route by
+    their own rule and finish with a wrong answer."""
+    everyone = comm.all_gather_object(settings)
+    differ = [name for name in settings if len({repr(s[name]) for s in everyone}) > 1]
+    if differ:
+        raise CommError(f"{what}: the ranks disagree on " + "; ".join(
+            f"{name} (" + ", ".join(f"rank {r}: {s[name]!r}" for r, s in enumerate(everyone))
+            + ")" for name in differ))

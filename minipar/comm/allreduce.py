@@ -12,7 +12,7 @@ An algorithm ``run(c, x, buf, op, tag)`` reads the flat input x and writes the f
 recursive ones never copy x into buf first. Reductions run in rank order where ranks would
 otherwise add in different orders, so every rank computes the same bits.
 """
-from minipar.comm import cost, node, watch
+from minipar.comm import cost, node
 from minipar.comm.buffers import bounds, check_same, finish, reducer, result_buffer, wait_all
 from minipar.comm.cost import AUTO_CANDIDATES  # the point-to-point ones: any placement of ranks
 from minipar.comm.patterns import (block_bounds, doubling_all_gather, fold, fold_cost, fold_in,
@@ -24,7 +24,7 @@ from minipar.comm.registry import algorithm, pick
 def all_reduce(comm, x, op="sum", algorithm="auto", out=None, check=None):
     """Every rank gets op(x_0, ..., x_{p-1}) elementwise; ``out=x`` reduces in place."""
     if algorithm == "auto":
-        algorithm = choose(comm.size, x.nbytes, nodes=_nodes(comm, x, op))
+        algorithm = choose(comm.size, x.nbytes, nodes=_nodes(comm))
     run = pick("all_reduce", algorithm, op)
     check_same(comm, "all_reduce", x, check)
     result = result_buffer(x, out)
@@ -37,14 +37,10 @@ def all_reduce(comm, x, op="sum", algorithm="auto", out=None, check=None):
     return finish(result, op, comm.size)
 
 
-def _nodes(comm, x, op):
-    """How many nodes comm's ranks span (None on one rank). The first call counts them, a
-    collective: it is noted as this all-reduce, so a rank stuck there is named as in any other."""
-    if comm.size == 1:
-        return None
-    watch.state["collective"] = watch.Collective("all_reduce", comm._calls, "auto", op, None,
-                                                 x.dtype, x.size)
-    return node.span(comm)
+def _nodes(comm):
+    """How many nodes comm's ranks span (None on one rank): learnt when comm was made
+    (communicator.py), so asking sends nothing."""
+    return None if comm.size == 1 else node.span(comm)
 
 
 def choose(p, nbytes, params=None, nodes=None):

@@ -71,6 +71,11 @@ class Communicator:
             # every receive here checks the tag: the call's fingerprint (agreement.py)
             self.strict_tags = True
             self.coll = self
+        if parent is None and self.size > 1:
+            # the node layout now, while every rank is here anyway (Dup waits for them all):
+            # asked at ``auto``'s first all-reduce, MPI's own collectives would go before the
+            # call's fingerprinted messages, and a rank in another collective would hang there
+            node.span(self)
 
     @property
     def trace(self):
@@ -88,14 +93,18 @@ class Communicator:
     # -- sub-groups --------------------------------------------------------------------------
     def split(self, color, key=None):
         """Ranks with the same ``color`` form a new communicator, ordered by ``key`` (default rank)."""
-        return Communicator(self.mpi.Split(color, self.rank if key is None else key))
+        with watch.blocking("split", self.world_ranks):
+            new = self.mpi.Split(color, self.rank if key is None else key)
+        return Communicator(new)
 
     def group(self, ranks):
         """A communicator of ``ranks`` in that order (collective; ranks not listed get None)."""
         ranks = [int(r) for r in ranks]
         for r in ranks:
             self.check_peer(r)
-        new = self.mpi.Create_group(self.mpi.Get_group().Incl(ranks))
+        # MPI_Comm_create_group: collective over the ranks listed only
+        with watch.blocking("group", [self.world_ranks[r] for r in ranks]):
+            new = self.mpi.Create_group(self.mpi.Get_group().Incl(ranks))
         return None if new == MPI.COMM_NULL else Communicator(new)
 
     def dup(self, share_counters=False):
@@ -175,17 +184,21 @@ class Communicator:
         return request.post(chunks.irecv(self.mpi, request.rbuf, source, request.match), out)
 
     # -- small Python objects (metadata, checks, timings: pickled by mpi4py, not counted) ------
+    # MPI's own collectives: noted for the watchdog, so a rank that skips one is named
     def all_gather_object(self, obj):
         """Every rank's ``obj``, as a list in rank order, on every rank (torch's name)."""
-        return self.mpi.allgather(obj)
+        with watch.blocking("all_gather_object", self.world_ranks):
+            return self.mpi.allgather(obj)
 
     def gather_object(self, obj, root=0):
         """Every rank's ``obj`` as a list in rank order on ``root``; None elsewhere."""
-        return self.mpi.gather(obj, root=root)
+        with watch.blocking("gather_object", self.world_ranks):
+            return self.mpi.gather(obj, root=root)
 
     def broadcast_object(self, obj, root=0):
         """``root``'s ``obj`` on every rank (the others' argument is ignored)."""
-        return self.mpi.bcast(obj, root=root)
+        with watch.blocking("broadcast_object", self.world_ranks):
+            return self.mpi.bcast(obj, root=root)
 
     def barrier(self):
         """Wait until every rank of this communicator arrives (MPI's barrier; moves no data)."""
@@ -257,7 +270,8 @@ def world(timeout=None):
     rank on the GPU of its node-local rank (``.local``: node.py; ``.gpu``: None on the CPU)."""
     if "world" not in _world:
         watch.start(timeout)
-        comm, local = Communicator(MPI.COMM_WORLD), node.local(MPI.COMM_WORLD)
+        local = node.local(MPI.COMM_WORLD)  # every rank's node, so no communicator asks again
+        comm = Communicator(MPI.COMM_WORLD)
         comm.local, comm.gpu = local, backend.select_gpu(local.rank)
         _world["world"] = comm
     elif timeout is not None:

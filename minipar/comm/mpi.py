@@ -49,6 +49,17 @@ def agree(c, tag):
                         f"{agreement.difference(tags[0], other)}")
 
 
+def agree_on_call(comm, collective, op, x):
+    """Number and fingerprint a call of MPI's on Communicator ``comm`` that does not run
+    through ``mpi_algorithm`` (the non-blocking all-reduce), and ``agree`` on it."""
+    tag = comm.collective_tag(collective, "mpi", op, x)
+    try:
+        with watch.blocking("MPI collective", comm.world_ranks):
+            agree(comm.coll, tag)
+    finally:
+        watch.state["collective"] = None
+
+
 def _run(c, call, send, recv):
     """``call(send buffer, receive buffer)`` on arrays (either may be None), staging GPU arrays."""
     aware = c.is_cuda_aware()
@@ -110,10 +121,28 @@ def _all_to_all(c, x, result, tag):
 @mpi_algorithm("all_to_all_v")
 def _all_to_all_v(c, rows, result, sent, got, tag):
     """MPI_Alltoallv, counts and displacements in elements (rows times the row width)."""
+    _check_counts(c, sent, got)
     w = rows.shape[1]
     send = ([w * (b - a) for a, b in zip(sent, sent[1:])], [w * a for a in sent[:-1]])
     recv = ([w * (b - a) for a, b in zip(got, got[1:])], [w * a for a in got[:-1]])
     _run(c, lambda s, r: c.mpi.Alltoallv([s, send], [r, recv]), rows, result)
+
+
+def _check_counts(c, sent, got):
+    """The same CommError on every rank unless each rank expects from each peer the rows that
+    peer sends it: MPI_Alltoallv receives fewer elements than asked without a word, leaving the
+    rest of the buffer as it was (rows nobody sent). One MPI_Allgather of the count rows."""
+    p = c.size
+    mine = backend.numpy.array([b - a for a, b in zip(sent, sent[1:])]
+                               + [b - a for a, b in zip(got, got[1:])], dtype="int64")
+    every = backend.numpy.empty((p, 2 * p), dtype="int64")
+    c.mpi.Allgather(mine, every)
+    sends, expects = every[:, :p], every[:, p:]  # sends[i, j]: rows i sends j; expects[j, i]
+    wrong = [f"rank {j} expects {expects[j, i]} rows from rank {i}, which sends it {sends[i, j]}"
+             for i in range(p) for j in range(p) if sends[i, j] != expects[j, i]]
+    if wrong:
+        raise CommError(f"all_to_all_v: send_counts and recv_counts do not pair up across "
+                        f"ranks: {'; '.join(wrong)}")
 
 
 @mpi_algorithm("gather")

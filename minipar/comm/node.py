@@ -65,21 +65,33 @@ def local(mpi_comm=None):
     node = shared(mpi_comm)
     try:
         rank, size = node.Get_rank(), node.Get_size()
+        # a node is named by the least world rank on it, the same name from every rank
+        first = min(watch.world_ranks(node))
     finally:
         node.Free()
     with watch.blocking("count of nodes", watch.world_ranks(mpi_comm)):
-        nodes = mpi_comm.allreduce(int(rank == 0), op=MPI.SUM)
-    return Local(rank, size, nodes)
+        firsts = mpi_comm.allgather(first)
+    if ranks_per_node() is None and len(firsts) == MPI.COMM_WORLD.Get_size():
+        _node_of.update(zip(watch.world_ranks(mpi_comm), firsts))
+    return Local(rank, size, len(set(firsts)))
 
 
+# world rank -> the least world rank on its node, as local() learnt them on the whole world
+# (real nodes only: MINIPAR_RANKS_PER_NODE cuts each communicator's ranks in its own order)
+_node_of = {}
 _spans = weakref.WeakKeyDictionary()  # Communicator -> the number of nodes its ranks span
 
 
 def span(comm):
-    """How many nodes the ranks of Communicator ``comm`` span (collective on first call, then
-    remembered): what ``auto`` asks before it weighs the shared-memory all-reduces."""
+    """How many nodes the ranks of Communicator ``comm`` span: what ``auto`` asks before it
+    weighs the shared-memory all-reduces. Counted from what ``local`` learnt (comm.world()
+    calls it), else by ``local`` on ``comm``, a collective: the Communicator asks when it is
+    made, so that no collective call's first message waits behind one of MPI's."""
     if comm not in _spans:
-        _spans[comm] = local(comm.mpi).nodes
+        if ranks_per_node() is None and all(r in _node_of for r in comm.world_ranks):
+            _spans[comm] = len({_node_of[r] for r in comm.world_ranks})
+        else:
+            _spans[comm] = local(comm.mpi).nodes
     return _spans[comm]
 
 

@@ -17,8 +17,9 @@ import threading
 from mpi4py import MPI
 
 from minipar import backend
+from minipar.comm import watch
 from minipar.comm.buffers import finish, result_buffer
-from minipar.comm.mpi import MPI_OP
+from minipar.comm.mpi import MPI_OP, agree_on_call
 from minipar.comm.registry import pick
 from minipar.comm.staging import inout_buffer, recv_buffer, send_buffer
 
@@ -108,6 +109,9 @@ def ireduce_scatter(comm, x, op="sum", algorithm="ring", out=None):
 def iall_reduce_mpi(comm, x, op="sum", out=None):
     """MPI_Iallreduce; the returned ``Work`` completes it (and divides for ``avg``)."""
     pick("all_reduce", "mpi", op)
+    # MPI_Iallreduce carries no message of ours: the ranks agree on dtype and count first, as
+    # the blocking "mpi" collectives do, for a mismatch would give a silently wrong sum
+    agree_on_call(comm, "all_reduce", op, x)
     result = result_buffer(x, out)
     aware, sent = comm.is_cuda_aware(), None
     if result is x:
@@ -117,7 +121,8 @@ def iall_reduce_mpi(comm, x, op="sum", out=None):
     request = comm.mpi.Iallreduce(send, recv, MPI_OP[op])
 
     def complete():
-        request.Wait()
+        with watch.blocking("MPI iall_reduce", comm.world_ranks):  # a rank that never starts it
+            request.Wait()
         for staged in filter(None, (done, sent)):
             staged()  # copy in, give the host buffers back
         return finish(result, op, comm.size)

@@ -13,6 +13,7 @@ one stage and runs the same schedule, so its all-to-alls pair up micro-batch by 
     loss = trainer.step(ids, targets)                       # the global batch, on every rank
 """
 from .. import backend
+from ..comm.agreement import same_everywhere
 from ..distributed.hybrid_state import Trainer4DState
 from ..flat import offsets
 from .data.allreduce_optimizer import average_grads
@@ -57,6 +58,8 @@ class Trainer4D(Trainer3D):
 
     def __init__(self, config, moe, groups, schedule="1f1b", microbatches=None, chunks=None,
                  make_optimizer=None, seed=0, dtype="float32", algorithm="auto", trace=False):
+        # on every rank, not only within an expert group: data ranks route their own tokens
+        same_everywhere(groups.world, "Trainer4D", **vars(moe))
         self.moe = moe
         super().__init__(config, groups, schedule, microbatches, chunks, make_optimizer, seed,
                          dtype, algorithm, trace)

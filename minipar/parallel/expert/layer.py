@@ -12,6 +12,7 @@ parameters (why, and how a data-parallel trainer averages it: docs/tensor_parall
 import numbers
 
 from ... import random
+from ...comm.agreement import same_everywhere
 from ...distributed.sharded import ShardedStateDict
 from ...nn import ModuleList
 from ...nn.moe import MoE
@@ -29,6 +30,9 @@ class ExpertParallelMoE(ShardedStateDict, MoE):
         if not isinstance(n_experts, numbers.Integral) or n_experts % group.size:
             raise ValueError(f"ExpertParallelMoE: n_experts={n_experts} must be divisible by the "
                              f"expert group's size {group.size}")
+        # ranks routing by their own top_k or capacity would each finish, with a wrong answer
+        same_everywhere(group, "ExpertParallelMoE", n_experts=n_experts, top_k=top_k,
+                        capacity_factor=capacity_factor)
         super().__init__(n_embd, n_experts, top_k, capacity_factor, hidden, aux_coeff, dropout)
         self.group = group
         per = n_experts // group.size
