@@ -61,3 +61,21 @@ def test_the_script_names_itself_in_its_errors():
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.splitlines()[-1].startswith(
         "scripts/bench_allreduce.py: error: argument --sizes:")
+
+
+@pytest.mark.parametrize("name, nprocs, said", [
+    ("03", 1000, "lesson 03 runs on 2 ranks, not 1000: minipar lesson 03 -n 2"),
+    ("04", 1, "lesson 04 runs on 2 or more ranks, not 1: minipar lesson 04 -n 4"),
+    ("10", 3, "lesson 10 runs on 2, 4 or 8 ranks, not 3: minipar lesson 10 -n 2"),
+])
+def test_lesson_refuses_a_rank_count_before_launching(name, nprocs, said, capsys, monkeypatch):
+    """The counts a lesson's ``mpi_world`` accepts are read from its source, so a wrong ``-n``
+    is an argument error here, not N processes started only to hear the lesson refuse."""
+    def no_launch(*args, **kwargs):
+        raise AssertionError(f"launched {args[0]}")
+
+    monkeypatch.setattr(subprocess, "Popen", no_launch)
+    with pytest.raises(SystemExit) as exit_:
+        main(["lesson", name, "-n", str(nprocs)])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.endswith(f"error: argument -n/--nprocs: {said}\n")
