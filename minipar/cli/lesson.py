@@ -6,10 +6,11 @@
 
 NAME is a lesson number (``4``, ``04``) or part of its name. N defaults to the count on the
 lesson's own run line (its docstring); a lesson whose run line is ``python ...`` runs as one plain
-process unless ``-n`` is given; an ``-n`` the lesson refuses is refused before launch. The launch goes through minipar.testing.launch_command (the
-launcher profile: ``$MINIPAR_MPIEXEC``, ``$MINIPAR_MPIEXEC_ARGS``, Open MPI's oversubscription and
-root flags), with one BLAS thread per rank; the exit status is the lesson's own. On a terminal
-the ranks are told so (progress bars, text charts at its width), since mpiexec gives them pipes.
+process unless ``-n`` is given; an ``-n`` the lesson refuses is refused before launch. The launch
+goes through minipar.testing.launch_command (the launcher profile: ``$MINIPAR_MPIEXEC``,
+``$MINIPAR_MPIEXEC_ARGS``, Open MPI's oversubscription and root flags), with one BLAS thread per
+rank; the exit status is the lesson's own. On a terminal the ranks are told so (progress bars,
+text charts at its width), since mpiexec gives them pipes.
 """
 import argparse
 import os
