@@ -3,9 +3,9 @@
     dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)   # p.grad now holds the sum over ranks
     dist.broadcast(w, src=0)                        # w now holds rank 0's values
 
-Each call takes a minipar ``Tensor`` (its ``.data`` is overwritten) or a NumPy/CuPy array
-(overwritten), as torch overwrites its tensors; it returns None, or a work with ``wait()`` when
-``async_op=True``. The communicator underneath moves arrays and returns new ones
+Each call takes a minipar ``Tensor`` (its ``.data`` is overwritten), a NumPy/CuPy array or a torch
+CPU tensor (overwritten), as torch overwrites its tensors; it returns None, or a work with
+``wait()`` when ``async_op=True``; point-to-point calls are p2p.py's. The communicator underneath moves arrays and returns new ones
 (``minipar.comm``); this module is the in-place, torch-shaped layer over it. ``all_reduce``
 runs the group's algorithm (process_group.py: an argument or ``MINIPAR_ALLREDUCE``). A call on a
 group this rank is not a member of does nothing and returns None, as in torch.
@@ -21,7 +21,13 @@ def _data(tensor, what):
         return tensor.data
     if hasattr(tensor, "__array_interface__") or backend.is_gpu_array(tensor):
         return tensor
-    raise TypeError(f"{what} takes a minipar Tensor or a NumPy/CuPy array, "
+    # a torch CPU tensor (a torch program with only `import torch.distributed` changed): its
+    # .numpy() shares the tensor's memory, so writing into it fills the tensor in place
+    if type(tensor).__module__ == "torch" and getattr(tensor, "device", None) is not None:
+        if tensor.device.type != "cpu":
+            raise TypeError(f"{what} takes torch tensors on the CPU, got one on {tensor.device}")
+        return tensor.detach().numpy()
+    raise TypeError(f"{what} takes a minipar Tensor, a NumPy/CuPy array or a torch CPU tensor, "
                     f"got {type(tensor).__name__}")
 
 
@@ -181,50 +187,138 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     return _done(async_op)
 
 
-def _peer(group, rank, group_rank, what):
-    if rank is None and group_rank is None:
-        raise ValueError(f"{what}: name the peer rank (receiving from any source is not "
-                         f"supported)")
-    return _root(group, rank, group_rank, what)
+def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None):
+    """On world rank ``dst``, gather_list[i] becomes rank i's tensor (the others pass None)."""
+    comm = _member(group)
+    if comm is None:
+        return None
+    root = _root(group, 0 if dst is None and group_dst is None else dst, group_dst, "gather")
+    if comm.rank == root:
+        if gather_list is None:
+            raise ValueError("gather: the dst rank passes gather_list")
+        _one_per_rank(comm, gather_list, "gather: gather_list")
+    stacked = comm.gather(_Buffer(tensor, "gather").array, root=root)
+    if stacked is not None:
+        for out, values in zip(gather_list, stacked):
+            _Buffer(out, "gather").store(values)
+    return _done(async_op)
 
 
-def send(tensor, dst=None, group=None, tag=0, group_dst=None):
-    """Send the tensor to world rank ``dst`` (blocking)."""
+def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None):
+    """tensor becomes scatter_list[rank] of world rank ``src`` (the others pass None)."""
+    comm = _member(group)
+    if comm is None:
+        return None
+    root = _root(group, 0 if src is None and group_src is None else src, group_src, "scatter")
+    out = _Buffer(tensor, "scatter")
+    stacked = None
+    if comm.rank == root:
+        if scatter_list is None:
+            raise ValueError("scatter: the src rank passes scatter_list")
+        _one_per_rank(comm, scatter_list, "scatter: scatter_list")
+        parts = [_data(t, "scatter") for t in scatter_list]
+        stacked = backend.get_array_module(*parts).stack(parts)
+    out.store(comm.scatter(stacked, root=root, out=out.array))
+    return _done(async_op)
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+    """output_tensor_list[j] becomes rank j's input_tensor_list[rank] (sizes may differ)."""
+    comm = _member(group)
+    if comm is None:
+        return None
+    _one_per_rank(comm, input_tensor_list, "all_to_all: input_tensor_list")
+    _one_per_rank(comm, output_tensor_list, "all_to_all: output_tensor_list")
+    outs = [_Buffer(t, "all_to_all") for t in output_tensor_list]
+    parts = [_data(t, "all_to_all").reshape(-1) for t in input_tensor_list]
+    xp = backend.get_array_module(*parts)
+    got = comm.all_to_all_v(xp.concatenate(parts), [p.size for p in parts],
+                            [o.array.size for o in outs])
+    _split_into(outs, got)
+    return _done(async_op)
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+                      async_op=False):
+    """Rows of input by destination (``input_split_sizes``, default equal), output's rows by
+    source (``output_split_sizes``): rank j's block for this rank lands at block j."""
+    comm = _member(group)
+    if comm is None:
+        return None
+    out, x = _Buffer(output, "all_to_all_single"), _data(input, "all_to_all_single")
+    send = _split_sizes(input_split_sizes, len(x), comm.size, "input")
+    recv = _split_sizes(output_split_sizes, len(out.array), comm.size, "output")
+    out.store(comm.all_to_all_v(x, send, recv))
+    return _done(async_op)
+
+
+def _split_sizes(sizes, rows, p, what):
+    """torch's split sizes: given, or ``rows`` cut in p equal blocks."""
+    if sizes is not None:
+        return [int(n) for n in sizes]
+    if rows % p:
+        raise ValueError(f"all_to_all_single: the {what} has {rows} rows, not a multiple of the "
+                         f"group's {p} ranks (pass {what}_split_sizes)")
+    return [rows // p] * p
+
+
+def _split_into(outs, flat):
+    start = 0
+    for out in outs:
+        out.store(flat[start:start + out.array.size])
+        start += out.array.size
+
+
+def all_gather_object(object_list, obj, group=None):
+    """object_list[i] becomes rank i's ``obj`` (any picklable object), on every rank."""
     comm = _member(group)
     if comm is not None:
-        comm.send(_Buffer(tensor, "send").array, _peer(group, dst, group_dst, "send"), tag)
+        _one_per_rank(comm, object_list, "all_gather_object: object_list")
+        object_list[:] = comm.all_gather_object(obj)
 
 
-def recv(tensor, src=None, group=None, tag=0, group_src=None):
-    """Fill the tensor with what world rank ``src`` sends; returns ``src``."""
+def broadcast_object_list(object_list, src=None, group=None, device=None, group_src=None):
+    """Every rank's object_list becomes world rank ``src``'s (same length on every rank)."""
+    comm = _member(group)
+    if comm is not None:
+        root = _root(group, 0 if src is None and group_src is None else src, group_src,
+                     "broadcast_object_list")
+        object_list[:] = comm.broadcast_object(list(object_list), root=root)
+
+
+def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=None):
+    """On world rank ``dst``, object_gather_list[i] becomes rank i's ``obj``."""
     comm = _member(group)
     if comm is None:
-        return -1
-    peer = _peer(group, src, group_src, "recv")
-    buf = _Buffer(tensor, "recv")
-    comm.recv(buf.array, peer, tag)
-    buf.store()
-    return resolve(group).ranks[peer]
+        return
+    root = _root(group, 0 if dst is None and group_dst is None else dst, group_dst,
+                 "gather_object")
+    if comm.rank == root:
+        if object_gather_list is None:
+            raise ValueError("gather_object: the dst rank passes object_gather_list")
+        _one_per_rank(comm, object_gather_list, "gather_object: object_gather_list")
+    got = comm.gather_object(obj, root=root)
+    if comm.rank == root:
+        object_gather_list[:] = got
 
 
-def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
-    """Start sending; returns a Work (do not change the tensor before its wait())."""
+def scatter_object_list(scatter_object_output_list, scatter_object_input_list=None, src=None,
+                        group=None, group_src=None):
+    """scatter_object_output_list[0] becomes world rank ``src``'s input list's entry [rank]."""
     comm = _member(group)
     if comm is None:
-        return None
-    request = comm.isend(_Buffer(tensor, "isend").array, _peer(group, dst, group_dst, "isend"),
-                         tag)
-    return Work(request.wait)
-
-
-def irecv(tensor, src=None, group=None, tag=0, group_src=None):
-    """Start receiving into the tensor; returns a Work whose wait() fills it."""
-    comm = _member(group)
-    if comm is None:
-        return None
-    buf = _Buffer(tensor, "irecv")
-    request = comm.irecv(buf.array, _peer(group, src, group_src, "irecv"), tag)
-    return Work(lambda: (request.wait(), buf.store()))
+        return
+    root = _root(group, 0 if src is None and group_src is None else src, group_src,
+                 "scatter_object_list")
+    if comm.rank == root:
+        if scatter_object_input_list is None:
+            raise ValueError("scatter_object_list: the src rank passes scatter_object_input_list")
+        _one_per_rank(comm, scatter_object_input_list, "scatter_object_list: the input list")
+    if not scatter_object_output_list:
+        raise ValueError("scatter_object_list: scatter_object_output_list needs one entry")
+    objects = comm.broadcast_object(scatter_object_input_list if comm.rank == root else None,
+                                    root=root)
+    scatter_object_output_list[0] = objects[comm.rank]
 
 
 def barrier(group=None, async_op=False, device_ids=None, timeout=None):
