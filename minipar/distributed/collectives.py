@@ -50,10 +50,15 @@ class _Buffer:
 
 
 class Work:
-    """torch's Work: ``wait()`` completes the call (True), ``is_completed()`` says if it has."""
+    """torch's Work: ``wait()`` completes the call (True), ``is_completed()`` says if it has;
+    a receive's ``_source_rank()`` is its sender's world rank, as torch's."""
 
-    def __init__(self, wait=None):
-        self._wait = wait
+    def __init__(self, wait=None, source=-1):
+        self._wait, self.source = wait, source
+
+    def _source_rank(self):
+        self.wait()
+        return self.source
 
     def is_completed(self):
         return self._wait is None
@@ -134,6 +139,18 @@ def _one_per_rank(comm, tensors, what):
         raise ValueError(f"{what} has {len(tensors)} entries for a group of {comm.size} ranks")
 
 
+def _rooted(comm, group, rank, group_rank, what, listed=None):
+    """The group rank of the call's root (world rank 0 when neither is given, as in torch); the
+    root's list ``what`` (``"gather: gather_list"``) must hold one entry per rank."""
+    call = what.split(":")[0]
+    root = _root(group, 0 if rank is None and group_rank is None else rank, group_rank, call)
+    if comm.rank == root and what != call:
+        if listed is None:
+            raise ValueError(f"{what}: the root rank passes it")
+        _one_per_rank(comm, listed, what)
+    return root
+
+
 def all_gather(tensor_list, tensor, group=None, async_op=False):
     """tensor_list[i] becomes rank i's tensor, on every rank."""
     comm = _member(group)
@@ -192,11 +209,7 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
     comm = _member(group)
     if comm is None:
         return None
-    root = _root(group, 0 if dst is None and group_dst is None else dst, group_dst, "gather")
-    if comm.rank == root:
-        if gather_list is None:
-            raise ValueError("gather: the dst rank passes gather_list")
-        _one_per_rank(comm, gather_list, "gather: gather_list")
+    root = _rooted(comm, group, dst, group_dst, "gather: gather_list", gather_list)
     stacked = comm.gather(_Buffer(tensor, "gather").array, root=root)
     if stacked is not None:
         for out, values in zip(gather_list, stacked):
@@ -209,13 +222,10 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
     comm = _member(group)
     if comm is None:
         return None
-    root = _root(group, 0 if src is None and group_src is None else src, group_src, "scatter")
+    root = _rooted(comm, group, src, group_src, "scatter: scatter_list", scatter_list)
     out = _Buffer(tensor, "scatter")
     stacked = None
     if comm.rank == root:
-        if scatter_list is None:
-            raise ValueError("scatter: the src rank passes scatter_list")
-        _one_per_rank(comm, scatter_list, "scatter: scatter_list")
         parts = [_data(t, "scatter") for t in scatter_list]
         stacked = backend.get_array_module(*parts).stack(parts)
     out.store(comm.scatter(stacked, root=root, out=out.array))
@@ -281,8 +291,7 @@ def broadcast_object_list(object_list, src=None, group=None, device=None, group_
     """Every rank's object_list becomes world rank ``src``'s (same length on every rank)."""
     comm = _member(group)
     if comm is not None:
-        root = _root(group, 0 if src is None and group_src is None else src, group_src,
-                     "broadcast_object_list")
+        root = _rooted(comm, group, src, group_src, "broadcast_object_list")
         object_list[:] = comm.broadcast_object(list(object_list), root=root)
 
 
@@ -291,12 +300,8 @@ def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=
     comm = _member(group)
     if comm is None:
         return
-    root = _root(group, 0 if dst is None and group_dst is None else dst, group_dst,
-                 "gather_object")
-    if comm.rank == root:
-        if object_gather_list is None:
-            raise ValueError("gather_object: the dst rank passes object_gather_list")
-        _one_per_rank(comm, object_gather_list, "gather_object: object_gather_list")
+    root = _rooted(comm, group, dst, group_dst, "gather_object: object_gather_list",
+                   object_gather_list)
     got = comm.gather_object(obj, root=root)
     if comm.rank == root:
         object_gather_list[:] = got
@@ -308,14 +313,11 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
     comm = _member(group)
     if comm is None:
         return
-    root = _root(group, 0 if src is None and group_src is None else src, group_src,
-                 "scatter_object_list")
-    if comm.rank == root:
-        if scatter_object_input_list is None:
-            raise ValueError("scatter_object_list: the src rank passes scatter_object_input_list")
-        _one_per_rank(comm, scatter_object_input_list, "scatter_object_list: the input list")
+    root = _rooted(comm, group, src, group_src,
+                   "scatter_object_list: scatter_object_input_list", scatter_object_input_list)
     if not scatter_object_output_list:
         raise ValueError("scatter_object_list: scatter_object_output_list needs one entry")
+    # the whole list travels (the communicator has no object scatter; objects here are small)
     objects = comm.broadcast_object(scatter_object_input_list if comm.rank == root else None,
                                     root=root)
     scatter_object_output_list[0] = objects[comm.rank]

@@ -72,22 +72,17 @@ def irecv(tensor, src=None, group=None, tag=0, group_src=None):
     if src is None and group_src is None:
         return _AnySource(tensor, group, tag)
     buf = _Buffer(tensor, "irecv")
-    request = comm.irecv(buf.array, _peer(group, src, group_src, "irecv"), tag)
-    work = Work(lambda: (request.wait(), buf.store()))
-    work._source_rank = lambda: resolve(group).ranks[_root(group, src, group_src, "irecv")]
-    return work
+    peer = _peer(group, src, group_src, "irecv")
+    request = comm.irecv(buf.array, peer, tag)
+    return Work(lambda: (request.wait(), buf.store()), source=resolve(group).ranks[peer])
 
 
 class _AnySource(Work):
-    """irecv without src: the receive happens in wait(), once the sender is known."""
+    """irecv without src: the receive happens in wait(), once a message names its sender (a
+    peer's large blocking send to this rank waits until then, as for a receive posted late)."""
 
     def __init__(self, tensor, group, tag):
-        self.source = None
         super().__init__(lambda: setattr(self, "source", recv(tensor, None, group, tag)))
-
-    def _source_rank(self):
-        self.wait()
-        return self.source
 
 
 class P2POp:
