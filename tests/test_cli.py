@@ -67,6 +67,7 @@ def test_the_script_names_itself_in_its_errors():
     ("03", 1000, "lesson 03 runs on 2 ranks, not 1000: minipar lesson 03 -n 2"),
     ("04", 1, "lesson 04 runs on 2 or more ranks, not 1: minipar lesson 04 -n 4"),
     ("10", 3, "lesson 10 runs on 2, 4 or 8 ranks, not 3: minipar lesson 10 -n 2"),
+    ("01", 4, "lesson 01 runs on 1 rank, not 4: minipar lesson 01"),  # it uses no MPI
 ])
 def test_lesson_refuses_a_rank_count_before_launching(name, nprocs, said, capsys, monkeypatch):
     """The counts a lesson's ``mpi_world`` accepts are read from its source, so a wrong ``-n``

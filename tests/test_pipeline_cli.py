@@ -62,5 +62,6 @@ def test_a_text_chart_too_long_to_read_is_left_out_and_said(capsys):
     many cells to print; the figures are still printed."""
     assert main(["schedule", "--schedule", "naive", "--stages", "32", "--microbatches", "128"]) == 0
     out = capsys.readouterr().out
-    assert "(the text chart, 32 ranks × 12288 time steps, is left out: --png or --trace draws it)" in out
+    assert ("(the text chart, 32 ranks × 12288 time steps, is left out: --png or --trace "
+            "draws it)") in out
     assert "\nrank 0 |" not in out and "bubble: theory (p-1)/p = 31/32" in out

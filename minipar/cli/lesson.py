@@ -87,10 +87,13 @@ def check_ranks(path, run_line, nprocs):
         what = ", ".join(map(str, ranks[:-1])) + (" or " if len(ranks) > 1 else "") + str(ranks[-1])
     else:
         what = f"{at_least} or more"
-    usual = default_ranks(run_line)
-    best = usual if usual and runs_on(usual) else (ranks or [at_least])[0]
-    raise UsageError(f"argument -n/--nprocs: lesson {path.name[:2]} runs on {what} ranks, not "
-                     f"{nprocs}: minipar lesson {path.name[:2]} -n {best}")
+    what += " rank" if ranks == (1,) else " ranks"
+    line = f"minipar lesson {path.name[:2]}"
+    usual = default_ranks(run_line)  # the count to suggest: the run line's, when it is one
+    if usual is not None or ranks != (1,):  # a lesson without MPI needs no -n
+        line += f" -n {usual if usual and runs_on(usual) else (ranks or [at_least])[0]}"
+    raise UsageError(f"argument -n/--nprocs: lesson {path.name[:2]} runs on {what}, not "
+                     f"{nprocs}: {line}")
 
 
 def build_command(path, run_line, nprocs, lesson_args):

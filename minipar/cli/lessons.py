@@ -43,7 +43,8 @@ def rank_counts(path):
     read without running it: the counts it can run on, so ``minipar lesson`` refuses a wrong
     ``-n`` before launching anything. A count the lesson computes at run time reads as the literal
     it picks from (``(2, 4) if quick else (2, 4, 8)``, ``[n for n in (2, 4, 8) if ...]``), a
-    superset the lesson's own check narrows; one read from arguments (lesson 11) is not checked."""
+    superset the lesson's own check narrows; one read from arguments (lesson 11) is not checked.
+    A lesson without the call uses no MPI: it runs as one process."""
     for node in ast.walk(ast.parse(pathlib.Path(path).read_text())):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "mpi_world":
             given = {k.arg: k.value for k in node.keywords}
@@ -52,7 +53,7 @@ def rank_counts(path):
             if ranks is None or at_least is None:
                 return None
             return tuple(sorted(ranks)) or None, min(at_least)
-    return None
+    return (1,), 1
 
 
 def _literal_counts(node):

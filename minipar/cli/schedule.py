@@ -145,8 +145,9 @@ def run(args):
         if cells <= MAX_CELLS:
             print(text_gantt(events, schedule.ranks, width=terminal_width(), legend=True))
         else:
-            print(f"(the text chart, {schedule.ranks} ranks × {cells // schedule.ranks} time steps, "
-                  f"is left out: --png or --trace draws it)")
+            steps = cells // schedule.ranks
+            print(f"(the text chart, {schedule.ranks} ranks × {steps} time steps, is left out: "
+                  f"--png or --trace draws it)")
         print(textwrap.fill(f"bubble: theory {formula} = {num}/{den} = {num / den:.4f}, "
                             f"simulated {figures['bubble_simulated']:.4f}",
                             terminal_width(), subsequent_indent="  "))

@@ -5,10 +5,11 @@
 
 Each call takes a minipar ``Tensor`` (its ``.data`` is overwritten), a NumPy/CuPy array or a torch
 CPU tensor (overwritten), as torch overwrites its tensors; it returns None, or a work with
-``wait()`` when ``async_op=True``; point-to-point calls are p2p.py's. The communicator underneath moves arrays and returns new ones
-(``minipar.comm``); this module is the in-place, torch-shaped layer over it. ``all_reduce``
-runs the group's algorithm (process_group.py: an argument or ``MINIPAR_ALLREDUCE``). A call on a
-group this rank is not a member of does nothing and returns None, as in torch.
+``wait()`` when ``async_op=True``. The communicator underneath moves arrays and returns new ones
+(``minipar.comm``); this module is the in-place, torch-shaped layer over it (point-to-point:
+p2p.py). ``all_reduce`` runs the group's algorithm (process_group.py: an argument or
+``MINIPAR_ALLREDUCE``). A call on a group this rank is not a member of does nothing and returns
+None, as in torch.
 """
 from .. import backend
 from ..autograd import Tensor

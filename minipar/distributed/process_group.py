@@ -100,8 +100,9 @@ def init_process_group(backend="mpi", init_method=None, timeout=None, world_size
 
     ``init_method``, ``store``, ``group_name``, ``pg_options`` and ``device_id`` are accepted
     and ignored (mpiexec has already connected the ranks); ``world_size`` and ``rank``, when
-    given, must agree with the job (with ``"mpi"``, as torch, a warning says they are ignored). ``timeout`` (seconds or a timedelta) sets the watchdog that
-    ends a job making no progress (``minipar.comm.world``)."""
+    given, must agree with the job (with ``"mpi"``, as torch, a warning says they are ignored).
+    ``timeout`` (seconds or a timedelta) sets the watchdog that ends a job making no progress
+    (``minipar.comm.world``)."""
     if _state["world"] is not None:
         raise RuntimeError("init_process_group: the default process group is already "
                            "initialized (call destroy_process_group() first)")
