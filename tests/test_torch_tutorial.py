@@ -131,6 +131,9 @@ def run_collectives(rank, size):
     tensor = torch.tensor([float(rank)])
     dist.broadcast(tensor, 0, group)
     out["broadcast"] = tensor.tolist()
+    weight = nn.Parameter(torch.full((2, 2), float(rank)))  # a model's weight, as DDP sends it
+    dist.broadcast(weight, 0, group)
+    out["broadcast_parameter"] = weight.tolist()
     tensor = torch.tensor([float(rank + 1)])
     dist.reduce(tensor, 0, dist.ReduceOp.SUM, group)
     out["reduce"] = tensor.tolist() if rank == 0 else None
@@ -373,6 +376,7 @@ def test_the_tutorial_runs_with_only_the_import_changed(size):
         assert got["ring"] == [i * size * (size + 1) / 2 for i in range(5)]
         c = got["collectives"]
         assert c["broadcast"] == [0.0]
+        assert c["broadcast_parameter"] == [[0.0, 0.0], [0.0, 0.0]]
         assert c["reduce"] == ([size * (size + 1) / 2] if rank == 0 else None)
         assert c["all_reduce"] == [float(math.factorial(size))]
         assert c["scatter"] == [rank + 1.0]

@@ -22,9 +22,9 @@ def _data(tensor, what):
         return tensor.data
     if hasattr(tensor, "__array_interface__") or backend.is_gpu_array(tensor):
         return tensor
-    # a torch CPU tensor (a torch program with only `import torch.distributed` changed): its
-    # .numpy() shares the tensor's memory, so writing into it fills the tensor in place
-    if type(tensor).__module__ == "torch" and getattr(tensor, "device", None) is not None:
+    # a torch CPU tensor or Parameter (a torch program with only `import torch.distributed`
+    # changed): its .numpy() shares the tensor's memory, so writing into it fills it in place
+    if type(tensor).__module__.split(".")[0] == "torch" and hasattr(tensor, "device"):
         if tensor.device.type != "cpu":
             raise TypeError(f"{what} takes torch tensors on the CPU, got one on {tensor.device}")
         return tensor.detach().numpy()
