@@ -68,3 +68,22 @@ def test_python_dash_m_minipar_is_the_command():
     done = subprocess.run([sys.executable, "-m", "minipar", "assignment", "list"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "ring-all-reduce" in done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("name, nprocs, said", [
+    ("03", 1000, "lesson 03 runs on 2 ranks, not 1000: minipar lesson 03 -n 2"),
+    ("04", 1, "lesson 04 runs on 2 or more ranks, not 1: minipar lesson 04 -n 4"),
+    ("10", 3, "lesson 10 runs on 2, 4 or 8 ranks, not 3: minipar lesson 10 -n 2"),
+    ("01", 4, "lesson 01 runs on 1 rank, not 4: minipar lesson 01"),  # it uses no MPI
+])
+def test_lesson_refuses_a_rank_count_before_launching(name, nprocs, said, capsys, monkeypatch):
+    """The counts a lesson's ``mpi_world`` accepts are read from its source, so a wrong ``-n``
+    is an argument error here, not N processes started only to hear the lesson refuse."""
+    def no_launch(*args, **kwargs):
+        raise AssertionError(f"launched {args[0]}")
+
+    monkeypatch.setattr(subprocess, "Popen", no_launch)
+    with pytest.raises(SystemExit) as exit_:
+        main(["lesson", name, "-n", str(nprocs)])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.endswith(f"error: argument -n/--nprocs: {said}\n")

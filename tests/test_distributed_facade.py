@@ -266,13 +266,43 @@ def test_errors_before_init_and_for_wrong_arguments():
     with pytest.raises(ValueError, match="reduction op"):
         dist.process_group.op_name("mean")
     assert dist.process_group.op_name("sum") == dist.process_group.op_name(dist.ReduceOp.SUM)
+    with pytest.raises(TypeError, match="list of P2POp"):
+        dist.batch_isend_irecv([(dist.isend, np.zeros(1), 1)])
+
+
+def mpi_rank_and_size_body():
+    """torch's MPI backend ignores rank and world_size with a warning (the tutorial passes 0, 0);
+    gloo's, meant by the script, must agree with the launch."""
+    import warnings
+
+    import minipar.distributed as dist
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dist.init_process_group("mpi", rank=0, world_size=2)  # every rank says 0
+    said = [str(w.message) for w in caught]
+    dist.destroy_process_group()
+    try:
+        dist.init_process_group("gloo", rank=0, world_size=3)
+        refused = None
+    except ValueError as err:
+        refused = str(err)
+    return said, refused
+
+
+def test_mpi_backend_takes_rank_and_size_from_the_launch():
+    said, refused = zip(*run_on_ranks(mpi_rank_and_size_body, 2))
+    assert said == ([], ["init_process_group: for the MPI backend, world_size and rank are "
+                         "assigned by the MPI launch: rank=0 ignored, the launch says 1"])
+    assert all("world_size=3 but the MPI job says 2" in r for r in refused)
 
 
 FACADE = ("init_process_group", "is_initialized", "get_rank", "get_world_size", "get_backend",
           "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
           "reduce_scatter", "reduce_scatter_tensor", "send", "recv", "isend", "irecv", "barrier",
           "new_group", "destroy_process_group", "get_global_rank", "get_group_rank",
-          "get_process_group_ranks")
+          "get_process_group_ranks", "gather", "scatter", "all_to_all", "all_to_all_single",
+          "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+          "batch_isend_irecv", "P2POp")
 
 
 def test_signatures_follow_torch_distributed():

@@ -67,13 +67,13 @@ BAD = {  # id: (arguments after `python -m minipar.cli`, the start of the error 
     "schedule 1000 x 100000": ("schedule --schedule 1f1b --stages 1000 --microbatches 100000",
                                "minipar schedule: error: argument --stages: 1000 stages is above "
                                "this command's limit of 64"),
-    "schedule 64 x 128": ("schedule --schedule zb-h1 --stages 64 --microbatches 128",
-                          "minipar schedule: error: argument --microbatches: stages × "
-                          "micro-batches × chunks = 64 × 128 × 1 = 8192 is above this command's "
-                          "limit of 4096"),
-    "schedule 32 x 64 x 4": ("schedule --schedule interleaved --stages 32 --microbatches 64 "
-                             "--chunks 4", "minipar schedule: error: argument --microbatches: "
-                                           "stages × micro-batches × chunks = 32 × 64 × 4"),
+    "schedule 64 x 2048": ("schedule --schedule zb-h1 --stages 64 --microbatches 2048",
+                           "minipar schedule: error: argument --microbatches: stages × "
+                           "micro-batches × chunks = 64 × 2048 × 1 = 131072 is above this "
+                           "command's limit of 65536"),
+    "schedule 32 x 512 x 8": ("schedule --schedule interleaved --stages 32 --microbatches 512 "
+                              "--chunks 8", "minipar schedule: error: argument --microbatches: "
+                                            "stages × micro-batches × chunks = 32 × 512 × 8"),
     "schedule --png in no folder": ("schedule --schedule 1f1b --stages 2 --microbatches 2 --png "
                                     "/nonexistent/x.png", "minipar schedule: error: argument "
                                     "--png: cannot write /nonexistent/x.png: No such file"),

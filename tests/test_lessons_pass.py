@@ -35,12 +35,19 @@ def command(name, nprocs, args):
     return [mpiexec(), "-n", str(nprocs), sys.executable, str(LESSONS / name), *args]
 
 
+def lesson_env(pythonpath=()):
+    """The lessons' environment: the device this run was given (the CI's strict step gives
+    ``strict``), else the CPU; waiting ranks sleep, since 8 ranks share 2 cores."""
+    return {**os.environ, **RANK_ENV, "MINIPAR_DEVICE": os.environ.get("MINIPAR_DEVICE", "cpu"),
+            "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, (*map(str, pythonpath), str(ROOT),
+                                                        os.environ.get("PYTHONPATH"))))}
+
+
 @functools.lru_cache(maxsize=None)
 def lesson_output(name, nprocs, args=("--quick",), timeout=240):
     """(exit status, stdout, stderr) of one run of a lesson, run once per session."""
-    env = {**os.environ, **RANK_ENV, "MINIPAR_DEVICE": "cpu",
-           "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1",  # waiting ranks sleep: 8 ranks share 2 cores
-           "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    env = lesson_env()
     done = subprocess.run(command(name, nprocs, args), capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=ROOT)
     return done.returncode, done.stdout, done.stderr
@@ -63,3 +70,15 @@ def test_every_lesson_is_listed():
 def test_lesson_passes_at_its_small_size(name):
     out = passed(name, SMALL[name])
     assert "FAIL" not in out
+    header = out.splitlines()[0]  # an MPI lesson's first line: where its ranks run
+    if " ranks on " in header:
+        assert header.endswith(f"device {os.environ.get('MINIPAR_DEVICE', 'cpu')}"), header
+
+
+@pytest.mark.mpi
+def test_a_lesson_runs_on_the_device_it_is_given(monkeypatch):
+    """The CI's strict step runs the lessons on the strict device, and its header says so."""
+    monkeypatch.setenv("MINIPAR_DEVICE", "strict")
+    status, out, err = lesson_output.__wrapped__("03_send_recv.py", 2)  # not the cached run
+    assert status == 0, out + err
+    assert out.splitlines()[0] == "2 ranks on 1 node(s), device strict", out

@@ -1,19 +1,15 @@
 """``--plot DIR`` on the lessons: each figure is written there and named on a ``figure:`` line;
 without matplotlib the lesson still passes and says once how to get the pictures."""
-import os
 import subprocess
 
 import pytest
 
 from minipar.figures import MISSING
-from minipar.testing import RANK_ENV
-from test_lessons_pass import ROOT, command
+from test_lessons_pass import ROOT, command, lesson_env
 
 
 def run(name, nprocs, directory, pythonpath=()):
-    env = {**os.environ, **RANK_ENV, "MINIPAR_DEVICE": "cpu", "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, (*map(str, pythonpath), str(ROOT),
-                                                       os.environ.get("PYTHONPATH"))))}
+    env = lesson_env(pythonpath)  # the device this run was given
     done = subprocess.run(command(name, nprocs, ("--quick", "--plot", str(directory))),
                           capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr

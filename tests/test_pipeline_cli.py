@@ -1,5 +1,6 @@
 """``minipar schedule``: the drawing, the figures and the --json keys."""
 import json
+import time
 
 import pytest
 
@@ -41,3 +42,26 @@ def test_text_output_and_clear_errors(capsys):
     assert main(["schedule", "--schedule", "gpipe", "--stages", "2", "--microbatches", "4", "--remat",
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["peak_inflight"] == [1, 1]
+
+
+def test_sixty_four_stages_by_512_micro_batches_answer_in_seconds(capsys):
+    """Megatron-LM's 64-stage pipeline at 512 micro-batches: the bound is the work (stages ×
+    micro-batches × chunks), not the size of either; built, validated and simulated in a few
+    seconds (the bound here allows a machine shared by several test runs)."""
+    start = time.perf_counter()
+    assert main(["schedule", "--schedule", "1f1b", "--stages", "64", "--microbatches", "512",
+                 "--json"]) == 0
+    assert time.perf_counter() - start < 60
+    out = json.loads(capsys.readouterr().out)
+    assert out["bubble_theory"] == pytest.approx(63 / 575)
+    assert out["bubble_simulated"] == pytest.approx(63 / 575)
+
+
+def test_a_text_chart_too_long_to_read_is_left_out_and_said(capsys):
+    """naive at 32 × 128 runs each micro-batch through all stages alone: 12288 time steps, too
+    many cells to print; the figures are still printed."""
+    assert main(["schedule", "--schedule", "naive", "--stages", "32", "--microbatches", "128"]) == 0
+    out = capsys.readouterr().out
+    assert ("(the text chart, 32 ranks × 12288 time steps, is left out: --png or --trace "
+            "draws it)") in out
+    assert "\nrank 0 |" not in out and "bubble: theory (p-1)/p = 31/32" in out

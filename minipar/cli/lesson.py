@@ -6,10 +6,11 @@
 
 NAME is a lesson number (``4``, ``04``) or part of its name. N defaults to the count on the
 lesson's own run line (its docstring); a lesson whose run line is ``python ...`` runs as one plain
-process unless ``-n`` is given. The launch goes through minipar.testing.launch_command (the
-launcher profile: ``$MINIPAR_MPIEXEC``, ``$MINIPAR_MPIEXEC_ARGS``, Open MPI's oversubscription and
-root flags), with one BLAS thread per rank; the exit status is the lesson's own. On a terminal
-the ranks are told so (progress bars, text charts at its width), since mpiexec gives them pipes.
+process unless ``-n`` is given; an ``-n`` the lesson refuses is refused before launch. The launch
+goes through minipar.testing.launch_command (the launcher profile: ``$MINIPAR_MPIEXEC``,
+``$MINIPAR_MPIEXEC_ARGS``, Open MPI's oversubscription and root flags), with one BLAS thread per
+rank; the exit status is the lesson's own. On a terminal the ranks are told so (progress bars,
+text charts at its width), since mpiexec gives them pipes.
 """
 import argparse
 import os
@@ -19,7 +20,7 @@ import subprocess
 import sys
 
 from minipar.cli.args import UsageError, positive_int
-from minipar.cli.lessons import command, lessons
+from minipar.cli.lessons import command, lessons, rank_counts
 from minipar.console import terminal_env
 
 
@@ -69,6 +70,32 @@ def default_ranks(run_line):
     return int(match.group(1)) if match else None
 
 
+def check_ranks(path, run_line, nprocs):
+    """UsageError when the lesson's own ``mpi_world`` would refuse ``nprocs`` ranks: said before
+    anything is launched (``-n 1000`` would start 1000 processes only to hear the lesson refuse)."""
+    counts = rank_counts(path)
+    if nprocs is None or counts is None:
+        return
+    ranks, at_least = counts
+
+    def runs_on(n):
+        return n in ranks if ranks else n >= at_least
+
+    if runs_on(nprocs):
+        return
+    if ranks:
+        what = ", ".join(map(str, ranks[:-1])) + (" or " if len(ranks) > 1 else "") + str(ranks[-1])
+    else:
+        what = f"{at_least} or more"
+    what += " rank" if ranks == (1,) else " ranks"
+    line = f"minipar lesson {path.name[:2]}"
+    usual = default_ranks(run_line)  # the count to suggest: the run line's, when it is one
+    if usual is not None or ranks != (1,):  # a lesson without MPI needs no -n
+        line += f" -n {usual if usual and runs_on(usual) else (ranks or [at_least])[0]}"
+    raise UsageError(f"argument -n/--nprocs: lesson {path.name[:2]} runs on {what}, not "
+                     f"{nprocs}: {line}")
+
+
 def build_command(path, run_line, nprocs, lesson_args):
     """The argv that runs the lesson: plain ``python`` or the launcher profile."""
     from minipar.testing import launch_command
@@ -81,6 +108,7 @@ def build_command(path, run_line, nprocs, lesson_args):
 def run(args):
     path, _, run_line = find(args.name)
     nprocs, lesson_args = split_rest(args.lesson_args, args.nprocs)
+    check_ranks(path, run_line, nprocs)
     try:
         argv = build_command(path, run_line, nprocs, lesson_args)
     except RuntimeError as err:  # no mpiexec

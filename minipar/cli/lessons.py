@@ -38,6 +38,41 @@ def command(doc, name):
     return re.split(r"\s{2,}", run.group(1).strip())[0] if run else f"python lessons/{name}"
 
 
+def rank_counts(path):
+    """(ranks, at_least) from the lesson's ``mpi_world(__doc__, ranks=..., at_least=...)`` call,
+    read without running it: the counts it can run on, so ``minipar lesson`` refuses a wrong
+    ``-n`` before launching anything. A count the lesson computes at run time reads as the literal
+    it picks from (``(2, 4) if quick else (2, 4, 8)``, ``[n for n in (2, 4, 8) if ...]``), a
+    superset the lesson's own check narrows; one read from arguments (lesson 11) is not checked.
+    A lesson without the call uses no MPI: it runs as one process."""
+    for node in ast.walk(ast.parse(pathlib.Path(path).read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "mpi_world":
+            given = {k.arg: k.value for k in node.keywords}
+            ranks = _literal_counts(given["ranks"]) if "ranks" in given else ()
+            at_least = _literal_counts(given.get("at_least", ast.Constant(1)))
+            if ranks is None or at_least is None:
+                return None
+            return tuple(sorted(ranks)) or None, min(at_least)
+    return (1,), 1
+
+
+def _literal_counts(node):
+    """The set of counts a literal expression can give; None when it is not a literal."""
+    if isinstance(node, ast.IfExp):
+        both = _literal_counts(node.body), _literal_counts(node.orelse)
+        return None if None in both else both[0] | both[1]
+    if isinstance(node, (ast.ListComp, ast.GeneratorExp)) and len(node.generators) == 1:
+        loop = node.generators[0]
+        if isinstance(node.elt, ast.Name) and getattr(loop.target, "id", None) == node.elt.id:
+            return _literal_counts(loop.iter)  # a filter keeps some of the literal's counts
+        return None
+    try:
+        value = ast.literal_eval(node)
+    except ValueError:
+        return None
+    return {value} if isinstance(value, int) else set(value)
+
+
 def add_arguments(parser):
     pass
 

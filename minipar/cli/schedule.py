@@ -23,11 +23,14 @@ from minipar.parallel.pipeline import (BUILDERS, ScheduleError, bubble_fraction,
                                        makespan, peak_inflight, simulate, text_gantt, validate,
                                        write_chrome_trace)
 from minipar.parallel.pipeline.schedules import ArgumentError, check_arguments, chunks_of
+from minipar.parallel.pipeline.timeline import span, work_events
 
-# At most 64 stages and stages × micro-batches × chunks = 4096 forward steps (8 × 512, 64 × 64): a
-# second or two to build, validate, simulate and draw, the PNG a few seconds more at the largest
-# sizes. Larger sizes are an argparse error, as is any other bad size or combination.
-MAX_STAGES, MAX_WORK = 64, 4096
+# The work is bounded by what it costs: stages × micro-batches × chunks forward steps, each with
+# its backward and messages, built, validated and simulated in a few seconds up to 65536 (64 × 512
+# with two chunks: the 64-stage pipeline of Megatron-LM's trillion-parameter run). The charts keep
+# one readable row per rank up to 64 stages. The text chart is one cell per rank and time step: a
+# longer one (naive at 64 × 512: 64 × 98304) is left out, the PNG and the trace still draw it.
+MAX_STAGES, MAX_WORK, MAX_CELLS = 64, 65536, 2 ** 18
 
 
 def add_arguments(parser):
@@ -93,6 +96,12 @@ def describe(schedule):
             + (", re-materialised" if schedule.remat else ""))
 
 
+def chart_columns(events):
+    """The text chart's time steps: its span in units of the shortest action, as text_gantt draws."""
+    t0, t1 = span(events)
+    return max(1, round((t1 - t0) / min(e.duration for e in work_events(events))))
+
+
 def write_png(schedule, events, path):
     """The schedule chart, the simulated bubble beside the theory's in its title."""
     from minipar.figures import require, save, schedule_chart
@@ -132,7 +141,13 @@ def run(args):
     else:
         formula, num, den = bubble_theory(schedule)
         print(describe(schedule))
-        print(text_gantt(events, schedule.ranks, width=terminal_width(), legend=True))
+        cells = schedule.ranks * chart_columns(events)
+        if cells <= MAX_CELLS:
+            print(text_gantt(events, schedule.ranks, width=terminal_width(), legend=True))
+        else:
+            steps = cells // schedule.ranks
+            print(f"(the text chart, {schedule.ranks} ranks × {steps} time steps, is left out: "
+                  f"--png or --trace draws it)")
         print(textwrap.fill(f"bubble: theory {formula} = {num}/{den} = {num / den:.4f}, "
                             f"simulated {figures['bubble_simulated']:.4f}",
                             terminal_width(), subsequent_indent="  "))

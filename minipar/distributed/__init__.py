@@ -6,18 +6,21 @@
     p.grad /= dist.get_world_size()
 
 process_group.py: init_process_group, new_group, ReduceOp, the all-reduce algorithm;
-collectives.py: all_reduce, broadcast, all_gather, send/recv, ... in place; checkpoint.py: save
-on N ranks, load on M (``dcp.save(state, checkpoint_id=...)``, docs/checkpoints.md); sharded.py:
-the slices of the serial tensors a rank holds; state.py: ``AppState``, a model and its optimizer
-under the serial names; tree.py: a state dict as (path, leaf) items; flat_state.py and
-hybrid_state.py: the trainers' checkpoint adapters.
+collectives.py: all_reduce, broadcast, gather, all_to_all, the object collectives, ... in place,
+on minipar Tensors, arrays and torch CPU tensors; p2p.py: send/recv, batch_isend_irecv;
+checkpoint.py: save on N ranks, load on M (docs/checkpoints.md); sharded.py: the slices of the
+serial tensors a rank holds; state.py: ``AppState``, a model and its optimizer under the serial
+names; tree.py: a state dict as (path, leaf) items; flat_state.py and hybrid_state.py: the
+trainers' checkpoint adapters.
 """
 from . import checkpoint  # noqa: F401
 from .sharded import ShardedTensor  # noqa: F401
 from .state import AppState  # noqa: F401
-from .collectives import (Work, all_gather, all_gather_into_tensor, all_reduce,  # noqa: F401
-                          barrier, broadcast, irecv, isend, recv, reduce, reduce_scatter,
-                          reduce_scatter_tensor, send)
+from .collectives import (Work, all_gather, all_gather_into_tensor,  # noqa: F401
+                          all_gather_object, all_reduce, all_to_all, all_to_all_single, barrier,
+                          broadcast, broadcast_object_list, gather, gather_object, reduce,
+                          reduce_scatter, reduce_scatter_tensor, scatter, scatter_object_list)
+from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send  # noqa: F401
 from .process_group import (ProcessGroup, ReduceOp, destroy_process_group,  # noqa: F401
                             get_all_reduce_algorithm, get_backend, get_global_rank,
                             get_group_rank, get_process_group_ranks, get_rank, get_world_size,

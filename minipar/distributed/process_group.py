@@ -16,6 +16,7 @@ choice among minipar's hand-coded ones); NAME is any entry of
 import datetime
 import enum
 import os
+import warnings
 
 BACKENDS = ("mpi", "gloo", "nccl")  # names torch scripts pass; all of them run over MPI here
 
@@ -87,6 +88,11 @@ def _algorithm(name):
     return name
 
 
+def _backend_name(backend):
+    """``"mpi"`` for ``"mpi"``, ``"cpu:mpi"``, ``Backend.MPI`` (None: torch's default, gloo)."""
+    return "gloo" if backend is None else str(backend).split(":")[-1].lower()
+
+
 def init_process_group(backend="mpi", init_method=None, timeout=None, world_size=-1, rank=-1,
                        store=None, group_name="", pg_options=None, device_id=None, *,
                        all_reduce_algorithm=None):
@@ -94,22 +100,33 @@ def init_process_group(backend="mpi", init_method=None, timeout=None, world_size
 
     ``init_method``, ``store``, ``group_name``, ``pg_options`` and ``device_id`` are accepted
     and ignored (mpiexec has already connected the ranks); ``world_size`` and ``rank``, when
-    given, must agree with the job. ``timeout`` (seconds or a timedelta) sets the watchdog that
-    ends a job making no progress (``minipar.comm.world``)."""
+    given, must agree with the job (with ``"mpi"``, as torch, a warning says they are ignored).
+    ``timeout`` (seconds or a timedelta) sets the watchdog that ends a job making no progress
+    (``minipar.comm.world``)."""
     if _state["world"] is not None:
         raise RuntimeError("init_process_group: the default process group is already "
                            "initialized (call destroy_process_group() first)")
-    if backend is not None and str(backend).split(":")[-1].lower() not in BACKENDS:
+    if backend is not None and _backend_name(backend) not in BACKENDS:
         raise ValueError(f"init_process_group: backend {backend!r} is not one of "
                          f"{', '.join(BACKENDS)} (all run over MPI)")
     algorithm = _algorithm(all_reduce_algorithm)
     from minipar import comm
     world = comm.world(_timeout_s(timeout))
-    for asked, real, what in ((world_size, world.size, "world_size"), (rank, world.rank, "rank")):
-        if asked not in (-1, None) and asked != real:
-            raise ValueError(f"init_process_group: {what}={asked} but the MPI job says {real} "
-                             f"(start the job with mpiexec -n N; minipar reads rank and size "
-                             f"from MPI)")
+    disagree = [(what, asked, real) for asked, real, what in
+                ((world_size, world.size, "world_size"), (rank, world.rank, "rank"))
+                if asked not in (-1, None) and asked != real]
+    if disagree and _backend_name(backend) == "mpi":
+        # torch's MPI backend takes rank and size from the MPI launch and warns (the tutorial
+        # passes rank=0, world_size=0); a gloo or nccl script means them, and they must agree
+        warnings.warn("init_process_group: for the MPI backend, world_size and rank are "
+                      "assigned by the MPI launch: " + ", ".join(
+                          f"{what}={asked} ignored, the launch says {real}"
+                          for what, asked, real in disagree), stacklevel=2)
+    elif disagree:
+        what, asked, real = disagree[0]
+        raise ValueError(f"init_process_group: {what}={asked} but the MPI job says {real} "
+                         f"(start the job with mpiexec -n N; minipar reads rank and size "
+                         f"from MPI)")
     _state["world"] = ProcessGroup(world, range(world.size), algorithm)
 
 
