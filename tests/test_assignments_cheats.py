@@ -151,12 +151,14 @@ def test_a_checker_replaced_by_the_code_under_test_fails_the_run(tmp_path):
            "return modules[0](x) * 2.0")
     results = assignments.grade(tree, ["checkpoint-sequential", HONEST])
     assert _scores(results) == {"checkpoint-sequential": 0, HONEST: 10}, results
-    assert "it replaced numpy.testing.assert_allclose" in _outputs(results)["checkpoint-sequential"]
+    # the checks compare by their own code, so the patch buys nothing; the guard names it too
+    assert "Task checkpoint-sequential:" in _outputs(results)["checkpoint-sequential"]
     # patched for the whole tree from minipar/__init__.py: every run it touches fails
     init = tree / "minipar/__init__.py"
     init.write_text(init.read_text() + "\nimport numpy.testing\n"
                                        "numpy.testing.assert_allclose = lambda *a, **k: None\n")
-    [result] = assignments.grade(tree, ["checkpoint-sequential"])
+    # (an honest task whose checks all pass: only the guard can fail it)
+    [result] = assignments.grade(tree, [HONEST])
     assert result["score"] == 0 and "replaced numpy.testing.assert_allclose" in result["output"]
 
 
@@ -252,13 +254,14 @@ while True:
 # --- what the student reads ---------------------------------------------------------------------
 def test_feedback_opens_with_the_check_and_names_the_students_files(tmp_path):
     tree = _tree(tmp_path, "op-backward")
-    _cheat(tree, "op-backward", "raise AssertionError('expected 1.0, got 2.0')")
+    # a student's slip: an error raised in their own code (a wrong value is the checks' message)
+    _cheat(tree, "op-backward", "raise ValueError('shapes (2, 3) and (4,) not aligned')")
     [result] = assignments.grade(tree, ["op-backward"])
     lines = result["output"].split("\n")
     assert lines[0] == ("first failing check: test_op_backward_matmul_matches_finite_"
                         "differences in minipar/assignments/checks.py")
     assert "task op-backward (lesson 01)" in lines[1]
-    assert lines[2] == "AssertionError: expected 1.0, got 2.0"
+    assert lines[2] == "ValueError: shapes (2, 3) and (4,) not aligned"
     assert "minipar/ops.py:" in result["output"] and "minipar-grade-" not in result["output"]
     assert "site-packages" not in result["output"]
 
