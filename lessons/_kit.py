@@ -38,6 +38,10 @@ def arguments(doc, *options, quick="a smoke run of a few seconds", argv=None, pl
         parser.add_argument("--plot", metavar="DIR", default=None,
                             help="draw this lesson's figures as PNG files into DIR "
                                  "(needs matplotlib: pip install 'minipar[plot]')")
+    from minipar.cli.args import launched_rank
+    # under mpiexec every rank parses the command line: rank 0's --help is enough
+    if (launched_rank() or 0) != 0:
+        parser.print_help = lambda file=None: None
     args = parser.parse_args(argv)
     note_other_minipar()
     return args

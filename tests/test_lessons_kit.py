@@ -29,6 +29,13 @@ def test_wrong_rank_count_prints_one_line_and_exits_2():
 
 
 @pytest.mark.mpi
+def test_help_prints_once_under_mpiexec():
+    done = run(2, "03_send_recv.py", "--help")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("usage:") == 1, done.stdout
+
+
+@pytest.mark.mpi
 def test_the_suggested_command_keeps_the_arguments_and_fits_them():
     done = run(2, "11_3d_parallel.py", "--quick", "--tp", "3")
     assert done.returncode == 2, done.stdout + done.stderr
