@@ -192,8 +192,8 @@ def kept(log):
 HERE = os.path.dirname(os.path.abspath(__file__))
 # the harness the checks import: a tree's own testing.py or gradcheck.py (made to pass
 # everything) is never what grades it
-COPIES = {name: os.path.join(HERE, "_minipar_grader", name.split(".")[1] + ".py")
-          for name in ("minipar.testing", "minipar.gradcheck")}
+COPIES = {name: os.path.join(HERE, "_minipar_grader", name.split(".")[-1] + ".py")
+          for name in ("minipar.testing", "minipar.gradcheck", "minipar.assignments.feedback")}
 # what a check's verdict rests on; replaced from the tree's code, every check would pass
 WATCHED = ((numpy.testing, ("assert_allclose", "assert_array_equal", "assert_equal",
                             "assert_array_almost_equal", "assert_almost_equal")),
