@@ -72,7 +72,8 @@ self.optimizer.step()  # each rank updates its shard; the others' shards never a
 """
 W_OVERWRITES = """
 for node, g, only in work:
-    for parent, pg, w in zip(node._parents, node._backward(g, only), only):
+    weight_grads = node._backward(g, only)  # only the weights' gradients
+    for parent, pg, w in zip(node._parents, weight_grads, only):
         if w and pg is not None:
             _accumulate(pending, parent, pg)
     release(node)
