@@ -161,6 +161,7 @@ class WeightPass:
         then set as ``.grad`` (hooks called) once per weight, as one whole backward would."""
         pending, work = self.held, self.work
         self.held, self.work, self.kept = {}, [], set()
+        ### BEGIN SOLUTION zero-bubble-w
         for node, g, only in work:
             for parent, pg, w in zip(node._parents, node._backward(g, only), only):
                 if w and pg is not None:
@@ -168,6 +169,7 @@ class WeightPass:
             release(node)
         for i, g in pending.items():
             _finish_leaf(self.weights[i], _apply_hooks(self.weights[i], g))
+        ### END SOLUTION
 
 
 def _apply_hooks(node, g):

@@ -67,6 +67,42 @@ for lo, hi in zip(bounds, bounds[1:]):
 return x
 """
 CHECKPOINT_RETURNS_INPUT = "return x\n"
+ZERO_NEVER_GATHERS = """
+self.optimizer.step()  # each rank updates its shard; the others' shards never arrive
+"""
+W_OVERWRITES = """
+for node, g, only in work:
+    weight_grads = node._backward(g, only)  # only the weights' gradients
+    for parent, pg, w in zip(node._parents, weight_grads, only):
+        if w and pg is not None:
+            _accumulate(pending, parent, pg)
+    release(node)
+for i, g in pending.items():
+    self.weights[i].grad = g  # replaces the gradient of the earlier micro-batches
+"""
+VOCAB_EVERY_RANK_ADDS_A_TARGET = """
+z = z - _all_reduce(z.max(axis=-1), group, -1, note, op="max")[:, None]
+e = xp.exp(z)
+total = _all_reduce(e.sum(axis=-1), group, -1, note)
+z_target = _all_reduce(z[rows, local_t], group, -1, note)  # not only the owner's logit
+"""
+MOE_ROUTE = """
+flat = expert.reshape(-1)
+by_expert = host.argsort(flat, kind="stable")
+assigned = host.bincount(flat, minlength=n_experts)
+starts = host.concatenate([[0], host.cumsum(assigned)[:-1]])
+slot = host.empty(N * k, dtype=host.int64)
+slot[by_expert] = host.arange(N * k) - host.repeat(starts, assigned)
+kept = slot < cap
+"""
+MOE_GATES_NOT_RENORMALISED = """
+probs = F.softmax(self.router(x), axis=-1)
+p = backend.to_numpy(probs.data)
+expert = backend.numpy.argsort(-p, axis=1, kind="stable")[:, :self.top_k]
+cap = capacity(len(p), self.n_experts, self.top_k, self.capacity_factor)
+routing = route(expert, self.n_experts, cap)
+gates = probs.gather(1, expert)  # the raw probabilities also for k >= 2
+"""
 
 HANG = ["the ranks hung", "minipar watchdog: no progress", "waits in"]
 WRONG = {  # name: (task, code for its region, words its grade's output must contain)
@@ -92,19 +128,36 @@ WRONG = {  # name: (task, code for its region, words its grade's output must con
                                                 CHECKPOINT_RETURNS_INPUT, [
         "checkpoint_sequential(5 modules, 1) gives the plain run's output",
         "expected shape (4, 2), got shape (4, 5)"]),
+    "zero: the updated shards never all-gathered": ("zero-sharded-step", ZERO_NEVER_GATHERS, [
+        "ZeRO-1's step of Adam on 3 ranks", "equals a plain Adam step's on the averaged gradient",
+        "all-gathered", "synchronous sends"]),
+    "zero bubble: W overwrites the accumulated gradient": ("zero-bubble-w", W_OVERWRITES, [
+        "B then W for 2 micro-batches", "parameter 0", "equals two plain backwards'",
+        "added to those of earlier micro-batches"]),
+    "vocab: every rank adds a target logit": ("vocab-cross-entropy",
+                                              VOCAB_EVERY_RANK_ADDS_A_TARGET, [
+        "vocab_parallel_cross_entropy equals the loss on the whole logits, 6 tokens",
+        "expected", "synchronous sends"]),
+    "moe: top-2 gates not renormalised": ("moe-top-k", (MOE_ROUTE, MOE_GATES_NOT_RENORMALISED), [
+        "MoE(n_experts=4, top_k=2, capacity_factor=0.5).gate of 12 tokens: the gates",
+        "expected"]),
 }
+NEW_TASKS = ["zero-sharded-step", "zero-bubble-w", "vocab-cross-entropy", "moe-top-k"]
 
 
 def student_tree(folder, task, code):
-    """A tree made for ``task`` whose stub is replaced by ``code`` at the stub's indentation."""
+    """A tree made for ``task`` whose stub is replaced by ``code`` at the stub's indentation;
+    a tuple of codes for a task of several regions, one per stub in the file's order."""
     assignments.make(folder, [task])
     stub = assignments.BY_ID[task].stub()
     path = folder / assignments.BY_ID[task].files[0]
     lines = path.read_text().split("\n")
+    codes = code if isinstance(code, tuple) else (code,)
     at = [i for i, line in enumerate(lines) if line.strip() == stub]
-    assert len(at) == 1, f"{path}: {len(at)} stubs of {task}"
-    indent = lines[at[0]][:len(lines[at[0]]) - len(lines[at[0]].lstrip())]
-    lines[at[0]:at[0] + 1] = [indent + line for line in textwrap.dedent(code).strip().split("\n")]
+    assert len(at) == len(codes), f"{path}: {len(at)} stubs of {task}"
+    for i, piece in reversed(list(zip(at, codes))):
+        indent = lines[i][:len(lines[i]) - len(lines[i].lstrip())]
+        lines[i:i + 1] = [indent + line for line in textwrap.dedent(piece).strip().split("\n")]
     path.write_text("\n".join(lines))
     return folder
 
@@ -127,3 +180,23 @@ def test_the_reference_keeps_full_points_on_those_tasks():
                                                    "recursive-halving", "megatron-f-g"])
     for result in results:
         assert result["score"] == result["max_score"] > 0, result
+
+
+def test_the_reference_keeps_full_points_on_the_new_tasks():
+    for result in assignments.grade(assignments.ROOT, NEW_TASKS):
+        assert result["score"] == result["max_score"] > 0, result
+
+
+def test_the_new_tasks_stripped_score_zero_and_cost_only_their_points(tmp_path):
+    """A tree with the four new tasks stripped: each scores 0 with its stub's message first,
+    and a task left in (rank-grid, ddp-buckets) keeps its points."""
+    assignments.make(tmp_path, NEW_TASKS)
+    results = assignments.grade(tmp_path, NEW_TASKS + ["rank-grid", "ddp-buckets"])
+    assert len(results) == 6
+    for result in results:  # in the table's order
+        task = result["task"]
+        full = assignments.BY_ID[task].points
+        assert result["score"] == (0 if task in NEW_TASKS else full), result
+        if task in NEW_TASKS:
+            head = result["output"].split("\n--- details ---")[0]
+            assert f"Task {task}:" in head and "NotImplementedError" in result["output"], result

@@ -20,6 +20,7 @@ from minipar.cli import main
 
 ROOT = assignments.ROOT
 HONEST = "layer-norm"
+FULL = assignments.BY_ID[HONEST].points  # what the honest task scores
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox user needs root")
 
 
@@ -127,7 +128,7 @@ def test_an_early_exit_leaves_no_report_and_scores_zero(tmp_path):
     tree = _tree(tmp_path, "op-backward")
     _cheat(tree, "op-backward", "import os\nos._exit(0)")
     results = assignments.grade(tree, ["op-backward", HONEST])
-    assert _scores(results) == {"op-backward": 0, HONEST: 10}, results
+    assert _scores(results) == {"op-backward": 0, HONEST: FULL}, results
     assert "the checks left no report" in _outputs(results)["op-backward"]
 
 
@@ -138,8 +139,11 @@ def test_the_trees_own_harness_made_to_pass_everything_does_not_grade_it(tmp_pat
     testing = tree / "minipar/testing.py"
     testing.write_text(testing.read_text() + "\n\ndef run_on_ranks(target, nprocs, **kwargs):\n"
                                               "    return [None] * nprocs\n")
+    feedback = tree / "minipar/assignments/feedback.py"  # the failure messages: none raised
+    feedback.write_text(feedback.read_text() + "\n\ndef _gradcheck(*args):\n    pass\n\n\n"
+                        "def _on_ranks(*args):\n    pass\n")
     results = assignments.grade(tree, ["op-backward", "ring-all-reduce", HONEST])
-    assert _scores(results) == {"op-backward": 0, "ring-all-reduce": 0, HONEST: 10}, results
+    assert _scores(results) == {"op-backward": 0, "ring-all-reduce": 0, HONEST: FULL}, results
     assert "Task op-backward:" in _outputs(results)["op-backward"]
     assert "Task ring-all-reduce:" in _outputs(results)["ring-all-reduce"]
 
@@ -150,7 +154,7 @@ def test_a_checker_replaced_by_the_code_under_test_fails_the_run(tmp_path):
            "import numpy.testing\nnumpy.testing.assert_allclose = lambda *a, **k: None\n"
            "return modules[0](x) * 2.0")
     results = assignments.grade(tree, ["checkpoint-sequential", HONEST])
-    assert _scores(results) == {"checkpoint-sequential": 0, HONEST: 10}, results
+    assert _scores(results) == {"checkpoint-sequential": 0, HONEST: FULL}, results
     # the checks compare by their own code, so the patch buys nothing; the guard names it too
     assert "Task checkpoint-sequential:" in _outputs(results)["checkpoint-sequential"]
     # patched for the whole tree from minipar/__init__.py: every run it touches fails
@@ -202,7 +206,7 @@ raise NotImplementedError("the cheat ran")""")
             "--json", str(out)]
     assert main(args) == 0  # still here: the grader was not killed
     report = json.loads(out.read_text())
-    assert report["score"] == 10 and [t["score"] for t in report["tests"]] == [0, 10]
+    assert report["score"] == FULL and [t["score"] for t in report["tests"]] == [0, FULL]
     assert "the cheat ran" in report["tests"][0]["output"]
 
 

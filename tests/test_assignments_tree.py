@@ -25,6 +25,7 @@ from minipar.cli import main
 
 ROOT = assignments.ROOT
 QUICK = ["one-f-one-b", "rank-grid"]  # table order; single-process checks: seconds to grade
+POINTS = [assignments.BY_ID[i].points for i in QUICK]
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,7 @@ def test_make_refuses_a_folder_with_something_in_it_and_force_writes_over_it(tmp
 
 def test_the_tree_has_a_readme_install_metadata_and_its_task_record(student):
     readme = (student / "README.md").read_text()
-    assert readme.startswith("# Assignment: 2 task(s), 20 points")
+    assert readme.startswith(f"# Assignment: 2 task(s), {sum(POINTS)} points")
     for task in (assignments.BY_ID[i] for i in QUICK):
         assert f"| `{task.id}` | {task.points} | {task.title} |" in readme
         assert f"-k \"{task.tests[0]}\"" in readme and f"--tasks {task.id}" in readme
@@ -70,7 +71,8 @@ def test_the_tree_has_a_readme_install_metadata_and_its_task_record(student):
     assert "minipar = minipar.cli:main" in setup and "name = minipar" in setup
     assert "tool:pytest" not in setup and "mpi4py" in setup
     assert (student / "pyproject.toml").read_text().startswith("[build-system]")
-    assert json.loads((student / "assignment.json").read_text()) == {"tasks": QUICK, "points": 20}
+    record = json.loads((student / "assignment.json").read_text())
+    assert record == {"tasks": QUICK, "points": sum(POINTS)}
     assert tree.recorded(student) == QUICK and tree.recorded(ROOT) is None
 
 
@@ -136,7 +138,7 @@ def test_an_ungradeable_submission_still_gets_results_with_the_reason(student, t
              student / "lessons": "holds no minipar/ package"}
     for submitted, reason in cases.items():
         report = _results(submitted, tmp_path, "--tasks", ",".join(QUICK))
-        assert report["score"] == 0 and [t["max_score"] for t in report["tests"]] == [10, 10]
+        assert report["score"] == 0 and [t["max_score"] for t in report["tests"]] == POINTS
         for test in report["tests"]:
             assert test["output"].startswith("not graded: ") and reason in test["output"], test
 
@@ -174,7 +176,7 @@ def test_grade_without_tasks_totals_the_recorded_tasks(student, tmp_path):
             shutil.copy(ROOT / name, solved / name)
     report = _results(solved, tmp_path)
     assert [t["name"].split(":")[0] for t in report["tests"]] == QUICK
-    assert report["score"] == sum(t["max_score"] for t in report["tests"]) == 20
+    assert report["score"] == sum(t["max_score"] for t in report["tests"]) == sum(POINTS)
 
 
 def _rank_env(**extra):

@@ -15,13 +15,12 @@ import numpy as np
 import pytest
 
 # The harness comes from the grader when it grades: its sitecustomize (assignments/sandbox.py)
-# makes minipar.testing and minipar.gradcheck, wherever they are imported (here, in a check, on
-# a rank), the grader's own copies, while every other minipar module is the tree's, the code
-# under test; a tree's testing.py or gradcheck.py made to pass everything never grades it. The
-# names stay the library's so that a student runs these checks in the tree unchanged.
-from minipar.testing import run_on_ranks
-
-TIMEOUT = 40  # seconds per multi-rank job: a stub that hangs is reported, not waited on
+# makes minipar.testing, minipar.gradcheck and minipar.assignments.feedback (the failure
+# messages), wherever they are imported (here, in a check, on a rank), the grader's own copies,
+# while every other minipar module is the tree's, the code under test; a tree's copy made to pass
+# everything never grades it. The names stay the library's: a student runs these checks as is.
+from minipar.assignments.feedback import (_attempt, _doing, _expect, _expect_traffic,  # noqa: F401
+                                          _gradcheck, _on_ranks, _watch_stuck)
 rng = np.random.default_rng(0)
 # elements: below MPI's eager limit, and 1 MiB of float64 (a ring step sends 256-350 KiB) above
 # it; 1 and 7 leave some of p chunks empty or short, 100 splits evenly in 4 or 5
@@ -29,137 +28,7 @@ SIZES = (1, 7, 100, 131075)
 FORMS = ("out of place", "in place (out=x)", "into out=")
 
 
-# --- what a failed check says -------------------------------------------------------------------
-def _difference(got, want):
-    """'' when got equals want, else where they first differ, in words."""
-    got, want = np.asarray(got), np.asarray(want)
-    if got.shape != want.shape:
-        return f"expected shape {want.shape}, got shape {got.shape}"
-    bad = np.flatnonzero(~np.isclose(got, want, rtol=1e-10, atol=1e-12).reshape(-1))
-    if bad.size == 0:
-        return ""
-    i = int(bad[0])
-    at = tuple(int(k) for k in np.unravel_index(i, want.shape)) if want.ndim > 1 else i
-    return (f"expected {want.reshape(-1)[i].item()!r} at index {at}, got "
-            f"{got.reshape(-1)[i].item()!r} (the first of {bad.size} differing elements of "
-            f"{want.size})")
-
-
-def _expect(task, check, got, want, note=""):
-    """An AssertionError whose first lines are the block a student acts on."""
-    difference = _difference(got, want)
-    if difference:
-        note = f"\n  {note}" if note else ""
-        raise AssertionError(f"Task {task}: {check}\n  {difference}{note}")
-
-
-def _attempt(task, check, call, files):
-    """call(); an exception it raises (a CommError, the stub's NotImplementedError) becomes the
-    block, with the line of the task's own file it came from."""
-    import traceback
-    try:
-        return call()
-    except AssertionError:
-        raise
-    except Exception as error:
-        lines = [f"  at {_shown(f.filename)}:{f.lineno} in {f.name}: {f.line}"
-                 for f in traceback.extract_tb(error.__traceback__)
-                 if f.filename.replace("\\", "/").endswith(files)]
-        raise AssertionError(f"Task {task}: {check}\n  raised {type(error).__name__}: {error}"
-                             + "".join("\n" + line for line in lines[-1:])) from error
-
-
-def _shown(path):
-    """A path as the student knows it: relative to the tree (the folder the checks run in)."""
-    import os
-    relative = os.path.relpath(path)
-    return path if relative.startswith("..") else relative
-
-
-_doing = [""]  # the check a rank is in, for _watch_stuck
-
-
-def _watch_stuck(files):
-    """A thread printing, once, the line of the task's own file where this rank's main thread
-    waits when its minipar call has made no progress for most of the watchdog's time (the
-    watchdog names the call and the peers, not the line)."""
-    import os
-    import sys
-    import threading
-    import time
-    import traceback
-
-    from minipar.comm import watch
-    after = 0.6 * float(os.environ.get("MINIPAR_TIMEOUT") or 20)
-    main = threading.main_thread().ident
-
-    def look():
-        while True:
-            time.sleep(0.2)
-            call = watch.state["call"]
-            if call is None or time.monotonic() - call.since < after:
-                continue
-            frames = [f for f in traceback.extract_stack(sys._current_frames()[main])
-                      if f.filename.replace("\\", "/").endswith(files)]
-            where = (f" at {_shown(frames[-1].filename)}:{frames[-1].lineno} in "
-                     f"{frames[-1].name}: {frames[-1].line}" if frames else "")
-            # one write per line: the ranks' lines reach mpiexec's output whole
-            sys.stderr.write(f"minipar check: rank {watch.world_rank()} stuck in "
-                             f"{_doing[0]}{where}\n")
-            sys.stderr.flush()
-            return
-    threading.Thread(target=look, daemon=True).start()
-
-
-def _on_ranks(task, check, body, nprocs, sends, *args):
-    """run_on_ranks(body, nprocs, args=(task, *args)), its sends ``synchronous`` (every send
-    waits for its receive) or ``eager`` (MPI's usual); a failure is re-raised as the block a rank
-    wrote (or, for a hang, who waits on whom and where), the details trimmed after it."""
-    import os
-    env = {"MINIPAR_SYNC_SENDS": "1" if sends == "synchronous" else "0",
-           "MINIPAR_TIMEOUT": os.environ.get("MINIPAR_TIMEOUT") or "10"}
-    try:
-        return run_on_ranks(body, nprocs, timeout=TIMEOUT, args=(task, *args), env=env)
-    except AssertionError as error:
-        raise AssertionError(_feedback(task, check, nprocs, sends, str(error))) from None
-
-
-def _feedback(task, check, nprocs, sends, text):
-    import re
-    detail = [line for line in text.strip().splitlines() if line.strip(" ^~")]
-    blocks = re.findall(r"^AssertionError: (Task .*?)(?=\n--- |\nranks \[|\Z)", text, re.S | re.M)
-    if blocks:  # a rank's own block, the same on every failing rank as a rule: the first
-        ranks = re.findall(r"^--- rank (\d+) ---", text, re.M)
-        head = (blocks[0].strip() + f"\n  (failed on rank{'s' * (len(ranks) > 1)} "
-                f"{', '.join(ranks)} of {nprocs}, {sends} sends)")
-        return head + "\n--- details ---\n" + "\n".join(detail[:20] + ["..."] * (len(detail) > 20))
-    # a hang: where each rank waits in the task's files (_watch_stuck), then the watchdog's
-    # who-waits-on-whom (or, past run_on_ranks' timeout, the call each rank is blocked in)
-    where = {}
-    for rank, case, at in re.findall(r"minipar check: rank (\d+) stuck in (.*?)(?: at (.*))?$",
-                                     text, re.M):
-        where.setdefault((case, at), []).append(int(rank))
-    lines = [f"ranks {sorted(ranks)} stuck in {case}" + (f"\n    at {at}" if at else "")
-             for (case, at), ranks in where.items()]
-    lines += list(dict.fromkeys(line.strip() for line in detail if re.search(
-        r"minipar watchdog|^\[rank \d+\]   |blocked in", line)))[:12]
-    said = ("hung (does a send wait for a receive never posted?):\n  " + "\n  ".join(lines)
-            if lines else "failed")
-    return (f"Task {task}: {check}, on {nprocs} ranks with {sends} sends: the ranks {said}"
-            + "\n--- details ---\n" + "\n".join(detail[:3 if lines else 20]))
-
-
 # --- the checks ---------------------------------------------------------------------------------
-def _gradcheck(task, what, fn, *arrays):
-    from minipar.gradcheck import gradcheck
-    shapes = " and ".join(str(a.shape) for a in arrays)
-    try:
-        gradcheck(fn, *arrays)
-    except AssertionError as error:
-        raise AssertionError(f"Task {task}: {what}, inputs of shapes {shapes}, against finite "
-                             f"differences\n  {error}") from None
-
-
 def test_op_backward_matmul_matches_finite_differences():
     for a, b in [((2, 3, 4), (4, 5)), (4, (4, 3)), ((3, 4), 4)]:
         _gradcheck("op-backward", "the gradients of a @ b", lambda a, b: a @ b,
@@ -217,19 +86,6 @@ def test_checkpoint_sequential_same_gradients_as_plain_run(segments):
             f"activations of every segment kept rather than recomputed?")
 
 
-def _traffic(algorithm, p, n):
-    """(messages each rank sends, elements all ranks send together) in one all-reduce of n
-    elements: the idea's own count, which a call to MPI's own all-reduce does not make."""
-    if algorithm == "ring":  # p-1 steps of the reduce-scatter and p-1 of the all-gather, n/p each
-        return [2 * (p - 1)] * p, 2 * (p - 1) * n
-    # recursive halving: log2 pof2 steps of halving and as many of doubling among the ranks left
-    # after the fold; a folded pair (2i, 2i+1 below 2 rem) passes one whole vector each way
-    pof2 = 1 << (p.bit_length() - 1)
-    rem, steps = p - pof2, pof2.bit_length() - 1
-    sends = [1 if r < 2 * rem and r % 2 == 0 else (r < 2 * rem) + 2 * steps for r in range(p)]
-    return sends, 2 * (pof2 - 1) * n + 2 * rem * n
-
-
 def _all_reduce_body(task, algorithm):
     """Every form and op of ``all_reduce`` and of ``reduce_scatter`` with ``algorithm`` at every
     size; the counters of one all-reduce per size against the idea's."""
@@ -269,21 +125,6 @@ def _all_reduce_body(task, algorithm):
                 mine, op=op, algorithm=algorithm), files)
             _expect(task, f"{check}: rank {r}'s chunk, elements {lo}..{hi - 1}", got,
                     want[op][lo:hi], inputs)
-
-
-def _expect_traffic(task, check, world, algorithm, n, counted):
-    """Every rank's messages and bytes sent, by the communicator's counters, against the idea."""
-    seen = world.all_gather_object((counted["messages_sent"], counted["bytes_sent"]))
-    messages, elements = _traffic(algorithm, world.size, n)
-    got = [m for m, _ in seen]
-    total = sum(b for _, b in seen)
-    if got != messages or total != 8 * elements:
-        raise AssertionError(
-            f"Task {task}: {check}: the messages the idea sends, by the communicator's "
-            f"counters\n  expected {messages} messages sent by ranks 0..{world.size - 1} and "
-            f"{8 * elements} bytes in all, got {got} messages and {total} bytes"
-            + ("\n  too few: is part of the work done by MPI's own collective, which sends "
-               "no message the counters see?" if sum(got) < sum(messages) else ""))
 
 
 # a rank count that is not a power of two with synchronous sends, first (a hang shows at once),
@@ -394,3 +235,143 @@ def test_rank_grid_coords_and_rank_are_inverse():
                               f"back\n  expected {rank}, got {back}")
     with pytest.raises(ValueError):
         grid.coords(16)
+
+
+def _zero_body(task, stage):
+    """ZeRO's parameters after two steps of Adam equal a plain Adam's on the averaged gradient:
+    each rank updates only its shard, then the shards are all-gathered."""
+    import minipar
+    from minipar import comm, nn
+    from minipar.optim import Adam
+    from minipar.parallel.data import ZeRO
+    world, files = comm.world(), ("minipar/parallel/data/zero.py",)
+    p, r, _ = world.size, world.rank, _watch_stuck(files)
+
+    def model():
+        minipar.manual_seed(5)  # the same start on every rank; 40000 float64 above MPI's eager
+        return nn.Sequential(nn.Linear(6, 7), nn.GELU(), nn.Linear(7, 5000 * p + 1)).double()
+    data = np.random.default_rng(1).standard_normal((2, p, 3, 6))  # step, rank, batch, features
+    (sharded, plain), check = (model(), model()), f"ZeRO-{stage}'s step of Adam on {p} ranks"
+    zero, reference = ZeRO(sharded, lambda ps: Adam(ps, lr=0.05), world, stage=stage), Adam(
+        plain.parameters(), lr=0.05)
+    for step in range(2):
+        _doing[0] = f"{check}, step {step}"
+        zero.zero_grad()  # rank r's batch its own
+        (sharded(minipar.Tensor(data[step, r])) ** 2).mean().backward()
+        _attempt(task, f"{check}, step {step}", zero.step, files)
+        reference.zero_grad()  # the plain step: every rank's batch, the loss averaged over ranks
+        losses = [(plain(minipar.Tensor(data[step, q])) ** 2).mean() for q in range(p)]
+        (sum(losses[1:], losses[0]) * (1.0 / p)).backward()
+        reference.step()
+        for i, (got, want) in enumerate(zip(sharded.parameters(), plain.parameters())):
+            _expect(task, f"{check}: after step {step}, rank {r}'s parameter {i} equals a plain "
+                    "Adam step's on the averaged gradient", got.data, want.data,
+                    "is every rank's updated shard all-gathered into the parameters?")
+
+
+@pytest.mark.parametrize("nprocs, sends, stage", [
+    pytest.param(3, "synchronous", 1, id="3-ranks-synchronous-sends-stage-1"),
+    pytest.param(2, "eager", 2, id="2-ranks-stage-2")])
+def test_zero_sharded_step_equals_a_plain_step(nprocs, sends, stage):
+    _on_ranks("zero-sharded-step", "ZeRO's sharded step equals a plain step", _zero_body,
+              nprocs, sends, stage)
+
+
+def test_zero_bubble_w_gives_the_plain_gradients():
+    """B (run_backward with defer) then W (WeightPass.run) per micro-batch, two micro-batches
+    accumulated: the input's and every weight's gradient as two plain backwards give them."""
+    import minipar
+    from minipar import nn
+    from minipar.graph import WeightPass, run_backward
+    task, _ = "zero-bubble-w", minipar.manual_seed(2)
+    model = nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6), nn.GELU(), nn.Linear(6, 3)).double()
+    xs = [np.random.default_rng(k).standard_normal((5, 4)) for k in range(2)]
+    grads = {}
+    for split in (False, True):
+        model.zero_grad()
+        inputs = [minipar.Tensor(x, requires_grad=True) for x in xs]
+        for k, x in enumerate(inputs):
+            loss = (model(x) ** 2).sum()
+            if not split:
+                loss.backward()
+                continue
+            w = WeightPass(model.parameters())
+            run_backward([loss], [np.ones(())], defer=w)
+            _attempt(task, f"WeightPass.run() after the B of micro-batch {k}", w.run,
+                     "minipar/graph.py")
+        grads[split] = [x.grad for x in inputs] + [q.grad for q in model.parameters()]
+    names = [f"micro-batch {k}'s input" for k in range(2)] + [f"parameter {i}" for i in range(9)]
+    for name, got, want in zip(names, grads[True], grads[False]):
+        _expect(task, f"B then W for 2 micro-batches of Linear, LayerNorm, GELU, Linear: {name}'s "
+                f"gradient equals two plain backwards'", got, want,
+                "are W's gradients added to those of earlier micro-batches (and hooks called)?")
+
+
+def _vocab_body(task):
+    """The loss and its gradient on each rank's slice of the vocabulary against
+    functional.cross_entropy on the whole logits, ignored targets included."""
+    import minipar
+    import minipar.functional as F
+    from minipar import comm
+    from minipar.parallel.tensor import vocab_parallel_cross_entropy
+    world, files = comm.world(), ("minipar/parallel/tensor/embedding.py",)
+    p, r, _ = world.size, world.rank, _watch_stuck(files)
+    for tokens, v in ((6, 3), (7000, 2)):  # 7000 float64 per all-reduce: above the eager limit
+        where = _doing[0] = f"{tokens} tokens, vocabulary {v * p} on {p} ranks ({v} each)"
+        data = np.random.default_rng(tokens)
+        # token 0's logits large: they overflow unless the max is taken first
+        logits = data.standard_normal((tokens, v * p)) * 3 + 50.0 * (np.arange(tokens) < 1)[:, None]
+        targets = data.integers(0, v * p, tokens)
+        targets[1] = -100  # ignored
+        full = minipar.Tensor(logits.copy(), requires_grad=True)
+        want = F.cross_entropy(full, targets)
+        want.backward()
+        mine = minipar.Tensor(logits[:, r * v:(r + 1) * v].copy(), requires_grad=True)
+        got = _attempt(task, f"vocab_parallel_cross_entropy, {where}",
+                       lambda: vocab_parallel_cross_entropy(mine, targets, world), files)
+        _expect(task, f"vocab_parallel_cross_entropy equals the loss on the whole logits, {where}",
+                got.data, want.data, "rank r holds columns r*v..(r+1)*v-1 of the logits")
+        got.backward()
+        _expect(task, f"the gradient of rank {r}'s logit slice, {where}", mine.grad,
+                full.grad[:, r * v:(r + 1) * v])
+
+
+@pytest.mark.parametrize("nprocs, sends", [pytest.param(3, "synchronous",
+                                                        id="3-ranks-synchronous-sends"),
+                                           pytest.param(2, "eager", id="2-ranks")])
+def test_vocab_cross_entropy_equals_the_full_loss(nprocs, sends):
+    _on_ranks("vocab-cross-entropy", "the vocab-parallel loss equals the full one", _vocab_body,
+              nprocs, sends)
+
+
+def test_moe_top_k_gates_and_capacity_drops():
+    """MoE.gate against the rule written plainly: softmax, the k largest (ties to the lower
+    expert), gates renormalised when k > 1, and each expert's slots given in token order, those
+    at or past the capacity dropped."""
+    import minipar
+    from minipar.nn.moe import MoE
+    task = "moe-top-k"
+    for experts, k, factor in ((4, 1, 1.0), (4, 2, 0.5), (5, 2, None), (3, 3, 1.0)):
+        minipar.manual_seed(7)
+        moe = MoE(n_embd=4, n_experts=experts, top_k=k, capacity_factor=factor).double()
+        x = minipar.Tensor(np.random.default_rng(experts + k).standard_normal((12, 4)) * 2)
+        call = f"MoE(n_experts={experts}, top_k={k}, capacity_factor={factor}).gate of 12 tokens"
+        probs, gates, routing = _attempt(task, call, lambda: moe.gate(x), "minipar/nn/moe.py")
+        want_p = np.exp(moe.router(x).data)  # small logits: no max needed
+        want_p /= want_p.sum(1, keepdims=True)
+        expert = np.argsort(-want_p, axis=1, kind="stable")[:, :k]
+        want_g = np.take_along_axis(want_p, expert, 1)
+        want_g = want_g / want_g.sum(1, keepdims=True) if k > 1 else want_g
+        cap = 12 * k if factor is None else int(np.ceil(factor * 12 * k / experts))
+        flat = expert.reshape(-1)  # token 0's choices, then token 1's, ...
+        slot = np.array([(flat[:i] == e).sum() for i, e in enumerate(flat)]).reshape(12, k)
+        for what, got, want in [("the probabilities (softmax of the router)", probs.data, want_p),
+                                ("the chosen experts", routing.expert, expert),
+                                ("the gates", gates.data, want_g),
+                                ("each choice's slot in its expert, in token order",
+                                 routing.slot, slot),
+                                (f"which choices are kept (slot < capacity {cap})", routing.kept,
+                                 slot < cap)]:
+            _expect(task, f"{call}: {what}", np.asarray(got, float), np.asarray(want, float))
+        assert getattr(gates, "requires_grad", False), (
+            f"Task {task}: {call}: the gates\n  expected a Tensor the router's gradient reaches")

@@ -37,6 +37,7 @@ SHADOWED = ("pytest", "_pytest", "numpy", "mpi4py")  # what a tree's top level m
 SOURCES = {"sitecustomize.py": (HERE / "sandbox.py").read_text(),
            "_minipar_grader/testing.py": (HERE.parent / "testing.py").read_text(),
            "_minipar_grader/gradcheck.py": (HERE.parent / "gradcheck.py").read_text(),
+           "_minipar_grader/feedback.py": (HERE / "feedback.py").read_text(),
            "test_assignment_checks.py": CHECKS.read_text()}
 LIBRARY = (sysconfig.get_paths()["stdlib"], "site-packages", "/_pytest/", "/_minipar_grader/",
            "<frozen ")  # the frames a traceback shows the student cut

@@ -5,7 +5,7 @@
 is root (``own_uid``), its output into a file, and kills every process of the task after it.
 This file is one of the copies: as the sandbox's ``sitecustomize.py``, every Python process of
 the task (pytest, each rank) runs it at start-up, before the tree's code, and ``install`` makes
-``minipar.testing`` and ``minipar.gradcheck`` the grader's copies, notes numpy's checkers, and
+the harness (``COPIES``) the grader's copies, notes numpy's checkers, and
 at exit turns a run that replaced one, or imported another minipar, into a failure.
 """
 import atexit
@@ -190,10 +190,10 @@ def kept(log):
 
 # --- inside: the guard every Python process of the task runs first ----------------------------
 HERE = os.path.dirname(os.path.abspath(__file__))
-# the harness the checks import: a tree's own testing.py or gradcheck.py (made to pass
-# everything) is never what grades it
-COPIES = {name: os.path.join(HERE, "_minipar_grader", name.split(".")[1] + ".py")
-          for name in ("minipar.testing", "minipar.gradcheck")}
+# the harness the checks import: a tree's own testing.py, gradcheck.py or feedback.py (made to
+# pass everything) is never what grades it
+COPIES = {name: os.path.join(HERE, "_minipar_grader", name.split(".")[-1] + ".py")
+          for name in ("minipar.testing", "minipar.gradcheck", "minipar.assignments.feedback")}
 # what a check's verdict rests on; replaced from the tree's code, every check would pass
 WATCHED = ((numpy.testing, ("assert_allclose", "assert_array_equal", "assert_equal",
                             "assert_array_almost_equal", "assert_almost_equal")),

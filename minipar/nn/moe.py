@@ -71,6 +71,7 @@ def route(expert, n_experts, cap):
     # First come first served in token order: a token never picks one expert twice, so the
     # order within an expert is the token order. A dropped assignment contributes zero; in a
     # block x + moe(ln(x)) the token's residual passes on.
+    ### BEGIN SOLUTION moe-top-k
     flat = expert.reshape(-1)  # assignments in token order: (token 0, choice 0), (0, 1), ...
     by_expert = host.argsort(flat, kind="stable")  # stable: token order within an expert
     assigned = host.bincount(flat, minlength=n_experts)
@@ -78,6 +79,7 @@ def route(expert, n_experts, cap):
     slot = host.empty(N * k, dtype=host.int64)
     slot[by_expert] = host.arange(N * k) - host.repeat(starts, assigned)
     kept = slot < cap
+    ### END SOLUTION
     kept_per_expert = host.minimum(assigned, cap)
     offsets = host.concatenate([[0], host.cumsum(kept_per_expert)[:-1]])
     M = int(kept_per_expert.sum())
@@ -122,6 +124,7 @@ class MoE(Module):
         if x.ndim != 2 or x.shape[1] != self.n_embd:
             raise ValueError(f"MoE(n_embd={self.n_embd}) got input of shape {tuple(x.shape)}: "
                              f"its last axis must be {self.n_embd}")
+        ### BEGIN SOLUTION moe-top-k
         probs = F.softmax(self.router(x), axis=-1)
         p = backend.to_numpy(probs.data)
         expert = backend.numpy.argsort(-p, axis=1, kind="stable")[:, :self.top_k]
@@ -132,6 +135,7 @@ class MoE(Module):
         gates = probs.gather(1, expert)
         if self.top_k > 1:
             gates = gates / gates.sum(axis=-1, keepdims=True)
+        ### END SOLUTION
         return probs, gates, routing
 
     def balance_loss(self, probs, routing):

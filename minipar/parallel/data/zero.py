@@ -76,11 +76,13 @@ class ZeRO:
                 self._reduce_scatter(i)
         else:
             self.queue.flush()  # buckets whose parameters got no gradient
+        ### BEGIN SOLUTION zero-sharded-step
         self.optimizer.step()
         gather = ALL_GATHER_TWIN.get(self.algorithm, self.algorithm)
         for flat, shard in zip(self.flats, self.shards):
             self.comm.all_gather(shard.data.copy(), algorithm=gather,
                                  out=flat.reshape(self.comm.size, -1))
+        ### END SOLUTION
 
     def zero_grad(self):
         for p in self.params + self.shards:
