@@ -367,7 +367,7 @@ def reshard_body(folder):
     import os
 
     import minipar
-    from minipar import comm, nn, to_numpy
+    from minipar import backend, comm, nn, to_numpy
     from minipar.distributed import checkpoint as dcp
     from minipar.nn.moe import MoE
     from minipar.parallel.expert import ExpertParallelMoE
@@ -391,7 +391,7 @@ def reshard_body(folder):
 
     tp2 = shard_from_serial(serial(0), world)
     for p in tp2.parameters():  # trained-looking values, the same on every rank where replicated
-        p.data += 0.01 * np.cos(np.arange(p.size)).reshape(p.shape)
+        p.data += backend.asarray(0.01 * np.cos(np.arange(p.size)).reshape(p.shape))
     want = gather_to_serial(tp2, world)
     dcp.save({"model": tp2.state_dict()}, checkpoint_id=os.path.join(folder, "tp2"))
     for form in ("tree", "module"):  # {"model": state_dict()} filled in place; a Stateful
