@@ -17,6 +17,7 @@ import numpy
 
 from .. import backend
 from ..autograd import Tensor
+from ..nn.module import refuse_load
 
 
 class ShardedTensor:
@@ -249,15 +250,7 @@ class ShardedStateDict:
                     copies += _sources(held, state[name])
                 except ValueError as e:
                     misfits.append(f"{name}: {e}")
-        problems = []
-        if strict and missing:
-            problems.append("missing keys: " + ", ".join(missing))
-        if strict and unexpected:
-            problems.append("unexpected keys: " + ", ".join(unexpected))
-        if misfits:
-            problems.append("mis-shaped keys: " + "; ".join(misfits))
-        if problems:
-            raise KeyError(f"load_state_dict for {type(self).__name__}: " + " | ".join(problems))
+        refuse_load(self, missing, unexpected, misfits, strict)
         for array, value in copies:
             fill(array, value)
         return missing, unexpected

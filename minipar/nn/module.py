@@ -182,15 +182,7 @@ class Module:
         unexpected = [k for k in state if k not in own]
         misshaped = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
                      for k in own if k in state and tuple(state[k].shape) != own[k].shape]
-        problems = []
-        if strict and missing:
-            problems.append("missing keys: " + ", ".join(missing))
-        if strict and unexpected:
-            problems.append("unexpected keys: " + ", ".join(unexpected))
-        if misshaped:
-            problems.append("mis-shaped keys: " + "; ".join(misshaped))
-        if problems:
-            raise KeyError(f"load_state_dict for {type(self).__name__}: " + " | ".join(problems))
+        refuse_load(self, missing, unexpected, misshaped, strict)
         for key, current in own.items():
             if key in state:
                 value = state[key].data if isinstance(state[key], Tensor) else state[key]
@@ -261,3 +253,17 @@ class ModuleList(Sequential):
 
     def forward(self, *args, **kwargs):
         raise TypeError("ModuleList has no forward(): iterate over it and call its modules")
+
+
+def refuse_load(module, missing, unexpected, misshaped, strict=True):
+    """A KeyError naming every problem of a state dict before anything is copied: mis-shaped
+    keys always; missing and unexpected keys with ``strict``."""
+    problems = []
+    if strict and missing:
+        problems.append("missing keys: " + ", ".join(missing))
+    if strict and unexpected:
+        problems.append("unexpected keys: " + ", ".join(unexpected))
+    if misshaped:
+        problems.append("mis-shaped keys: " + "; ".join(misshaped))
+    if problems:
+        raise KeyError(f"load_state_dict for {type(module).__name__}: " + " | ".join(problems))
