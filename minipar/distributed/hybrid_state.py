@@ -11,8 +11,7 @@ Who writes what, and how a checkpoint reshards: docs/checkpoints.md.
 """
 from .. import backend
 from ..parallel.tensor import shard, split_specs
-from ..parallel.tensor.moe import serial_names
-from .sharded import ShardedTensor, box
+from .sharded import ShardedTensor, box, serial_names, split
 from .state import load_after_dry_run
 
 
@@ -42,18 +41,7 @@ class Trainer3DState:
             return ShardedTensor(local.shape, local.dtype, [(box(local.shape), local)],
                                  write=dp0 and tp.rank == 0)
         axis, stride = spec
-        n = local.shape[axis] // stride
-        shape = list(local.shape)
-        shape[axis] *= tp.size
-        pieces = []
-        for b in range(stride):  # block b (q, k or v of a fused weight): rows of this rank
-            start = (b * tp.size + tp.rank) * n
-            index = [slice(0, m) for m in shape]
-            part = [slice(None)] * local.ndim
-            index[axis] = slice(start, start + n)
-            part[axis] = slice(b * n, (b + 1) * n)
-            pieces.append((tuple(index), local[tuple(part)]))
-        return ShardedTensor(shape, local.dtype, pieces, write=dp0)
+        return split(local, axis, stride, tp.rank, tp.size, write=dp0)
 
     def state_dict(self):
         """{"model": {name: sharded}, "optimizer": {"state": {name: {...}}, "hyperparameters"}}
