@@ -15,7 +15,8 @@ slices. ``causal_self_attention`` is the same kernel on q, k, v given apart (B, 
 """
 import math
 
-from . import backend, random
+from . import backend, ops, random
+from .amp.autocast_mode import to_float32, to_lower_precision
 from .autograd import as_tensor, make_result
 from .sums import sum_last
 
@@ -30,15 +31,20 @@ def causal_mask(xp, T, dtype):
     return _MASKS[key]
 
 
-def softmax_forward(s, scale):
-    """P = softmax(scale·S + M) over the last axis, written over S (a fresh array of scores)."""
+def exp_scores(s, scale):
+    """E = exp(scale·S + M − max) over the last axis, written over S (a fresh array of scores)."""
     xp = backend.get_array_module(s)
     s *= scale
     s += causal_mask(xp, s.shape[-1], s.dtype)
     s -= s.max(axis=-1, keepdims=True)  # the diagonal is never masked: every row max is finite
-    xp.exp(s, out=s)
-    s /= sum_last(s)
-    return s
+    return xp.exp(s, out=s)
+
+
+def softmax_forward(s, scale):
+    """P = softmax(scale·S + M) = E / Σ_j E over the last axis, written over S."""
+    e = exp_scores(s, scale)
+    e /= sum_last(e)
+    return e
 
 
 def softmax_backward(p, gp, scale):
@@ -54,7 +60,7 @@ def causal_softmax(x, scale=1.0):
     """y = softmax(scale·x + M) over the last axis, M the causal mask of the last two axes
     (a square T × T block): the scores of causal attention, scaled, masked and normalised in
     one function.  dx = scale · y ⊙ (g − Σ g⊙y)."""
-    x = as_tensor(x)
+    x = to_float32(as_tensor(x))  # a softmax: float32 under autocast
     if x.ndim < 2 or x.shape[-1] != x.shape[-2]:
         raise ValueError(f"causal_softmax: the last two axes must be a square (T, T) block of "
                          f"scores, got shape {x.shape}")
@@ -71,14 +77,29 @@ def _dropout_mask(xp, p, dropout_p, training):
     return keep.astype(p.dtype) / (1 - dropout_p)
 
 
+# 16-bit q, k, v: every product takes 16-bit operands and sums in float32, as FlashAttention
+# (Dao 2023) and torch's fused kernels do. What stays inside the kernel (the scores S, the row
+# sums, dP) stays float32, and the softmax runs in float32; what enters a product (E, dS) or
+# leaves the kernel (O, dq, dk, dv) is rounded once to the 16-bit dtype. Rounding S too (as
+# unfused autocast code does) would move O by more than one bf16 ulp from torch's SDPA.
 def _forward(q, k, v, dropout_p, training, out=None):
     """O (into ``out`` if given), P and the dropout mask D, for q, k, v of shape (..., T, d)."""
     xp = backend.get_array_module(q)
     scale = 1.0 / math.sqrt(q.shape[-1])
-    p = softmax_forward(q @ k.swapaxes(-1, -2), scale)
-    mask = _dropout_mask(xp, p, dropout_p, training)
-    pd = p if mask is None else p * mask
-    return xp.matmul(pd, v, out=out), p, mask
+    s = ops.upcast(q) @ ops.upcast(k).swapaxes(-1, -2)
+    if not backend.is_low_precision(v.dtype):
+        p = softmax_forward(s, scale)
+        mask = _dropout_mask(xp, p, dropout_p, training)
+        pd = p if mask is None else p * mask
+        return xp.matmul(pd, v, out=out), p, mask
+    # FlashAttention's order: the weights E rounded for the product, their sum l divided after it
+    e = exp_scores(s, scale)
+    mask = _dropout_mask(xp, e, dropout_p, training)
+    total = sum_last(e)
+    ed = (e if mask is None else e * mask).astype(v.dtype)
+    o = ops.low_precision(lambda a, b: xp.matmul(a, b) / total, ed, v, out=out)
+    e /= total
+    return o, e, mask
 
 
 def _backward(g, q, k, v, p, mask, out=(None, None, None)):
@@ -86,18 +107,20 @@ def _backward(g, q, k, v, p, mask, out=(None, None, None)):
     xp = backend.get_array_module(g)
     scale = 1.0 / math.sqrt(q.shape[-1])
     pd = p if mask is None else p * mask
-    dv = xp.matmul(pd.swapaxes(-1, -2), g, out=out[2])
-    gp = g @ v.swapaxes(-1, -2)
+    dv = ops.low_precision(xp.matmul, pd.astype(g.dtype, copy=False).swapaxes(-1, -2), g,
+                           out=out[2])
+    gp = ops.upcast(g) @ ops.upcast(v).swapaxes(-1, -2)
     if mask is not None:
         gp *= mask
-    gs = softmax_backward(p, gp, scale)
-    return xp.matmul(gs, k, out=out[0]), xp.matmul(gs.swapaxes(-1, -2), q, out=out[1]), dv
+    gs = softmax_backward(p, gp, scale).astype(q.dtype, copy=False)
+    return (ops.low_precision(xp.matmul, gs, k, out=out[0]),
+            ops.low_precision(xp.matmul, gs.swapaxes(-1, -2), q, out=out[1]), dv)
 
 
 def causal_self_attention(q, k, v, dropout_p=0.0, training=True):
     """softmax(q kᵀ/√d + M) v for q, k, v of one shape (batch, heads, T, d); the formulas are
     the module's docstring's."""
-    q, k, v = as_tensor(q), as_tensor(k), as_tensor(v)
+    q, k, v = to_lower_precision(as_tensor(q), as_tensor(k), as_tensor(v))
     if not (q.shape == k.shape == v.shape) or q.ndim != 4:
         raise ValueError(f"causal_self_attention: q, k, v must share one (batch, heads, T, d) "
                          f"shape, got {q.shape}, {k.shape}, {v.shape}")
@@ -111,7 +134,7 @@ def attention_heads(qkv, n_head, dropout_p=0.0, training=True):
     [q | k | v] with each C = n_head · d split head by head, to the heads side by side (B, T, C):
     what ``reshape(B, T, 3, H, d).permute(2, 0, 3, 1, 4)``, ``causal_self_attention`` and
     ``permute(0, 2, 1, 3).reshape(B, T, C)`` compute, without their copies."""
-    qkv = as_tensor(qkv)
+    qkv = to_lower_precision(as_tensor(qkv))
     if qkv.ndim != 3 or qkv.shape[-1] % (3 * n_head):
         raise ValueError(f"attention_heads: qkv must have shape (B, T, 3·C) with C divisible by "
                          f"n_head={n_head}, got {qkv.shape}")

@@ -13,10 +13,12 @@ with torch's (N, C, d...) layout, ``dropout(x, p, training, inplace=False)`` and
 import functools
 import math
 import numbers
+import operator
 
-from . import backend, random
+from . import backend, ops, random
 from .attention import (attention_heads, causal_self_attention, causal_softmax,  # noqa: F401
                         scaled_dot_product_attention)
+from .amp.autocast_mode import to_float32, to_lower_precision
 from .autograd import Tensor, as_tensor, make_result
 from .sums import sum_last, sum_rows
 
@@ -103,7 +105,7 @@ def _legacy_reduction(size_average, reduce, reduction):
 @_torch_dim
 def softmax(x, axis=-1):
     """y = exp(x − max) / Σ exp(x − max);  dx = y ⊙ (g − Σ g⊙y)."""
-    x = as_tensor(x)
+    x = to_float32(as_tensor(x))
     xp = _xp(x.data)
     e = xp.exp(x.data - x.data.max(axis=axis, keepdims=True))
     y = e / e.sum(axis=axis, keepdims=True)
@@ -123,7 +125,7 @@ def _logsumexp(a, axis):
 @_torch_dim
 def log_softmax(x, axis=-1):
     """y = x − logsumexp(x);  dx = g − softmax(x) ⊙ Σ g."""
-    x = as_tensor(x)
+    x = to_float32(as_tensor(x))
     xp = _xp(x.data)
     y = x.data - _logsumexp(x.data, axis)
 
@@ -200,6 +202,7 @@ def _class_loss(name, z, given, t, ignore_index, reduction, normalise):
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"{name}: reduction must be 'mean', 'sum' or 'none', got "
                          f"{reduction!r}")
+    z = to_float32(z)
     xp = _xp(z.data)
     classes, shape = z.shape[-1], t.shape
     zf = z.data.reshape(-1, classes)
@@ -284,7 +287,7 @@ def gelu(x, approximate="tanh"):
 
 def _exp_limit(dtype):
     """The largest z with e^z comfortably finite in ``dtype`` (80 for float32)."""
-    return 0.9 * math.log(float(backend.numpy.finfo(dtype).max))
+    return 0.9 * math.log(float(backend.finfo(dtype).max))
 
 
 def dropout(x, p=0.5, training=True, inplace=False):
@@ -313,7 +316,7 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
 
     dx = (1/σ̂)·(ĝ − mean(ĝ) − x̂·mean(ĝ⊙x̂)) with ĝ = g⊙w;  dw = Σ g⊙x̂;  db = Σ g.
     """
-    x = as_tensor(x)
+    x, weight, bias = to_float32(as_tensor(x), weight, bias)
     xp = _xp(x.data)
     inv_n = 1.0 / x.shape[-1]
     mu = sum_last(x.data)
@@ -358,26 +361,34 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
 def linear(x, weight, bias=None):
     """y = x Wᵀ + b with W of shape (out, in), as in PyTorch.
 
-    dx = g W;  dW = gᵀ x (over all batch rows);  db = Σ g.
+    dx = g W;  dW = gᵀ x (over all batch rows);  db = Σ g. 16-bit operands: each product in
+    float32 rounded once (``ops.low_precision``), the bias added before that rounding, as a GEMM's
+    epilogue adds it (torch's bf16 linear too, bit for bit).
     """
-    x = as_tensor(x)
+    x, weight, bias = to_lower_precision(as_tensor(x), weight, bias)
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(f"linear: input has {x.shape[-1]} features (shape {x.shape}) but the "
                          f"weight of shape {weight.shape} expects {weight.shape[1]}")
     xd, wd = x.data, weight.data
     x2 = xd.reshape(-1, xd.shape[-1])  # all batch rows as one matrix: one BLAS call, not many
-    y = (x2 @ wd.T).reshape(xd.shape[:-1] + (wd.shape[0],))
-    if bias is not None:
-        y += bias.data
+    y = ops.low_precision(_affine, x2, wd, None if bias is None else bias.data)
+    y = y.reshape(xd.shape[:-1] + (wd.shape[0],))
     parents = (x, weight) if bias is None else (x, weight, bias)
     needs = tuple(p.requires_grad for p in parents)
 
     def backward(g, only=needs):  # a split backward (graph.py): dx in B, dW and db in W
         g2 = g.reshape(-1, g.shape[-1])
-        grads = [(g2 @ wd).reshape(xd.shape) if only[0] else None,
-                 g2.T @ x2 if only[1] else None]
+        dx = ops.low_precision(operator.matmul, g2, wd).reshape(xd.shape) if only[0] else None
+        grads = [dx, ops.low_precision(operator.matmul, g2.T, x2) if only[1] else None]
         if len(only) == 3:
-            grads.append(sum_rows(g2) if only[2] else None)
+            grads.append(ops.low_precision(sum_rows, g2) if only[2] else None)
         return grads
 
     return make_result(y, parents, backward, "linear")
+
+
+def _affine(x, w, b):
+    y = x @ w.T
+    if b is not None:
+        y += b
+    return y

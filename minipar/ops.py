@@ -68,6 +68,53 @@ def _expand_reduced(g, shape, axis, keepdims):
     return g.reshape(tuple(1 if i in axes else n for i, n in enumerate(shape)))
 
 
+# --- 16-bit products and autocast ---------------------------------------------------------------
+# Tensor cores multiply 16-bit operands exactly, add the products in float32 and round the result
+# once. NumPy has no 16-bit GEMM (its float16 @ sums in float16, ml_dtypes' bf16 @ gives
+# float32), so minipar does the same sums as a float32 GEMM of the upcasts (which are exact).
+def upcast(a):
+    """A 16-bit array as float32 (exactly), any other as it is."""
+    return a.astype("float32") if backend.is_low_precision(a.dtype) else a
+
+
+def low_precision(product, *arrays, out=None):
+    """``product(*arrays)`` (None entries passed through) with 16-bit operands multiplied as
+    tensor cores do: upcast to float32, and when all are of one 16-bit dtype the result rounded
+    once to it (into ``out`` if given); a 16-bit operand beside a wider one gives the wider."""
+    dtypes = {a.dtype for a in arrays if a is not None}
+    low = [d for d in dtypes if backend.is_low_precision(d)]
+    if len(low) > 1:
+        raise TypeError(f"a product of {' and '.join(map(str, low))} operands: cast them to one "
+                        f"16-bit dtype first")
+    operands = (None if a is None else upcast(a) for a in arrays)
+    if not low or len(dtypes) > 1:
+        return product(*operands) if out is None else product(*operands, out=out)
+    result = product(*operands).astype(low[0])
+    if out is None:
+        return result
+    out[...] = result
+    return out
+
+
+def _autocast():
+    # imported at the call: minipar.amp imports autograd, which imports this module
+    from .amp import autocast_mode
+    return autocast_mode
+
+
+def autocast_op(op, dtype, *arrays, **options):
+    """``op`` on its arrays cast to ``dtype`` where autocast casts them, each gradient cast back
+    to its input's dtype: what a cast node in the graph does, inside one op (ops see arrays)."""
+    casts = _autocast().casts
+    sources = [a.dtype for a in arrays]
+    out, grad_fns = op(*(a.astype(dtype) if casts(a, dtype) else a for a in arrays), **options)
+
+    def back(grad_fn, source):
+        return lambda g: grad_fn(g).astype(source, copy=False)
+
+    return out, tuple(back(fn, source) for fn, source in zip(grad_fns, sources))
+
+
 # --- arithmetic ---------------------------------------------------------------------------------
 def add(a, b):
     return _broadcast("add", lambda x, y: x + y, a, b), (lambda g: g, lambda g: g)
@@ -102,15 +149,21 @@ def matmul(a, b):
 
     dL/da = g @ bᵀ, dL/db = aᵀ @ g (summed over broadcast batch axes). A 1-D operand works as a
     matrix of one row (left) or one column (right), an axis the output and the gradient drop.
+    16-bit operands give a 16-bit product, forward and backward (``low_precision``); under
+    autocast, floating operands are cast to its dtype first.
     """
+    amp = _autocast()
+    fast = amp.active_dtype()
+    if fast is not None and (amp.casts(a, fast) or amp.casts(b, fast)):
+        return autocast_op(matmul, fast, a, b)
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError(f"matmul: both operands need at least one axis, got shapes "
                          f"{a.shape} and {b.shape} (use * for scalars)")
     if a.ndim == 1 and b.ndim == 1:
         if a.shape != b.shape:
             raise ValueError(f"matmul: vectors of lengths {a.shape[0]} and {b.shape[0]} differ")
-        return backend.get_array_module(a).asarray((a * b).sum()), (lambda g: g * b,
-                                                                      lambda g: g * a)
+        dot = low_precision(lambda x, y: backend.get_array_module(x).asarray((x * y).sum()), a, b)
+        return dot, (lambda g: g * b, lambda g: g * a)
     a_vec, b_vec = a.ndim == 1, b.ndim == 1  # the gradient functions keep flags, not a and b
     a2 = a.reshape(1, -1) if a_vec else a
     b2 = b.reshape(-1, 1) if b_vec else b
@@ -119,7 +172,7 @@ def matmul(a, b):
                          f"dimensions {a2.shape[-1]} (last of the left) and {b2.shape[-2]} "
                          f"(second-last of the right) differ")
     try:
-        out = a2 @ b2
+        out = low_precision(lambda x, y: x @ y, a2, b2)
     except ValueError as e:
         raise ValueError(f"matmul: batch shapes of {a2.shape} and {b2.shape} do not broadcast "
                          f"({e})") from None
@@ -144,7 +197,8 @@ def matmul(a, b):
         out = out.reshape(out.shape[:-2] + out.shape[-1:])
     if b_vec:
         out = out.reshape(out.shape[:-1])
-    return out, (grad_a, grad_b)
+    # g upcast, the 16-bit operand it meets is promoted by NumPy: a float32 GEMM, rounded once
+    return out, (lambda g: low_precision(grad_a, g), lambda g: low_precision(grad_b, g))
 
 
 # --- elementwise functions ----------------------------------------------------------------------
@@ -206,7 +260,11 @@ def masked_fill(a, mask, value):
 
 # --- reductions ---------------------------------------------------------------------------------
 def sum_(a, axis=None, keepdims=False):
-    """Σ over ``axis``; the gradient is g copied back along the summed axes (no values kept)."""
+    """Σ over ``axis``; the gradient is g copied back along the summed axes (no values kept).
+    Under autocast a 16-bit input is summed in float32 (torch's CUDA float32 list)."""
+    amp, float32 = _autocast(), backend.dtypes.float32
+    if amp.active_dtype() is not None and amp.casts(a, float32):
+        return autocast_op(sum_, float32, a, axis=axis, keepdims=keepdims)
     xp = backend.get_array_module(a)
     shape = a.shape
     out = xp.asarray(a.sum(axis=axis, keepdims=keepdims))  # 0-d array, not a NumPy scalar

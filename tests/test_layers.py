@@ -5,8 +5,8 @@ function-local ones included), not a sentence in the README:
 
 - backend (minipar.backend and its strict device) imports no other minipar module (the array
   module is chosen in one place);
-- the engine (autograd, ops, functional, nn/, optim, checkpoint, ... every top-level module that
-  is neither backend nor teaching) imports only backend and the engine: it knows no MPI;
+- the engine (autograd, ops, functional, nn/, optim, amp/, checkpoint, ... every top-level module
+  that is neither backend nor teaching) imports only backend and the engine: it knows no MPI;
 - comm imports only backend and comm: collectives move arrays, not tensors;
 - parallel and distributed import anything below them, never the teaching layer: serial code
   has no parallel twin inside, and the strategies do not lean on the tools that teach them;

@@ -9,7 +9,8 @@ All three window ops rest on one pair of helpers (the im2col trick, Chellapilla 
 so a convolution is one tensor contraction of the windows with the weight, and its backward is
 two contractions plus one ``add_windows``.
 """
-from .. import backend
+from .. import backend, ops
+from ..amp.autocast_mode import to_lower_precision
 from ..autograd import as_tensor, make_result
 from ..checkpoint import is_recomputing as _is_recomputing  # a replay leaves running stats alone
 
@@ -69,9 +70,10 @@ def conv2d(x, weight, bias=None, stride=1, padding=0):
     """y[n, o] = Σ_c,i,j W[o, c, i, j] · xpad[n, c, s·y + i, s·x + j] + b[o]; W is (O, C, kh, kw).
 
     With cols = windows(xpad):  dW = Σ_n,y,x g ⊗ cols;  dcols = Wᵀ g;  dx = add_windows(dcols);
-    db = Σ_n,y,x g.
+    db = Σ_n,y,x g. 16-bit operands: each of these sums in float32, rounded once
+    (``ops.low_precision``), the bias added before the rounding.
     """
-    x = as_tensor(x)
+    x, weight, bias = to_lower_precision(as_tensor(x), weight, bias)
     _check_nchw("conv2d", x)
     O, C, kh, kw = weight.shape
     if x.shape[1] != C:
@@ -84,22 +86,29 @@ def conv2d(x, weight, bias=None, stride=1, padding=0):
     xpad = _pad(x.data, ph, pw)
     cols = windows(xpad, kh, kw, stride, oh, ow)
     w = weight.data
-    y = xp.tensordot(cols, w, axes=([1, 2, 3], [1, 2, 3])).transpose(0, 3, 1, 2)  # (N, O, oh, ow)
-    if bias is not None:
-        y = y + bias.data.reshape(1, O, 1, 1)
-    y = xp.ascontiguousarray(y)
+
+    def convolve(cols, w, b):
+        y = xp.tensordot(cols, w, axes=([1, 2, 3], [1, 2, 3])).transpose(0, 3, 1, 2)  # N O oh ow
+        return y if b is None else y + b.reshape(1, O, 1, 1)
+
+    y = xp.ascontiguousarray(ops.low_precision(convolve, cols, w,
+                                               None if bias is None else bias.data))
     parents = (x, weight) if bias is None else (x, weight, bias)
     needs = tuple(p.requires_grad for p in parents)
+
+    def input_grad(g, w):  # dcols = Wᵀ g, added back onto the pixels: dx, padded
+        gcols = xp.tensordot(g, w, axes=([1], [0])).transpose(0, 3, 4, 5, 1, 2)
+        return add_windows(gcols, xpad.shape, stride)
 
     def backward(g, only=needs):  # a split backward (graph.py): gx in B, gw and gb in W
         gx = gw = gb = None
         if only[0]:
-            gcols = xp.tensordot(g, w, axes=([1], [0])).transpose(0, 3, 4, 5, 1, 2)
-            gx = _unpad(add_windows(gcols, xpad.shape, stride), ph, pw)
+            gx = _unpad(ops.low_precision(input_grad, g, w), ph, pw)
         if only[1]:
-            gw = xp.tensordot(g, cols, axes=([0, 2, 3], [0, 4, 5]))
+            gw = ops.low_precision(lambda g, c: xp.tensordot(g, c, axes=([0, 2, 3], [0, 4, 5])),
+                                   g, cols)
         if bias is not None and only[2]:
-            gb = g.sum(axis=(0, 2, 3))
+            gb = ops.low_precision(lambda g: g.sum(axis=(0, 2, 3)), g)
         return (gx, gw) if bias is None else (gx, gw, gb)
 
     return make_result(y, parents, backward, "conv2d")
