@@ -12,6 +12,7 @@ backward calls only the gradient functions of inputs that require grad. A gradie
 alive exactly the arrays it reads (``add``'s keep none): what ``memory.ActivationMemory`` counts.
 A trailing underscore (``sum_``) only avoids a builtin's name; the graph records it as ``sum``.
 """
+import functools
 import itertools
 
 from . import backend
@@ -72,32 +73,39 @@ def _expand_reduced(g, shape, axis, keepdims):
 # Tensor cores multiply 16-bit operands exactly, add the products in float32 and round the result
 # once. NumPy has no 16-bit GEMM (its float16 @ sums in float16, ml_dtypes' bf16 @ gives
 # float32), so minipar does the same sums as a float32 GEMM of the upcasts (which are exact).
+def _is_16bit(dtype):
+    return dtype.itemsize == 2 and backend.is_low_precision(dtype)  # itemsize first: it is fast
+
+
 def upcast(a):
     """A 16-bit array as float32 (exactly), any other as it is."""
-    return a.astype("float32") if backend.is_low_precision(a.dtype) else a
+    return a.astype("float32") if _is_16bit(a.dtype) else a
 
 
 def low_precision(product, *arrays, out=None):
     """``product(*arrays)`` (None entries passed through) with 16-bit operands multiplied as
     tensor cores do: upcast to float32, and when all are of one 16-bit dtype the result rounded
     once to it (into ``out`` if given); a 16-bit operand beside a wider one gives the wider."""
-    dtypes = {a.dtype for a in arrays if a is not None}
-    low = [d for d in dtypes if backend.is_low_precision(d)]
+    low = {a.dtype for a in arrays if a is not None and _is_16bit(a.dtype)}
+    if not low:
+        return product(*arrays) if out is None else product(*arrays, out=out)
     if len(low) > 1:
         raise TypeError(f"a product of {' and '.join(map(str, low))} operands: cast them to one "
                         f"16-bit dtype first")
-    operands = (None if a is None else upcast(a) for a in arrays)
-    if not low or len(dtypes) > 1:
+    (low,) = low
+    operands = [None if a is None else upcast(a) for a in arrays]
+    if any(a is not None and a.dtype != low for a in arrays):  # beside a wider one: the wider
         return product(*operands) if out is None else product(*operands, out=out)
-    result = product(*operands).astype(low[0])
+    result = product(*operands).astype(low)
     if out is None:
         return result
     out[...] = result
     return out
 
 
+@functools.cache
 def _autocast():
-    # imported at the call: minipar.amp imports autograd, which imports this module
+    # imported at the first call: minipar.amp imports autograd, which imports this module
     from .amp import autocast_mode
     return autocast_mode
 
