@@ -165,6 +165,16 @@ def test_output_dtypes_follow_torch_cuda_lists():
     assert {name: t.dtype for name, t in outputs.items()} == expected
 
 
+@bf16_only
+def test_sum_of_16bit_runs_in_float32_its_gradient_in_16bit():
+    h = minipar.tensor(randn(64, 64)).bfloat16().requires_grad_()
+    with amp.autocast(dtype=minipar.bfloat16):
+        total = h.sum()
+    assert total.dtype == FP32 and total.item() == bits(h).astype("float32").sum()
+    total.backward()
+    assert h.grad.dtype == BF16
+
+
 def test_float16_on_the_16bit_list_too():
     with amp.autocast(dtype="half"):
         out = minipar.tensor(randn(2, 3)) @ minipar.tensor(randn(3, 4))
@@ -176,19 +186,20 @@ def test_float16_on_the_16bit_list_too():
 def test_float32_parameters_get_float32_gradients():
     lin, conv = nn.Linear(6, 6), nn.Conv2d(2, 3, 3, padding=1)
     x, img = minipar.tensor(randn(4, 6), requires_grad=True), minipar.tensor(randn(2, 2, 5, 5))
+    m = minipar.tensor(randn(6, 6), requires_grad=True)
     with amp.autocast("cpu", dtype=minipar.bfloat16):
         h = lin(x)
         q = h.reshape(1, 2, 4, 3)
-        loss = causal_attention(q, q, q).sum() + conv(img).sum()
+        loss = causal_attention(q, q, q).sum() + conv(img).sum() + (x @ m).sum()
     loss.backward()
-    grads = {"x": x.grad, **{n: p.grad for n, p in lin.named_parameters()},
+    grads = {"x": x.grad, "m": m.grad, **{n: p.grad for n, p in lin.named_parameters()},
              **{"conv." + n: p.grad for n, p in conv.named_parameters()}}
     assert all(g.dtype == FP32 for g in grads.values()), {n: g.dtype for n, g in grads.items()}
     # the same step in float32: the gradients agree to bf16's precision
     x32 = minipar.tensor(x.data, requires_grad=True)
     h = F.linear(x32, lin.weight, lin.bias)
     q = h.reshape(1, 2, 4, 3)
-    causal_attention(q, q, q).sum().backward()
+    (causal_attention(q, q, q).sum() + (x32 @ m).sum()).backward()
     np.testing.assert_allclose(bits(x.grad), bits(x32.grad), rtol=0.05, atol=0.05)
 
 
