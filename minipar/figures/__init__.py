@@ -1,8 +1,7 @@
 """Pictures for a slide, drawn from what minipar measured or simulated (the ``plot`` extra).
 
     available(), require()          is matplotlib importable? the module, or FiguresUnavailable
-    save(fig, path)                 a PNG (or .svg / .pdf by suffix), parent folders made
-    figure_path(directory, name)    directory/name.png
+    save(fig, path), figure_path()  a PNG (or .svg / .pdf by suffix) at directory/name.png
     write_figures(directory, draw)  what every --plot does: save, print each path, or say MISSING
 
     schedule_chart(events, ...)     ranks as rows, one labelled bar per F/B/W/R/optimizer step
