@@ -125,8 +125,8 @@ def _backward(g, q, k, v, out, lse, group, causal, layout, overlap):
             work.note_block("backward", step, i, j, kind, (*q.shape[:2], c, c))
             if kind == "skipped":
                 continue
-            qi, gi, kj, vj = q[..., rows_q, :], g[..., rows_q, :], kv[0][..., rows_k, :], \
-                kv[1][..., rows_k, :]
+            qi, gi = q[..., rows_q, :], g[..., rows_q, :]
+            kj, vj = kv[0][..., rows_k, :], kv[1][..., rows_k, :]
             # P recomputed from the kept log-sum-exp: no (T/cp)² probabilities were held
             p = xp.exp(_scores(qi, kj, kind, scale) - lse[..., rows_q, None])
             dkv[1][..., rows_k, :] += p.swapaxes(-1, -2) @ gi
