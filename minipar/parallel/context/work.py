@@ -3,7 +3,7 @@
     with RingLog() as log:
         out = ring_attention(q, k, v, group)
         out.sum().backward()
-    log.work("forward")     # {"blocks": 6, "skipped": 2, "scores": ..., "causal": ..., "wait_s": ...}
+    log.work("forward")     # {"blocks": 5, "skipped": 3, "scores": .., "causal": .., "wait_s": ..}
     log.steps("forward")    # per step, [(q chunk, k chunk, kind), ...]: the ring's timeline
 
 ``scores`` counts the entries of q kᵀ computed (blocks computed × block size); ``causal`` those
