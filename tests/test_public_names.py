@@ -22,8 +22,9 @@ PUBLIC = {
     "minipar.parallel.data": "DistributedDataParallel DistributedSampler local_batch_size ZeRO "
                              "ParameterServer busiest_link",
     "minipar.parallel.groups": "RankGrid ParallelGroups",
+    "minipar.parallel.context": "ring_attention split_sequence gather_sequence RingLog",
     "minipar.parallel.hybrid": "Trainer3D",
-    "minipar.backend": "device asarray xp to_numpy",
+    "minipar.backend": "device asarray xp to_numpy dtype is_floating finfo bfloat16 float16",
     "minipar.cli": "main build_parser SUBCOMMANDS",
 }
 

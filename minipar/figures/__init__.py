@@ -1,8 +1,7 @@
 """Pictures for a slide, drawn from what minipar measured or simulated (the ``plot`` extra).
 
     available(), require()          is matplotlib importable? the module, or FiguresUnavailable
-    save(fig, path)                 a PNG (or .svg / .pdf by suffix), parent folders made
-    figure_path(directory, name)    directory/name.png
+    save(fig, path), figure_path()  a PNG (or .svg / .pdf by suffix) at directory/name.png
     write_figures(directory, draw)  what every --plot does: save, print each path, or say MISSING
 
     schedule_chart(events, ...)     ranks as rows, one labelled bar per F/B/W/R/optimizer step
@@ -12,6 +11,7 @@
     loss_chart(curves, ...)         loss curves, the serial reference thick and grey underneath
     bar_chart(categories, series)   grouped bars with their values written on them
     memory_chart(bars, ...)         memory per rank, measured beside theory
+    magnitude_chart(values, lines)  histograms of |value| on a log axis against thresholds
 """
 import sys
 
@@ -22,12 +22,13 @@ import sys
 # how to get the pictures (MISSING) instead of failing.
 from minipar.figures.base import (MISSING, FiguresUnavailable, available, figure_path, require,
                                   save)
-from minipar.figures.charts import bar_chart, busbw_chart, loss_chart, memory_chart
+from minipar.figures.charts import (bar_chart, busbw_chart, loss_chart, magnitude_chart,
+                                    memory_chart)
 from minipar.figures.pipeline import bubble_chart, schedule_chart, speedup_chart
 
 __all__ = ["MISSING", "FiguresUnavailable", "available", "bar_chart", "bubble_chart", "busbw_chart",
-           "figure_path", "loss_chart", "memory_chart", "require", "save", "schedule_chart",
-           "speedup_chart", "write_figures"]
+           "figure_path", "loss_chart", "magnitude_chart", "memory_chart", "require", "save",
+           "schedule_chart", "speedup_chart", "write_figures"]
 
 
 def write_figures(directory, draw, stream=None):

@@ -1,0 +1,14 @@
+"""Context parallelism: the sequence split over the cp ranks of a group, attention by a ring.
+
+    layout.py   which chunks of the sequence a rank holds (balanced zig-zag or contiguous)
+    ring.py     ring_attention: k/v blocks round the ring, the online softmax, its backward
+    work.py     RingLog: the blocks each rank computed or skipped, step by step
+
+Theory, the load balance and the measurements: docs/context_parallel.md.
+"""
+from .layout import LAYOUTS, chunk_length, gather_sequence, rank_chunks, split_sequence
+from .ring import ring_attention
+from .work import RingLog
+
+__all__ = ["LAYOUTS", "chunk_length", "rank_chunks", "split_sequence", "gather_sequence",
+           "ring_attention", "RingLog"]
