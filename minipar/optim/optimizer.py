@@ -10,6 +10,7 @@ works on the backend arrays in place and builds no graph.
     opt = AdamW([{"params": decay}, {"params": rest, "weight_decay": 0.0}], lr=1e-3)
     loss.backward(); opt.step(); opt.zero_grad()
 """
+import contextlib
 import numbers
 
 from .. import backend
@@ -117,8 +118,22 @@ class Optimizer:
             p.grad = None
 
     def step(self):
+        if self._skip:
+            return
         for g, group in enumerate(self.param_groups):
             self.step_group(g, group)
+
+    _skip = False
+
+    @contextlib.contextmanager
+    def skipping(self):
+        """Inside it ``step()`` changes nothing (GradScaler skips the update of a wrapper's
+        optimizer when a gradient overflowed, yet the wrapper's step still runs its reductions)."""
+        self._skip = True
+        try:
+            yield
+        finally:
+            self._skip = False
 
     def step_group(self, g, group):
         # In place (p.data -= ...): no graph, and each parameter keeps its array (a view into a

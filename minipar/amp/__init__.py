@@ -1,0 +1,1 @@
+from minipar.amp.grad_scaler import GradScaler  # noqa: F401
