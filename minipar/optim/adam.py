@@ -6,7 +6,7 @@ formula over all of them, as torch's fused AdamW.
 """
 from .. import backend
 from ..flat import flatten_grads, flatten_parameters, views
-from .optimizer import GroupValue, Optimizer
+from .optimizer import GroupValue, Optimizer, is_16_bit
 
 
 class Adam(Optimizer):
@@ -124,14 +124,16 @@ class Flat:
 
     @classmethod
     def of(cls, params, old=None):
-        """A Flat of ``params`` (in a new vector), or None unless they share a dtype and a device
-        and each array is its own (not a view of someone else's buffer) or a view of ``old``'s."""
+        """A Flat of ``params`` (in a new vector), or None unless they share a dtype (not a 16-bit
+        one) and a device and each array is its own (not a view of someone else's buffer) or a view of ``old``'s."""
         arrays = [p.data for p in params]
         if not arrays:  # an empty param group
             return None
         xp = backend.get_array_module(*arrays)
         if len({a.dtype for a in arrays}) != 1 or any(backend.get_array_module(a) is not xp
                                                       for a in arrays):
+            return None
+        if is_16_bit(arrays[0].dtype):  # the base class's per-parameter float32 master copies
             return None
         if any(a.base is not None and (old is None or a is not view)
                for a, view in zip(arrays, old.views if old else arrays)):

@@ -141,8 +141,21 @@ class Optimizer:
         # leaves the very same gradient array. A parameter without a gradient is left alone,
         # its state (momentum, step count) too, as torch does.
         for i, p in self.indexed(g):
-            if p.grad is not None:
-                self.update(i, p.data, p.grad, self.state.setdefault(i, {"step": 0}), group)
+            if p.grad is None:
+                continue
+            state = self.state.setdefault(i, {"step": 0})
+            if not is_16_bit(p.data.dtype):
+                self.update(i, p.data, p.grad, state, group)
+                continue
+            # A 16-bit parameter is updated through a float32 master copy kept in its state
+            # (Megatron's Float16OptimizerWithFloat16Params): an update smaller than half a
+            # 16-bit step would round away if added to the 16-bit weight itself, but it
+            # accumulates in the master; the moments, made like the array updated, are float32
+            # too. The parameter gets the master rounded once, after the step.
+            if "master" not in state:
+                state["master"] = p.data.astype("float32")
+            self.update(i, state["master"], p.grad.astype("float32"), state, group)
+            p.data[...] = state["master"]
 
     def update(self, i, param, grad, state, group):
         """Change the array ``param`` in place from its gradient ``grad``, its ``state`` and its
@@ -160,6 +173,17 @@ class Optimizer:
         """Bytes held in optimizer state arrays (what ZeRO stage 1 divides among ranks)."""
         return sum(int(v.nbytes) for s in self.state.values() for v in s.values()
                    if hasattr(v, "nbytes"))
+
+    def memory_bytes(self):
+        """Bytes by kind: the parameters, their gradients, the float32 master copies of 16-bit
+        parameters, and the other state arrays (moments, momentum buffers): with Adam in mixed
+        precision 2 + 2 + 4 + 8 bytes per parameter, ZeRO's 16Ψ."""
+        state = [(name, v) for s in self.state.values() for name, v in s.items()
+                 if hasattr(v, "nbytes")]
+        return {"params": sum(int(p.data.nbytes) for p in self.params),
+                "grads": sum(int(p.grad.nbytes) for p in self.params if p.grad is not None),
+                "master": sum(int(v.nbytes) for name, v in state if name == "master"),
+                "moments": sum(int(v.nbytes) for name, v in state if name != "master")}
 
     def state_dict(self):
         """torch's {"state": {index: {name: array or step}}, "param_groups": [{..., "params":
@@ -217,11 +241,18 @@ class Optimizer:
                                   for name, value in s.items()}
 
 
+def is_16_bit(dtype):
+    """float16 or bfloat16 (ml_dtypes' bfloat16 is of kind 'V', not 'f')."""
+    return dtype.itemsize == 2 and dtype.kind in "fV"
+
+
 def _copy_like(value, param):
-    """A copy of ``value`` on ``param``'s device (NumPy or CuPy)."""
+    """A copy of ``value`` on ``param``'s device (NumPy or CuPy), in the dtype of ``param``'s
+    state: its own, float32 for a 16-bit parameter (master copy and moments)."""
     if backend.is_gpu_array(value) and not backend.is_gpu_array(param):
         value = backend.to_numpy(value)
-    return backend.get_array_module(param).array(value, dtype=param.dtype)
+    dtype = "float32" if is_16_bit(param.dtype) else param.dtype
+    return backend.get_array_module(param).array(value, dtype=dtype)
 
 
 class SGD(Optimizer):
