@@ -97,7 +97,7 @@ class GradScaler:
             # the scale lifted above float16's smallest number would flush to zero again
             # (Megatron unscales its float32 main gradients). Replaced, never changed in
             # place: the engine may hand two leaves the same gradient array.
-            if g.dtype.itemsize < 4:
+            if backend.is_low_precision(g.dtype):
                 g = g.astype("float32")
             p.grad = g * inv_scale
         state["found_inf"] = self._found_inf(optimizer, finite)

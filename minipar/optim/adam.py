@@ -6,7 +6,7 @@ formula over all of them, as torch's fused AdamW.
 """
 from .. import backend
 from ..flat import flatten_grads, flatten_parameters, views
-from .optimizer import GroupValue, Optimizer, is_16_bit
+from .optimizer import GroupValue, Optimizer
 
 
 class Adam(Optimizer):
@@ -147,7 +147,7 @@ class Flat:
         self.xp = xp
         self.data = flatten_parameters(params)
         self.views = [p.data for p in params]
-        self.names = (("master",) if is_16_bit(self.data.dtype) else ()) + MOMENTS
+        self.names = (("master",) if backend.is_low_precision(self.data.dtype) else ()) + MOMENTS
         self.dtype = "float32" if self.names[0] == "master" else self.data.dtype  # the state's
         self.grad = xp.empty(self.data.shape, self.dtype)
         self.scratch = xp.empty(self.data.shape, self.dtype)

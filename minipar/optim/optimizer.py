@@ -144,7 +144,7 @@ class Optimizer:
             if p.grad is None:
                 continue
             state = self.state.setdefault(i, {"step": 0})
-            if not is_16_bit(p.data.dtype):
+            if not backend.is_low_precision(p.data.dtype):
                 self.update(i, p.data, p.grad, state, group)
                 continue
             # A 16-bit parameter is updated through a float32 master copy kept in its state
@@ -241,17 +241,12 @@ class Optimizer:
                                   for name, value in s.items()}
 
 
-def is_16_bit(dtype):
-    """float16 or bfloat16 (ml_dtypes' bfloat16 is of kind 'V', not 'f')."""
-    return dtype.itemsize == 2 and dtype.kind in "fV"
-
-
 def _copy_like(value, param):
     """A copy of ``value`` on ``param``'s device (NumPy or CuPy), in the dtype of ``param``'s
     state: its own, float32 for a 16-bit parameter (master copy and moments)."""
     if backend.is_gpu_array(value) and not backend.is_gpu_array(param):
         value = backend.to_numpy(value)
-    dtype = "float32" if is_16_bit(param.dtype) else param.dtype
+    dtype = "float32" if backend.is_low_precision(param.dtype) else param.dtype
     return backend.get_array_module(param).array(value, dtype=dtype)
 
 
