@@ -1,6 +1,8 @@
 """GradScaler against torch.amp.GradScaler("cpu"): the same scale after every update() and the
 same skipped steps for scripted gradients with infs and NaNs; its errors, its state dict, the
 disabled pass-through; and, on 2 and 3 ranks, an inf on one rank skips the step on every rank."""
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -220,3 +222,43 @@ def test_inf_on_one_rank_skips_on_every_rank(nprocs):
                 continue
             assert scales == [2.0**16, 2.0**15, 2.0**15, 2.0**16], (rank, strategy, scales)
             assert skipped == [False, True, False, False], (rank, strategy, skipped)
+
+
+# --- wrappers that reduce inside their step: unscaled after the reduction -------------------
+def wrapped(kind, model, make_opt):
+    from minipar import comm
+    from minipar.parallel.data import AllReduceOptimizer, ZeRO, ZeRO3
+    if kind == "serial":
+        return make_opt(model.parameters())
+    if kind == "zero3":
+        return ZeRO3(model, make_opt, comm.world())
+    if kind == "allreduce":
+        return AllReduceOptimizer(model, make_opt, comm.world())
+    return ZeRO(model, make_opt, comm.world(), stage=int(kind[-1]))
+
+
+@pytest.mark.parametrize("kind", ["zero1", "zero2", "zero3", "allreduce"])
+def test_wrapper_unscales_16_bit_gradients_after_its_reduction(kind):
+    # true gradients about 2**-26, below float16's smallest subnormal (2**-24): unscaled in
+    # 16 bits before ZeRO's reduction they would flush to zero and Adam would not move
+    def train(kind):
+        minipar.manual_seed(0)
+        model = nn.Linear(4, 3).half()
+        opt = wrapped(kind, model, lambda ps: optim.Adam(ps, lr=1e-3))
+        scaler = GradScaler()
+        x = minipar.tensor(np.random.default_rng(0).standard_normal((5, 4)).astype("float16"))
+        for _ in range(2):
+            y = model(x).to("float32")
+            scaler.scale((y * minipar.tensor(np.float32(2.0**-26))).sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        with getattr(opt, "summon_full_params", contextlib.nullcontext)():  # ZeRO3: whole
+            return [minipar.backend.to_numpy(p.data).copy() for p in model.parameters()]
+
+    minipar.manual_seed(0)
+    start = [minipar.backend.to_numpy(p.data) for p in nn.Linear(4, 3).half().parameters()]
+    serial = train("serial")
+    assert all(not np.array_equal(a, b) for a, b in zip(serial, start))
+    for a, b in zip(train(kind), serial):
+        np.testing.assert_array_equal(a, b)

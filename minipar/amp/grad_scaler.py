@@ -77,7 +77,9 @@ class GradScaler:
 
     def unscale_(self, optimizer):
         """Divide the gradients ``optimizer`` will step on by the scale, and note whether any is
-        inf or NaN (on any rank of the group). Once per optimizer between two update()s."""
+        inf or NaN (on any rank of the group). Once per optimizer between two update()s. A
+        wrapper that reduces the gradients inside its ``step()`` (ZeRO, AllReduceOptimizer) is
+        only checked here: its optimizer unscales them in that step, after the reduction."""
         if not self._enabled:
             return
         state = self._state(optimizer)
@@ -87,12 +89,17 @@ class GradScaler:
         if state["stage"] is STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
         # 1/scale in float64, rounded to float32 (torch's inv_scale)
-        inv_scale = numpy.float32(1.0 / numpy.float64(self._scale))
-        finite = []
-        for p in gradient_holders(optimizer):
+        state["inv_scale"] = inv_scale = numpy.float32(1.0 / numpy.float64(self._scale))
+        holders = gradient_holders(optimizer)
+        finite = [backend.get_array_module(p.grad).isfinite(p.grad).all() for p in holders]
+        # Checked before a wrapper's reduction: an average of finite numbers is finite (when the
+        # reduction adds in float32), so the verdict is the one after it
+        state["found_inf"] = self._found_inf(optimizer, finite)
+        state["stage"] = UNSCALED
+        if getattr(optimizer, "optimizer", None) is not None:
+            return  # a wrapper: unscaled inside its step (see step)
+        for p in holders:
             g = p.grad
-            xp = backend.get_array_module(g)
-            finite.append(xp.isfinite(g).all())
             # A 16-bit gradient comes back in float32: unscaled in 16 bits, the small entries
             # the scale lifted above float16's smallest number would flush to zero again
             # (Megatron unscales its float32 main gradients). Replaced, never changed in
@@ -100,8 +107,6 @@ class GradScaler:
             if backend.is_low_precision(g.dtype):
                 g = g.astype("float32")
             p.grad = g * inv_scale
-        state["found_inf"] = self._found_inf(optimizer, finite)
-        state["stage"] = UNSCALED
 
     def _found_inf(self, optimizer, finite):
         """1.0 if a gradient was inf or NaN on this rank or on any rank of the group, else 0.0
@@ -135,15 +140,16 @@ class GradScaler:
         if state["stage"] is READY:
             self.unscale_(optimizer)
         state["stage"] = STEPPED
-        if not state["found_inf"]:
-            return optimizer.step(*args, **kwargs)
+        found_inf = bool(state["found_inf"])
         inner = getattr(optimizer, "optimizer", None)
-        if inner is not None:
-            # A wrapper (ZeRO, ZeRO3) whose step() also finishes its reductions and resets its
-            # bookkeeping still takes it; only the update inside is skipped
-            with inner.skipping():
-                optimizer.step(*args, **kwargs)
-        return None
+        if inner is None:
+            return None if found_inf else optimizer.step(*args, **kwargs)
+        # A wrapper (ZeRO, ZeRO3, AllReduceOptimizer) steps even when skipped: its step finishes
+        # the gradients' reduction and resets its bookkeeping. Its optimizer then unscales the
+        # reduced gradients as it reads them (16-bit ones in float32), or skips the update.
+        with inner.unscaling(state["inv_scale"], found_inf):
+            retval = optimizer.step(*args, **kwargs)
+        return None if found_inf else retval
 
     def update(self, new_scale=None):
         """The scale for the next step: ``new_scale`` if given; else, after a skipped step,
@@ -214,9 +220,10 @@ def gradient_holders(optimizer):
     """The parameters holding a gradient that a step of ``optimizer`` will read: a plain
     optimizer's own; for a wrapper whose ``step()`` replaces optimizer.step() (ZeRO, ZeRO3,
     AllReduceOptimizer), its inner optimizer's (the shards) and the whole parameters whose
-    gradient is not reduced yet (unscaling is linear, so before the reduction is as good)."""
+    gradient is not reduced yet."""
     inner = getattr(optimizer, "optimizer", None)
-    params = [p for group in (optimizer if inner is None else inner).param_groups for p in group["params"]]
+    stepped = optimizer if inner is None else inner
+    params = [p for group in stepped.param_groups for p in group["params"]]
     if inner is not None:
         whole = getattr(optimizer, "params", None)
         params += list(whole if whole is not None else optimizer.module.parameters())

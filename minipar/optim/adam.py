@@ -65,8 +65,10 @@ class Adam(Optimizer):
             state["step"] = t
         m, v = (flat.vectors[name] for name in MOMENTS)
         master = flat.vectors.get("master")  # 16-bit parameters: their float32 master copies
-        self.adam(group, flat.data if master is None else master, flat.gather_grads(params),
-                  m, v, t, flat.scratch)
+        grads = flat.gather_grads(params)  # a copy: unscaled in place
+        if self.inv_scale is not None:
+            grads *= self.inv_scale
+        self.adam(group, flat.data if master is None else master, grads, m, v, t, flat.scratch)
         if master is not None:
             flat.data[...] = master  # rounded once, as Optimizer.step_group does
         return True

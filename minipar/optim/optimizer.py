@@ -118,22 +118,28 @@ class Optimizer:
             p.grad = None
 
     def step(self):
-        if self._skip:
+        if self.found_inf:  # GradScaler found an inf or NaN gradient (see unscaling)
             return
         for g, group in enumerate(self.param_groups):
             self.step_group(g, group)
 
-    _skip = False
+    inv_scale, found_inf = None, False  # set only inside unscaling()
 
     @contextlib.contextmanager
-    def skipping(self):
-        """Inside it ``step()`` changes nothing (GradScaler skips the update of a wrapper's
-        optimizer when a gradient overflowed, yet the wrapper's step still runs its reductions)."""
-        self._skip = True
+    def unscaling(self, inv_scale, found_inf):
+        """Inside it ``step()`` multiplies each gradient by ``inv_scale`` as it reads it (after
+        the upcast of a 16-bit one), or changes nothing if ``found_inf``: GradScaler's way into
+        a wrapper whose ``step()`` reduces the gradients first (ZeRO, AllReduceOptimizer), as
+        torch's fused optimizers take ``grad_scale`` and ``found_inf``."""
+        self.inv_scale, self.found_inf = inv_scale, found_inf
         try:
             yield
         finally:
-            self._skip = False
+            self.inv_scale, self.found_inf = None, False
+
+    def unscaled(self, grad):
+        """``grad`` as the update reads it: times ``inv_scale`` inside ``unscaling()``."""
+        return grad if self.inv_scale is None else grad * self.inv_scale
 
     def step_group(self, g, group):
         # In place (p.data -= ...): no graph, and each parameter keeps its array (a view into a
@@ -145,7 +151,7 @@ class Optimizer:
                 continue
             state = self.state.setdefault(i, {"step": 0})
             if not backend.is_low_precision(p.data.dtype):
-                self.update(i, p.data, p.grad, state, group)
+                self.update(i, p.data, self.unscaled(p.grad), state, group)
                 continue
             # A 16-bit parameter is updated through a float32 master copy kept in its state
             # (Megatron's Float16OptimizerWithFloat16Params): an update smaller than half a
@@ -154,7 +160,7 @@ class Optimizer:
             # too. The parameter gets the master rounded once, after the step.
             if "master" not in state:
                 state["master"] = p.data.astype("float32")
-            self.update(i, state["master"], p.grad.astype("float32"), state, group)
+            self.update(i, state["master"], self.unscaled(p.grad.astype("float32")), state, group)
             p.data[...] = state["master"]
 
     def update(self, i, param, grad, state, group):
