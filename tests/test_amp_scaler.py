@@ -17,6 +17,15 @@ BAD = {2: np.inf, 7: -np.inf, 8: np.nan, 9: np.inf, 20: np.nan}  # step -> a gra
 STEPS = 32
 
 
+def host(a):
+    return minipar.backend.to_numpy(a)
+
+
+def param(value):
+    """A Parameter on the device (a copy of the host array ``value``)."""
+    return nn.Parameter(minipar.backend.asarray(np.array(value)))
+
+
 def coefficients(steps=STEPS, bad=BAD, size=5):
     """The loss of step k is sum(w · c_k): its gradient is c_k (times the scale)."""
     out = []
@@ -30,18 +39,18 @@ def coefficients(steps=STEPS, bad=BAD, size=5):
 
 def ours_run(coefs, scaler, new_scales=None, w0=None):
     """(scale after each update, skipped or not, final weights) of minipar's scaler with SGD."""
-    w = nn.Parameter(np.ones(coefs[0].size, "float32") if w0 is None else w0.copy())
+    w = param(np.ones(coefs[0].size, "float32") if w0 is None else w0)
     opt = optim.SGD([w], lr=0.5)
     scales, skipped = [], []
     for k, c in enumerate(coefs):
-        before = w.data.copy()
+        before = host(w.data).copy()
         scaler.scale((w * minipar.tensor(c)).sum()).backward()
         scaler.step(opt)
         scaler.update((new_scales or {}).get(k))
         opt.zero_grad()
         scales.append(scaler.get_scale())
-        skipped.append(bool(np.array_equal(before, w.data)))
-    return scales, skipped, w.data
+        skipped.append(bool(np.array_equal(before, host(w.data))))
+    return scales, skipped, host(w.data)
 
 
 def torch_run(coefs, scaler, new_scales=None):
@@ -107,7 +116,7 @@ def test_resume_continues_the_same_trajectory():
 
 
 def one_step_setup(grad):
-    w = nn.Parameter(np.ones(3, "float32"))
+    w = param(np.ones(3, "float32"))
     w.grad = minipar.backend.asarray(np.array(grad, "float32"))
     return w, optim.SGD([w], lr=0.1)
 
@@ -132,12 +141,12 @@ def test_unscale_twice_and_step_twice_are_torch_errors():
 
 def test_unscale_divides_by_the_scale_and_16_bit_comes_back_float32():
     scaler = GradScaler(init_scale=2.0**10)
-    w = nn.Parameter(np.ones(3, "float16"))
+    w = param(np.ones(3, "float16"))
     grad16 = np.array([2.0**-14, 3.0, 2.0**-24], "float16") * np.float16(2.0**10)
     w.grad = minipar.backend.asarray(grad16)
     opt = optim.SGD([w], lr=0.1)
     scaler.unscale_(opt)
-    got = minipar.backend.to_numpy(w.grad)
+    got = host(w.grad)
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, grad16.astype("float32") / 2.0**10)
     assert got[2] == 2.0**-24  # fp16's smallest subnormal survives the unscaling
@@ -150,7 +159,7 @@ def test_disabled_scaler_is_a_pass_through():
     assert scaler.scale(loss) is loss
     scaler.unscale_(opt)
     assert scaler.step(opt) is None
-    assert np.isinf(minipar.backend.to_numpy(w.data)[0])  # the step ran, inf and all
+    assert np.isinf(host(w.data)[0])  # the step ran, inf and all
     scaler.update()
     assert scaler.get_scale() == 1.0 and not scaler.is_enabled()
     assert scaler.state_dict() == {}
@@ -159,13 +168,13 @@ def test_disabled_scaler_is_a_pass_through():
 
 def test_skipped_step_leaves_weights_and_state_alone():
     scaler = GradScaler()
-    w = nn.Parameter(np.ones(3, "float32"))
+    w = param(np.ones(3, "float32"))
     opt = optim.AdamW([w], lr=0.1)
     w.grad = minipar.backend.asarray(np.array([1.0, np.nan, 1.0], "float32"))
     assert scaler.step(opt) is None
     scaler.update()
     assert opt.state == {} and scaler.get_scale() == 2.0**15
-    np.testing.assert_array_equal(minipar.backend.to_numpy(w.data), np.ones(3))
+    np.testing.assert_array_equal(host(w.data), np.ones(3))
 
 
 # --- on 2 and 3 ranks: an inf on one rank skips the step on every rank -----------------------
@@ -199,13 +208,13 @@ def inf_on_one_rank_body():
             if step == bad_step and world.rank == world.size - 1:
                 x[0, 0] = np.inf
             watched = list(getattr(stepper, "optimizer", stepper).params)  # ZeRO: the shards
-            before = [p.data.copy() for p in watched]
+            before = [host(p.data).copy() for p in watched]
             y = net(minipar.tensor(x))
             scaler.scale((y * y).mean()).backward()
             scaler.step(stepper)
             scaler.update()
             stepper.zero_grad()
-            skipped.append(all(np.array_equal(b, p.data) for b, p in zip(before, watched)))
+            skipped.append(all(np.array_equal(b, host(p.data)) for b, p in zip(before, watched)))
             scales.append(scaler.get_scale())
         out.append((strategy, skipped, scales))
     return out
@@ -254,10 +263,10 @@ def test_wrapper_unscales_16_bit_gradients_after_its_reduction(kind):
             scaler.update()
             opt.zero_grad()
         with getattr(opt, "summon_full_params", contextlib.nullcontext)():  # ZeRO3: whole
-            return [minipar.backend.to_numpy(p.data).copy() for p in model.parameters()]
+            return [host(p.data).copy() for p in model.parameters()]
 
     minipar.manual_seed(0)
-    start = [minipar.backend.to_numpy(p.data) for p in nn.Linear(4, 3).half().parameters()]
+    start = [host(p.data) for p in nn.Linear(4, 3).half().parameters()]
     serial = train("serial")
     assert all(not np.array_equal(a, b) for a, b in zip(serial, start))
     for a, b in zip(train(kind), serial):
