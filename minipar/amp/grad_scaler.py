@@ -23,7 +23,8 @@ READY, UNSCALED, STEPPED = "ready", "unscaled", "stepped"
 class GradScaler:
     """Loss scaling with torch's rules. ``group``: a communicator (or a tuple of them) over which
     the found-inf flag is all-reduced; by default the ``comm`` of the optimizer stepped, if it has
-    one (ZeRO, ZeRO3, AllReduceOptimizer), so that a step is skipped on every rank or on none."""
+    one (ZeRO, ZeRO3, AllReduceOptimizer), so that a step is skipped on every rank or on none.
+    Tensor or pipeline parallelism: ``group=(tp_comm, pp_comm)``."""
 
     def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
                  growth_interval=2000, enabled=True, group=None):
@@ -39,7 +40,7 @@ class GradScaler:
         self._growth_interval = int(growth_interval)
         self._growth_tracker = 0  # clean steps in a row since the last growth or backoff
         self.group = group
-        self._per_optimizer = {}  # id(optimizer) -> {"stage", "found_inf"} until update()
+        self._per_optimizer = {}  # id(optimizer) -> {"stage", "found_inf", "inv_scale"}
 
     def is_enabled(self):
         return self._enabled
