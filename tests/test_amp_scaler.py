@@ -186,7 +186,7 @@ def inf_on_one_rank_body():
 
     world = comm.world()
     bad_step, out = 1, []
-    for strategy in ("ddp", "zero1", "zero2", "zero3", "group", "no-group"):
+    for strategy in ("ddp", "zero1", "zero2", "zero3", "group", "groups", "no-group"):
         minipar.manual_seed(0)
         model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
         make_opt = lambda ps: optim.AdamW(ps, lr=1e-2)  # noqa: E731
@@ -200,7 +200,8 @@ def inf_on_one_rank_body():
                        ZeRO(model, make_opt, world, stage=int(strategy[-1]), bucket_cap_mb=1e-4))
         else:  # each rank its own parameters (as tensor parallelism's)
             net, stepper = model, make_opt(model.parameters())
-            scaler.group = world if strategy == "group" else None
+            # "groups": a tuple, as (tp, pp) would be
+            scaler.group = {"group": world, "groups": (world, world)}.get(strategy)
         rng = np.random.default_rng(world.rank)
         skipped, scales = [], []
         for step in range(4):
