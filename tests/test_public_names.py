@@ -9,7 +9,7 @@ PUBLIC = {
                "split stack where",
     "minipar.nn": "GPT GPTConfig Block Linear LayerNorm Embedding Sequential Module",
     "minipar.optim": "SGD Adam AdamW",
-    "minipar.amp": "autocast is_autocast_enabled get_autocast_dtype",
+    "minipar.amp": "autocast is_autocast_enabled get_autocast_dtype GradScaler",
     "minipar.checkpoint": "checkpoint checkpoint_sequential recomputing is_recomputing",
     "minipar.comm": "world Communicator Request ALGORITHMS OPS CommError chunk_bounds cuda_aware",
     "minipar.testing": "run_on_ranks serial_losses",

@@ -57,14 +57,20 @@ class Adam(Optimizer):
         indices = [i for i, _ in self.indexed(g)]
         states = [self.state.get(i) for i in indices]
         if not flat.holds_state(states):  # first step, or a load_state_dict replaced them
-            if not flat.adopt(states, MOMENTS):
+            if not flat.adopt(states):
                 return False  # parameters at different steps
             self.state.update(zip(indices, flat.states))
         t = states[0]["step"] + 1 if states[0] else 1
         for state in flat.states:
             state["step"] = t
         m, v = (flat.vectors[name] for name in MOMENTS)
-        self.adam(group, flat.data, flat.gather_grads(params), m, v, t, flat.scratch)
+        master = flat.vectors.get("master")  # 16-bit parameters: their float32 master copies
+        grads = flat.gather_grads(params)  # a copy: unscaled in place
+        if self.inv_scale is not None:
+            grads *= self.inv_scale
+        self.adam(group, flat.data if master is None else master, grads, m, v, t, flat.scratch)
+        if master is not None:
+            flat.data[...] = master  # rounded once, as Optimizer.step_group does
         return True
 
     def update(self, i, param, grad, state, group):
@@ -119,8 +125,9 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 class Flat:
     """Adam's parameters in the flat layout (``minipar.flat``): one vector ``data``, each
     ``p.data`` a view of it. Vectors of the same layout hold the gradients (copied in each step),
-    a scratch vector and the moments: ``state[i]["exp_avg"]`` is a view of parameter i's stretch,
-    so the state_dict format stays the per-parameter one."""
+    a scratch vector and the moments, and for 16-bit parameters their float32 master copies (all
+    of these in float32 then): ``state[i]["exp_avg"]`` is a view of parameter i's stretch, so the
+    state_dict format stays the per-parameter one."""
 
     @classmethod
     def of(cls, params, old=None):
@@ -142,7 +149,10 @@ class Flat:
         self.xp = xp
         self.data = flatten_parameters(params)
         self.views = [p.data for p in params]
-        self.grad, self.scratch = xp.empty_like(self.data), xp.empty_like(self.data)
+        self.names = (("master",) if backend.is_low_precision(self.data.dtype) else ()) + MOMENTS
+        self.dtype = "float32" if self.names[0] == "master" else self.data.dtype  # the state's
+        self.grad = xp.empty(self.data.shape, self.dtype)
+        self.scratch = xp.empty(self.data.shape, self.dtype)
         self.vectors, self.states, self.state_views = {}, [], []  # see adopt
 
     def holds(self, params):
@@ -160,19 +170,22 @@ class Flat:
             and all(s[name] is view for name, view in views.items())
             for s, mine, views in zip(states, self.states, self.state_views))
 
-    def adopt(self, states, names):
-        """Lay the state arrays ``names`` end to end (zeros where a parameter has none yet) and
-        make ``self.states`` the per-parameter dicts of their views; False (nothing changed)
-        unless every parameter is at the same step."""
+    def adopt(self, states):
+        """Lay the state arrays ``self.names`` end to end (where a parameter has none yet: zeros,
+        and its master copy its value) and make ``self.states`` the per-parameter dicts of their
+        views; False (nothing changed) unless every parameter is at the same step."""
         if len({0 if s is None else s["step"] for s in states}) != 1:
             return False
-        self.vectors = {name: self.xp.zeros_like(self.data) for name in names}  # no state: zeros
+        names = self.names
+        self.vectors = {name: self.xp.zeros(self.data.shape, self.dtype) for name in names}
+        if "master" in names:
+            self.vectors["master"][...] = self.data
         cut = {name: views(vector, self.views) for name, vector in self.vectors.items()}
         self.state_views = [{name: cut[name][i] for name in names} for i in range(len(states))]
         self.states = []
         for s, mine in zip(states, self.state_views):
             for name, view in mine.items():
-                if s is not None:
+                if s is not None and name in s:
                     view[...] = s[name]  # the state so far, now a stretch of the vector
             self.states.append({"step": 0 if s is None else s["step"], **mine})
         return True

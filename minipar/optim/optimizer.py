@@ -10,6 +10,7 @@ works on the backend arrays in place and builds no graph.
     opt = AdamW([{"params": decay}, {"params": rest, "weight_decay": 0.0}], lr=1e-3)
     loss.backward(); opt.step(); opt.zero_grad()
 """
+import contextlib
 import numbers
 
 from .. import backend
@@ -117,8 +118,28 @@ class Optimizer:
             p.grad = None
 
     def step(self):
+        if self.found_inf:  # GradScaler found an inf or NaN gradient (see unscaling)
+            return
         for g, group in enumerate(self.param_groups):
             self.step_group(g, group)
+
+    inv_scale, found_inf = None, False  # set only inside unscaling()
+
+    @contextlib.contextmanager
+    def unscaling(self, inv_scale, found_inf):
+        """Inside it ``step()`` multiplies each gradient by ``inv_scale`` as it reads it (after
+        the upcast of a 16-bit one), or changes nothing if ``found_inf``: GradScaler's way into
+        a wrapper whose ``step()`` reduces the gradients first (ZeRO, AllReduceOptimizer), as
+        torch's fused optimizers take ``grad_scale`` and ``found_inf``."""
+        self.inv_scale, self.found_inf = inv_scale, found_inf
+        try:
+            yield
+        finally:
+            self.inv_scale, self.found_inf = None, False
+
+    def unscaled(self, grad):
+        """``grad`` as the update reads it: times ``inv_scale`` inside ``unscaling()``."""
+        return grad if self.inv_scale is None else grad * self.inv_scale
 
     def step_group(self, g, group):
         # In place (p.data -= ...): no graph, and each parameter keeps its array (a view into a
@@ -126,8 +147,21 @@ class Optimizer:
         # leaves the very same gradient array. A parameter without a gradient is left alone,
         # its state (momentum, step count) too, as torch does.
         for i, p in self.indexed(g):
-            if p.grad is not None:
-                self.update(i, p.data, p.grad, self.state.setdefault(i, {"step": 0}), group)
+            if p.grad is None:
+                continue
+            state = self.state.setdefault(i, {"step": 0})
+            if not backend.is_low_precision(p.data.dtype):
+                self.update(i, p.data, self.unscaled(p.grad), state, group)
+                continue
+            # A 16-bit parameter is updated through a float32 master copy kept in its state
+            # (Megatron's Float16OptimizerWithFloat16Params): an update smaller than half a
+            # 16-bit step would round away if added to the 16-bit weight itself, but it
+            # accumulates in the master; the moments, made like the array updated, are float32
+            # too. The parameter gets the master rounded once, after the step.
+            if "master" not in state:
+                state["master"] = p.data.astype("float32")
+            self.update(i, state["master"], self.unscaled(p.grad.astype("float32")), state, group)
+            p.data[...] = state["master"]
 
     def update(self, i, param, grad, state, group):
         """Change the array ``param`` in place from its gradient ``grad``, its ``state`` and its
@@ -145,6 +179,17 @@ class Optimizer:
         """Bytes held in optimizer state arrays (what ZeRO stage 1 divides among ranks)."""
         return sum(int(v.nbytes) for s in self.state.values() for v in s.values()
                    if hasattr(v, "nbytes"))
+
+    def memory_bytes(self):
+        """Bytes by kind: the parameters, their gradients, the float32 master copies of 16-bit
+        parameters, and the other state arrays (moments, momentum buffers): with Adam in mixed
+        precision 2 + 2 + 4 + 8 bytes per parameter, ZeRO's 16Ψ."""
+        state = [(name, v) for s in self.state.values() for name, v in s.items()
+                 if hasattr(v, "nbytes")]
+        return {"params": sum(int(p.data.nbytes) for p in self.params),
+                "grads": sum(int(p.grad.nbytes) for p in self.params if p.grad is not None),
+                "master": sum(int(v.nbytes) for name, v in state if name == "master"),
+                "moments": sum(int(v.nbytes) for name, v in state if name != "master")}
 
     def state_dict(self):
         """torch's {"state": {index: {name: array or step}}, "param_groups": [{..., "params":
@@ -203,10 +248,12 @@ class Optimizer:
 
 
 def _copy_like(value, param):
-    """A copy of ``value`` on ``param``'s device (NumPy or CuPy)."""
+    """A copy of ``value`` on ``param``'s device (NumPy or CuPy), in the dtype of ``param``'s
+    state: its own, float32 for a 16-bit parameter (master copy and moments)."""
     if backend.is_gpu_array(value) and not backend.is_gpu_array(param):
         value = backend.to_numpy(value)
-    return backend.get_array_module(param).array(value, dtype=param.dtype)
+    dtype = "float32" if backend.is_low_precision(param.dtype) else param.dtype
+    return backend.get_array_module(param).array(value, dtype=dtype)
 
 
 class SGD(Optimizer):
