@@ -1,10 +1,15 @@
 """``minipar lessons``: the lesson scripts, their rank counts and first docstring line, with the
 ``minipar lesson NN`` command and the plain mpiexec line each one runs."""
 import ast
+import json
 import pathlib
 import re
+import subprocess
 import sys
 
+# asked of a lesson that computes its counts from its arguments: its mpi_world() prints them
+# after the mark and exits (lessons/_kit.py), before any rank is launched
+RANK_COUNTS_ENV, RANK_COUNTS_MARK = "MINIPAR_LESSON_RANK_COUNTS", "minipar-rank-counts: "
 SOURCE_LESSONS = pathlib.Path(__file__).resolve().parents[2] / "lessons"
 INSTALLED_LESSONS = pathlib.Path(sys.prefix) / "share" / "minipar" / "lessons"
 
@@ -43,8 +48,8 @@ def rank_counts(path):
     read without running it: the counts it can run on, so ``minipar lesson`` refuses a wrong
     ``-n`` before launching anything. A count the lesson computes at run time reads as the literal
     it picks from (``(2, 4) if quick else (2, 4, 8)``, ``[n for n in (2, 4, 8) if ...]``), a
-    superset the lesson's own check narrows; one read from arguments (lesson 11) is not checked.
-    A lesson without the call uses no MPI: it runs as one process."""
+    superset the lesson's own check narrows; one read from arguments (lesson 11) gives None, for
+    asked_counts(). A lesson without the call uses no MPI: it runs as one process."""
     for node in ast.walk(ast.parse(pathlib.Path(path).read_text())):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "mpi_world":
             given = {k.arg: k.value for k in node.keywords}
@@ -54,6 +59,23 @@ def rank_counts(path):
                 return None
             return tuple(sorted(ranks)) or None, min(at_least)
     return (1,), 1
+
+
+def asked_counts(path, lesson_args, env):
+    """(ranks, at_least) from the lesson itself, for counts it computes from its arguments
+    (lesson 11: T·P·D for its --tp, --pp, --batch): one plain process runs it up to its
+    ``mpi_world`` call, which prints them and exits; None when it stops before (``--help``).
+    A command line the lesson refuses exits here, with the lesson's message and status."""
+    done = subprocess.run([sys.executable, str(path), *lesson_args], capture_output=True,
+                          text=True, env={**env, RANK_COUNTS_ENV: "1"}, timeout=300)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr)
+        raise SystemExit(done.returncode)
+    for line in done.stdout.splitlines():
+        if line.startswith(RANK_COUNTS_MARK):
+            said = json.loads(line[len(RANK_COUNTS_MARK):])
+            return tuple(said["ranks"]) or None, said["at_least"]
+    return None
 
 
 def _literal_counts(node):
