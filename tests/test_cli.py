@@ -90,14 +90,9 @@ def test_lesson_refuses_a_rank_count_before_launching(name, nprocs, said, capsys
     assert capsys.readouterr().err.endswith(f"error: argument -n/--nprocs: {said}\n")
 
 
-@pytest.mark.parametrize("argv, said", [
-    (["11", "-n", "1000"], "lesson 11 runs on 4, 8 or 16 ranks, not 1000: minipar lesson 11 -n 8"),
-    (["11", "-n", "8", "--", "--tp", "1", "--pp", "1"],
-     "lesson 11 runs on 1, 2 or 4 ranks, not 8: minipar lesson 11 -n 1 -- --tp 1 --pp 1"),
-])
-def test_lesson_asks_counts_it_computes_from_its_arguments(argv, said, capsys, monkeypatch):
-    """Lesson 11 runs on T·P·D ranks for its own --tp, --pp and --batch: the command asks the
-    lesson (one plain process, up to its mpi_world call) and refuses before mpiexec starts."""
+@pytest.fixture
+def no_mpiexec(monkeypatch):
+    """Processes start (the lesson asked for its counts) but mpiexec does not."""
     real_popen = subprocess.Popen
 
     def no_launch(args, *rest, **kwargs):
@@ -105,20 +100,23 @@ def test_lesson_asks_counts_it_computes_from_its_arguments(argv, said, capsys, m
         return real_popen(args, *rest, **kwargs)
 
     monkeypatch.setattr(subprocess, "Popen", no_launch)
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["11", "-n", "1000"], "lesson 11 runs on 4, 8 or 16 ranks, not 1000: minipar lesson 11 -n 8"),
+    (["11", "-n", "8", "--", "--tp", "1", "--pp", "1"],
+     "lesson 11 runs on 1, 2 or 4 ranks, not 8: minipar lesson 11 -n 1 -- --tp 1 --pp 1"),
+])
+def test_lesson_asks_counts_it_computes_from_its_arguments(argv, said, capsys, no_mpiexec):
+    """Lesson 11 runs on T·P·D ranks for its own --tp, --pp and --batch: the command asks the
+    lesson (one plain process, up to its mpi_world call) and refuses before mpiexec starts."""
     with pytest.raises(SystemExit) as exit_:
         main(["lesson", *argv])
     assert exit_.value.code == 2
     assert capsys.readouterr().err.endswith(f"error: argument -n/--nprocs: {said}\n")
 
 
-def test_lesson_refuses_its_own_bad_arguments_before_launching(monkeypatch, capfd):
-    real_popen = subprocess.Popen
-
-    def no_launch(args, *rest, **kwargs):
-        assert "mpiexec" not in os.path.basename(args[0]), f"launched {args}"
-        return real_popen(args, *rest, **kwargs)
-
-    monkeypatch.setattr(subprocess, "Popen", no_launch)
+def test_lesson_refuses_its_own_bad_arguments_before_launching(no_mpiexec, capfd):
     with pytest.raises(SystemExit) as exit_:
         main(["lesson", "11", "-n", "8", "--", "--tp", "x"])
     assert exit_.value.code == 2
