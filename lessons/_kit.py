@@ -14,6 +14,7 @@ A lesson imports this file as ``from _kit import ...``: Python puts a script's o
 on sys.path wherever it is started from, and minipar.testing.run_on_ranks does the same.
 """
 import argparse
+import json
 import os
 import re
 import shlex
@@ -84,6 +85,11 @@ def mpi_world(doc, ranks=None, at_least=1):
     exits with status 2, argparse's status for a wrong command line.
     """
     global _world
+    from minipar.cli.lessons import RANK_COUNTS_ENV, RANK_COUNTS_MARK
+    if os.environ.get(RANK_COUNTS_ENV):  # minipar lesson asks before launching (asked_counts)
+        print(RANK_COUNTS_MARK + json.dumps({"ranks": list(ranks or ()), "at_least": at_least}),
+              flush=True)
+        raise SystemExit(0)
     from minipar import comm  # here, so that the lessons without MPI never load it
 
     def runs_on(n):

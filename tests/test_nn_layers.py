@@ -1,4 +1,7 @@
 """Layers and the tiny GPT against PyTorch (float64), plus dropout and sampling behaviour."""
+import warnings
+from contextlib import nullcontext
+
 import numpy as np
 import pytest
 
@@ -154,3 +157,57 @@ def test_gpt_on_gpu_matches_cpu():
 
     for a, b in zip(*cpu_and_gpu(train_step)):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+def channel_masks(y, x):
+    """Each channel's factor y/x, checked constant over the channel's values: (N, C)."""
+    factors = (y / x).reshape(y.shape[0], y.shape[1], -1)
+    np.testing.assert_allclose(factors, factors[..., :1].repeat(factors.shape[-1], -1))
+    return factors[..., 0]
+
+
+@requires_torch
+@pytest.mark.parametrize("shape", [(64, 32, 3, 4), (64, 32, 5)])
+def test_dropout2d_zeroes_whole_channels_as_torch_does(shape):
+    """Dropout2d (torch's semantics): one draw per channel x[n, c] (a 3-D input is (N, C, L), as
+    torch reads it, with its warning), kept channels scaled by 1/(1-p), dropped ones zero; the
+    fraction dropped is p (2048 channels: 5 standard deviations is 0.05)."""
+    p = 0.3
+    x = RNG.uniform(1, 2, shape)
+    for name, module, run in (
+            ("minipar", nn.Dropout2d(p=p), lambda m: m(minipar.tensor(x)).numpy()),
+            ("torch", torch.nn.Dropout2d(p=p) if torch else None,
+             lambda m: m(torch.tensor(x)).numpy())):
+        told = pytest.warns(UserWarning, match="3D|3-D") if len(shape) == 3 else nullcontext()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no other warning: a 4-D input warns of nothing
+            with told:
+                masks = channel_masks(run(module), x)
+        assert set(np.unique(masks.round(12))) == {0.0, round(1 / (1 - p), 12)}, name
+        assert abs((masks == 0).mean() - p) < 0.05, name
+
+
+def test_dropout2d_gradient_eval_and_replay():
+    """The gradient is the output's mask times the incoming gradient; the same seed draws the
+    same channels; eval mode (and p = 0) is the identity; torch's bad arguments are refused."""
+    drop = nn.Dropout2d(0.5)
+    x = minipar.tensor(RNG.uniform(1, 2, (8, 6, 4, 4)), requires_grad=True)
+    minipar.manual_seed(5)
+    y = drop(x)
+    minipar.manual_seed(5)
+    np.testing.assert_array_equal(drop(x).numpy(), y.numpy())
+    masks = channel_masks(y.numpy(), x.numpy())
+    proj = RNG.standard_normal(y.shape)
+    y.backward(proj)
+    np.testing.assert_allclose(minipar.to_numpy(x.grad), proj * masks[:, :, None, None])
+    assert 0 < (masks == 0).sum() < masks.size
+    drop.eval()
+    assert drop(x) is x
+    assert nn.Dropout2d(0.0)(x) is x
+    with pytest.raises(ValueError, match="probability"):
+        nn.Dropout2d(p=1.5)
+    with pytest.raises(ValueError, match="inplace"):
+        nn.Dropout2d(inplace=True)
+    with pytest.raises(ValueError, match=r"\(N, C, H, W\)"):
+        nn.Dropout2d()(minipar.ones((2, 3)))
+    assert repr(nn.Dropout2d(0.25)) == "Dropout2d(p=0.25)"

@@ -1,6 +1,8 @@
 """Parameter server, measured on 4 ranks: per step the single server's link (rank 0) carries
 2(N-1)·n bytes, a worker's 2n, and with the parameters sharded every link carries
 4(N-1)·n/N, sent plus received (n = bytes of the parameters)."""
+import pytest
+
 from minipar.testing import run_on_ranks
 
 
@@ -36,3 +38,14 @@ def test_busiest_link_bytes():
         mine, (busiest, _), n, state = out["True"]
         assert abs(busiest - 4 * (N - 1) * n / N) <= 4 * (N - 1) * 4  # chunks differ by 1 float
         assert abs(state - 2 * n / N) <= 2 * 4
+
+
+@pytest.mark.parametrize("kind", ["ps", "ps-sharded"])
+def test_parameter_server_keeps_param_groups(kind, tmp_path):
+    """The servers' optimizer keeps AdamW's two param groups (decay on the matrices, none and
+    another lr on biases and norms): each server's slice is cut where a group ends, equal to
+    serial AdamW with the same groups; its checkpoint resumes and loads into serial (as
+    ZeRO's: tests/test_zero.py)."""
+    from test_zero import check_param_groups
+
+    check_param_groups(kind, tmp_path)

@@ -1,9 +1,11 @@
 """PyTorch's tutorial "Writing Distributed Applications with PyTorch" on minipar's facade: its
 programs as it writes them, with ``import torch.distributed as dist`` changed to
 ``import minipar.distributed as dist`` (the tensors stay torch's, on the CPU), on 2 and 4 ranks,
-give torch's values. The synchronous SGD is checked against a serial torch twin that averages
-the ranks' gradients. MNIST is replaced by a small synthetic dataset and the model by a small one.
+give torch's values. The synchronous SGD, the tutorial's own MNIST network, is checked against a
+serial torch twin that averages the ranks' gradients. MNIST cannot be downloaded here (no network):
+synthetic data of its shape (1 × 28 × 28 images, 10 classes) takes its place.
 """
+import inspect
 import math
 import os
 import warnings
@@ -245,23 +247,32 @@ class DataPartitioner(object):
 
 
 class Net(nn.Module):
-    """ Network architecture (small: the tutorial's MNIST network, shrunk). """
+    """ Network architecture. """
 
     def __init__(self):
         super(Net, self).__init__()
-        self.fc1 = nn.Linear(8, 16)
-        self.fc2 = nn.Linear(16, 4)
+        self.conv1 = nn.Conv2d(1, 10, kernel_size=5)
+        self.conv2 = nn.Conv2d(10, 20, kernel_size=5)
+        self.conv2_drop = nn.Dropout2d()
+        self.fc1 = nn.Linear(320, 50)
+        self.fc2 = nn.Linear(50, 10)
 
     def forward(self, x):
+        x = F.relu(F.max_pool2d(self.conv1(x), 2))
+        x = F.relu(F.max_pool2d(self.conv2_drop(self.conv2(x)), 2))
+        x = x.view(-1, 320)
         x = F.relu(self.fc1(x))
-        return F.log_softmax(self.fc2(x), dim=1)
+        x = F.dropout(x, training=self.training)
+        x = self.fc2(x)
+        return F.log_softmax(x)
 
 
 def dataset():
-    """256 samples of 8 features in 4 classes (MNIST's place)."""
+    """MNIST's place (it cannot be downloaded here): 256 normalised 1 × 28 × 28 images, 10
+    classes, as datasets.MNIST with ToTensor and Normalize gives them."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(256, 8, generator=g)
-    y = torch.randint(0, 4, (256,), generator=g)
+    x = torch.randn(256, 1, 28, 28, generator=g)
+    y = torch.randint(0, 10, (256,), generator=g)
     return [(x[i], y[i]) for i in range(256)]
 
 
@@ -314,24 +325,36 @@ def run_sgd(rank, size):
 
 def serial_sgd(size):
     """The serial twin: each rank's batches (the same seeds, so the same shuffles), one model,
-    the gradient of each step the mean of the ranks' gradients, as average_gradients makes it."""
-    batches = []
+    the gradient of each step the mean of the ranks' gradients, as average_gradients makes it.
+    Each rank's loader and dropout masks draw from that rank's torch generator, so the twin keeps
+    one generator state per rank and runs each rank's draws in it, in the rank's order."""
+    loaders, states = [], []
     for rank in range(size):
         torch.manual_seed(1234)
         train_set, _ = partition_dataset(rank, size)
         Net()  # the rank's model draws from the same generator before its loader shuffles
-        batches.append([list(train_set) for _ in range(EPOCHS)])
+        loaders.append(train_set)
+        states.append(torch.get_rng_state())
+
+    def as_rank(rank, work):
+        torch.set_rng_state(states[rank])
+        result = work()
+        states[rank] = torch.get_rng_state()
+        return result
+
     torch.manual_seed(1234)
     model = Net()
     optimizer = optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
     losses = [[0.0] * EPOCHS for _ in range(size)]  # each rank prints its own batches' mean
     for epoch in range(EPOCHS):
-        steps = len(batches[0][epoch])
+        # a loader draws its shuffle when its iteration starts, before the epoch's first forward
+        batches = [as_rank(rank, lambda: list(loaders[rank])) for rank in range(size)]
+        steps = len(batches[0])
         for step in range(steps):
             optimizer.zero_grad()
             for rank in range(size):
-                data, target = batches[rank][epoch][step]
-                loss = F.nll_loss(model(data), target)
+                data, target = batches[rank][step]
+                loss = F.nll_loss(as_rank(rank, lambda: model(data)), target)
                 losses[rank][epoch] += loss.item() / steps
                 (loss / size).backward()
             optimizer.step()
@@ -400,3 +423,35 @@ def test_the_tutorial_runs_with_only_the_import_changed(size):
         for p, w in zip(got["sgd"]["params"], params):
             assert torch.allclose(torch.tensor(p), torch.tensor(w), atol=1e-6), rank
         assert got["sgd"]["losses"] == pytest.approx(losses[rank], abs=1e-6)
+
+
+def test_the_tutorial_network_runs_on_minipar_layers():
+    """The same Net, its source run with ``import minipar.nn as nn`` and ``import
+    minipar.functional as F``: Dropout2d and the rest are minipar's. In eval mode its loss and
+    gradients equal torch's Net with the same weights (float64); in training its dropouts drop."""
+    import numpy as np
+
+    import minipar
+    import minipar.functional
+    import minipar.nn
+
+    namespace = {"nn": minipar.nn, "F": minipar.functional}
+    exec(inspect.getsource(Net), namespace)  # the class text above, minipar's imports
+    ours, theirs = namespace["Net"]().double(), Net().double()
+    theirs.load_state_dict({name: torch.tensor(minipar.to_numpy(value))
+                            for name, value in ours.state_dict().items()})
+    images, labels = zip(*dataset()[:16])
+    x, t = torch.stack(images).double(), torch.stack(labels)
+    for model in (ours, theirs):
+        model.eval()
+    output = ours(minipar.tensor(x.numpy()))
+    loss = minipar.functional.nll_loss(output, t.numpy())
+    loss_t = F.nll_loss(theirs(x), t)
+    loss.backward()
+    loss_t.backward()
+    assert loss.item() == pytest.approx(loss_t.item(), abs=1e-12)
+    for (name, p), p_t in zip(ours.named_parameters(), theirs.parameters()):
+        np.testing.assert_allclose(minipar.to_numpy(p.grad), p_t.grad.numpy(), atol=1e-12,
+                                   err_msg=name)
+    ours.train()
+    assert not np.allclose(ours(minipar.tensor(x.numpy())).numpy(), output.numpy())

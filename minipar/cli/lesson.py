@@ -15,12 +15,13 @@ text charts at its width), since mpiexec gives them pipes.
 import argparse
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
 
 from minipar.cli.args import UsageError, positive_int
-from minipar.cli.lessons import command, lessons, rank_counts
+from minipar.cli.lessons import asked_counts, command, lessons, rank_counts
 from minipar.console import terminal_env
 
 
@@ -70,11 +71,14 @@ def default_ranks(run_line):
     return int(match.group(1)) if match else None
 
 
-def check_ranks(path, run_line, nprocs):
+def check_ranks(path, run_line, nprocs, lesson_args=()):
     """UsageError when the lesson's own ``mpi_world`` would refuse ``nprocs`` ranks: said before
-    anything is launched (``-n 1000`` would start 1000 processes only to hear the lesson refuse)."""
-    counts = rank_counts(path)
-    if nprocs is None or counts is None:
+    anything is launched (``-n 1000`` would start 1000 processes only to hear the lesson refuse).
+    Counts computed from the lesson's arguments are asked of the lesson with those arguments."""
+    if nprocs is None:
+        return
+    counts = rank_counts(path) or asked_counts(path, lesson_args, lesson_env())
+    if counts is None:
         return
     ranks, at_least = counts
 
@@ -92,6 +96,8 @@ def check_ranks(path, run_line, nprocs):
     usual = default_ranks(run_line)  # the count to suggest: the run line's, when it is one
     if usual is not None or ranks != (1,):  # a lesson without MPI needs no -n
         line += f" -n {usual if usual and runs_on(usual) else (ranks or [at_least])[0]}"
+    if lesson_args:  # the counts may depend on them (lesson 11's --tp, --pp)
+        line += " -- " + shlex.join(lesson_args)
     raise UsageError(f"argument -n/--nprocs: lesson {path.name[:2]} runs on {what}, not "
                      f"{nprocs}: {line}")
 
@@ -105,21 +111,28 @@ def build_command(path, run_line, nprocs, lesson_args):
     return program if nprocs is None else launch_command(nprocs, *program)
 
 
-def run(args):
-    path, _, run_line = find(args.name)
-    nprocs, lesson_args = split_rest(args.lesson_args, args.nprocs)
-    check_ranks(path, run_line, nprocs)
-    try:
-        argv = build_command(path, run_line, nprocs, lesson_args)
-    except RuntimeError as err:  # no mpiexec
-        print(f"minipar lesson: {err}", file=sys.stderr)
-        return 1
+def lesson_env():
+    """The environment a lesson runs in: one BLAS thread per rank, this minipar first on the
+    path, and the terminal's width when there is one."""
     from minipar.testing import RANK_ENV
 
     env = {**os.environ, **{k: os.environ.get(k, v) for k, v in RANK_ENV.items()}}
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     env.update(terminal_env(env))
+    return env
+
+
+def run(args):
+    path, _, run_line = find(args.name)
+    nprocs, lesson_args = split_rest(args.lesson_args, args.nprocs)
+    check_ranks(path, run_line, nprocs, lesson_args)
+    try:
+        argv = build_command(path, run_line, nprocs, lesson_args)
+    except RuntimeError as err:  # no mpiexec
+        print(f"minipar lesson: {err}", file=sys.stderr)
+        return 1
+    env = lesson_env()
     print("$ " + " ".join(argv), file=sys.stderr, flush=True)
     try:
         proc = subprocess.Popen(argv, env=env)

@@ -1,10 +1,15 @@
 """``minipar lessons``: the lesson scripts, their rank counts and first docstring line, with the
 ``minipar lesson NN`` command and the plain mpiexec line each one runs."""
 import ast
+import json
 import pathlib
 import re
+import subprocess
 import sys
 
+# asked of a lesson that computes its counts from its arguments: its mpi_world() prints them
+# after the mark and exits (lessons/_kit.py), before any rank is launched
+RANK_COUNTS_ENV, RANK_COUNTS_MARK = "MINIPAR_LESSON_RANK_COUNTS", "minipar-rank-counts: "
 SOURCE_LESSONS = pathlib.Path(__file__).resolve().parents[2] / "lessons"
 INSTALLED_LESSONS = pathlib.Path(sys.prefix) / "share" / "minipar" / "lessons"
 
@@ -40,37 +45,37 @@ def command(doc, name):
 
 def rank_counts(path):
     """(ranks, at_least) from the lesson's ``mpi_world(__doc__, ranks=..., at_least=...)`` call,
-    read without running it: the counts it can run on, so ``minipar lesson`` refuses a wrong
-    ``-n`` before launching anything. A count the lesson computes at run time reads as the literal
-    it picks from (``(2, 4) if quick else (2, 4, 8)``, ``[n for n in (2, 4, 8) if ...]``), a
-    superset the lesson's own check narrows; one read from arguments (lesson 11) is not checked.
-    A lesson without the call uses no MPI: it runs as one process."""
+    read without running it when they are literals: the counts it can run on, so ``minipar
+    lesson`` refuses a wrong ``-n`` before launching anything. None when the lesson computes them
+    (from its arguments: ``(2, 4) if args.quick else (2, 4, 8)``, lesson 11's T·P·D), for
+    asked_counts(). A lesson without the call uses no MPI: it runs as one process."""
     for node in ast.walk(ast.parse(pathlib.Path(path).read_text())):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "mpi_world":
             given = {k.arg: k.value for k in node.keywords}
-            ranks = _literal_counts(given["ranks"]) if "ranks" in given else ()
-            at_least = _literal_counts(given.get("at_least", ast.Constant(1)))
-            if ranks is None or at_least is None:
+            try:
+                ranks = ast.literal_eval(given["ranks"]) if "ranks" in given else ()
+                at_least = ast.literal_eval(given.get("at_least", ast.Constant(1)))
+            except ValueError:
                 return None
-            return tuple(sorted(ranks)) or None, min(at_least)
+            return tuple(sorted(ranks)) or None, at_least
     return (1,), 1
 
 
-def _literal_counts(node):
-    """The set of counts a literal expression can give; None when it is not a literal."""
-    if isinstance(node, ast.IfExp):
-        both = _literal_counts(node.body), _literal_counts(node.orelse)
-        return None if None in both else both[0] | both[1]
-    if isinstance(node, (ast.ListComp, ast.GeneratorExp)) and len(node.generators) == 1:
-        loop = node.generators[0]
-        if isinstance(node.elt, ast.Name) and getattr(loop.target, "id", None) == node.elt.id:
-            return _literal_counts(loop.iter)  # a filter keeps some of the literal's counts
-        return None
-    try:
-        value = ast.literal_eval(node)
-    except ValueError:
-        return None
-    return {value} if isinstance(value, int) else set(value)
+def asked_counts(path, lesson_args, env):
+    """(ranks, at_least) from the lesson itself, for counts it computes (from its arguments:
+    lesson 11's T·P·D for its --tp, --pp, --batch): one plain process runs it up to its
+    ``mpi_world`` call, which prints them and exits; None when it stops before (``--help``).
+    A command line the lesson refuses exits here, with the lesson's message and status."""
+    done = subprocess.run([sys.executable, str(path), *lesson_args], capture_output=True,
+                          text=True, env={**env, RANK_COUNTS_ENV: "1"}, timeout=300)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr)
+        raise SystemExit(done.returncode)
+    for line in done.stdout.splitlines():
+        if line.startswith(RANK_COUNTS_MARK):
+            said = json.loads(line[len(RANK_COUNTS_MARK):])
+            return tuple(said["ranks"]) or None, said["at_least"]
+    return None
 
 
 def add_arguments(parser):

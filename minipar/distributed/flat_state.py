@@ -81,13 +81,14 @@ class ZeROState:
 
 
 class ZeRO3State(ZeROState):
-    """ZeRO-3's checkpoint: ZeRO's format, the parameters in pieces too (each unit's flat chunk
+    """ZeRO-3's checkpoint: ZeRO's format, the parameters in pieces too (each segment's flat chunk
     cut at the parameters' edges, as the optimizer state)."""
 
     def __init__(self, zero3):
         self.module, self.optimizer, self.comm = zero3.module, zero3.optimizer, zero3.comm
-        self.groups = [(u.params, u.numel) for u in zero3.units]
-        self.shards = [u.shard.data for u in zero3.units]
+        # each unit's segments (one per param group), in the optimizer's order
+        self.groups = [(seg.params, seg.numel) for seg in zero3.segments]
+        self.shards = [seg.shard.data for seg in zero3.segments]
 
 
 class ParameterServerState:
@@ -96,23 +97,26 @@ class ParameterServerState:
 
     def __init__(self, server):
         self.module, self.optimizer, self.comm = server.module, server.optimizer, server.comm
-        self.params, self.bounds, self.dtype = server.params, server.bounds, server.flat.dtype
+        self.params, self.served, self.dtype = server.params, server.served, server.flat.dtype
 
     def members(self):
-        """This rank's flat range [lo, hi) and [(name, parameter, offset)] of the vector."""
+        """(i, lo, hi, [(name, parameter, offset)]) for each piece [lo, hi) of the flat vector
+        this rank serves (the optimizer's parameter i: its slice, cut at the param groups'
+        edges), the members of that piece's group."""
         names = {id(p): name for name, p in self.module.named_parameters()}
-        r, starts = self.comm.rank, offsets(self.params)[0]
-        return (self.bounds[r], self.bounds[r + 1],
-                [(names[id(p)], p, o) for p, o in zip(self.params, starts)])
+        starts = dict(zip(map(id, self.params), offsets(self.params)[0]))
+        for i, (lo, hi, group) in enumerate(self.served):
+            yield i, lo, hi, [(names[id(p)], p, starts[id(p)]) for p in group]
 
     def state_dict(self):
         """{"model": whole parameters, "optimizer": {"state": {name: {...}},
         "hyperparameters"}}: serial names, the servers' pieces of the optimizer state."""
-        lo, hi, members = self.members()
-        own = self.optimizer.state.get(0, {}) if self.optimizer else {}
-        state = {name: s for name, s in flat_pieces(members, lo, hi, own).items() if s}
+        state = {}
+        for i, lo, hi, members in self.members():
+            state.update(flat_pieces(members, lo, hi, self.optimizer.state.get(i, {})))
         return {"model": self.module.state_dict(),
-                "optimizer": {"state": state, "hyperparameters":
+                "optimizer": {"state": {name: s for name, s in state.items() if s},
+                              "hyperparameters":
                               self.optimizer.hyperparameters() if self.optimizer else {}}}
 
     def load_state_dict(self, state_dict):
@@ -120,9 +124,12 @@ class ParameterServerState:
         changes."""
         named = None
         if self.optimizer is not None:  # a server: its slice's optimizer state
-            lo, hi, members = self.members()
-            chunk = flat_chunk(members, lo, hi, state_dict["optimizer"]["state"], self.dtype)
-            named = {"state": {} if chunk is None else {0: chunk},
+            chunks = {}
+            for i, lo, hi, members in self.members():
+                chunk = flat_chunk(members, lo, hi, state_dict["optimizer"]["state"], self.dtype)
+                if chunk is not None:
+                    chunks[i] = chunk
+            named = {"state": chunks,
                      "hyperparameters": state_dict["optimizer"]["hyperparameters"]}
         load_after_dry_run(self.optimizer, named,
                            lambda: self.module.load_state_dict(state_dict["model"]))

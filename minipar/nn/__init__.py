@@ -4,8 +4,8 @@ from . import functional_conv, init  # noqa: F401
 from .conv import AdaptiveAvgPool2d, AvgPool2d, BatchNorm2d, Conv2d, MaxPool2d  # noqa: F401
 from .functional_conv import (adaptive_avg_pool2d, avg_pool2d, batch_norm, conv2d,  # noqa: F401
                               max_pool2d)
-from .layers import (GELU, Dropout, Embedding, Flatten, Identity, LayerNorm, Linear,  # noqa: F401
-                     ReLU)
+from .layers import (GELU, Dropout, Dropout2d, Embedding, Flatten, Identity, LayerNorm,  # noqa: F401
+                     Linear, ReLU)
 from .moe import MoE, MoEBlock  # noqa: F401
 from .module import Module, ModuleList, Parameter, Sequential  # noqa: F401
 from .resnet import BasicBlock, ResNet  # noqa: F401

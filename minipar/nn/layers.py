@@ -1,6 +1,8 @@
 """The basic layers, each a thin Module over one function of ``minipar.functional``."""
-from .. import functional as F
-from ..autograd import embedding
+import warnings
+
+from .. import backend, functional as F
+from ..autograd import Tensor, embedding
 from . import init
 from .module import Module, Parameter
 
@@ -63,6 +65,33 @@ class Dropout(Module):
 
     def forward(self, x):
         return F.dropout(x, self.p, self.training)
+
+    def extra_repr(self):
+        return f"p={self.p}"
+
+
+class Dropout2d(Module):
+    """Channel dropout (Tompson et al. 2015): while training each whole channel ``x[n, c]`` of an
+    (N, C, H, W) input is zeroed with probability p, the others scaled by 1/(1−p); identity in
+    eval mode. torch's arguments; ``inplace=True`` is refused as F.dropout refuses it."""
+
+    def __init__(self, p=0.5, inplace=False):
+        super().__init__()
+        F.dropout(Tensor([1.0]), p, training=False, inplace=inplace)  # F.dropout's checks of p
+        self.p = p
+
+    def forward(self, x):
+        if x.ndim not in (3, 4):
+            raise ValueError(f"Dropout2d: expected an (N, C, H, W) input, got shape {x.shape}")
+        if x.ndim == 3:  # torch reads it as (N, C, L), not as one unbatched (C, H, W) sample
+            warnings.warn("Dropout2d: a 3-D input is read as (N, C, L) and each x[n, c] row is "
+                          "dropped, as torch does (its Dropout1d); add a batch axis for "
+                          "(C, H, W)", UserWarning, stacklevel=2)
+        if not self.training or self.p == 0:
+            return x
+        # one inverted-dropout draw per channel, broadcast over its H × W (or L) values
+        ones = backend.get_array_module(x.data).ones(x.shape[:2] + (1,) * (x.ndim - 2), x.dtype)
+        return x * F.dropout(Tensor(ones), self.p, training=True)
 
     def extra_repr(self):
         return f"p={self.p}"

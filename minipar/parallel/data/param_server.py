@@ -12,12 +12,15 @@ receives the new parameters).
 Cost per step (one server is the bottleneck; sharded, the bytes of a ring all-reduce):
 docs/zero.md. Checkpoints: as ZeRO's (distributed/flat_state.py).
 """
+import itertools
+
 from ... import backend
 from ...comm import Request, chunk_bounds, world
 from ...distributed.flat_state import ParameterServerState
 from ...nn.module import Parameter
-from ...flat import flatten_grads, flatten_parameters
+from ...flat import flatten_grads, flatten_parameters, offsets
 from .buckets import broadcast_parameters, gradient_bytes
+from .zero import optimizer_over_shards, read_param_groups
 
 PUSH, PULL = 11, 12  # message tags
 
@@ -29,8 +32,12 @@ class ParameterServer:
     def __init__(self, module, make_optimizer, comm=None, sharded=False, on_mismatch="warn"):
         self.comm, self.module = comm or world(), module
         self.mismatched = broadcast_parameters(module, self.comm, on_mismatch)
-        self.params = [p for p in module.parameters() if p.requires_grad]
-        # the parameters end to end in one flat vector (each p.data becomes a view of it)
+        trainable = [p for p in module.parameters() if p.requires_grad]
+        # the param groups make_optimizer gives the model's parameters (e.g. no decay on biases)
+        probe, groups = read_param_groups(make_optimizer, module, trainable, "ParameterServer")
+        # the parameters end to end in one flat vector, group by group (each p.data becomes a
+        # view of it)
+        self.params = [p for group in groups for p in group]
         self.flat = flatten_parameters(self.params)
         n = self.flat.size
         N = self.comm.size
@@ -41,7 +48,19 @@ class ParameterServer:
         self.grad = backend.get_array_module(self.flat).empty_like(self.flat)
         lo, hi = self.bounds[r], self.bounds[r + 1]
         self.shard = Parameter(self.flat[lo:hi]) if hi > lo else None
-        self.optimizer = make_optimizer([self.shard]) if self.shard is not None else None
+        # the slice cut where one group ends and the next begins: (lo, hi, the group's
+        # parameters) for each group it meets, the optimizer's parameters in order, each
+        # Parameter a view of the slice in its group (one group: the slice itself)
+        ends = list(itertools.accumulate(offsets(group)[1] for group in groups))
+        self.served = [(max(lo, end - offsets(group)[1]), min(hi, end), group)
+                       for group, end in zip(groups, ends)]
+        pieces = [[Parameter(self.flat[a:b])] if b > a else [] for a, b, _ in self.served]
+        self.served = [(a, b, group) for a, b, group in self.served if b > a]
+        if len(groups) == 1 and self.shard is not None:
+            pieces = [[self.shard]]
+        self.pieces = [piece for group in pieces for piece in group]
+        self.optimizer = (optimizer_over_shards(make_optimizer, probe, pieces, "ParameterServer")
+                          if self.shard is not None else None)
 
     def _owned(self, j, vector):
         return vector[self.bounds[j]:self.bounds[j + 1]]
@@ -51,6 +70,7 @@ class ParameterServer:
 
     def step(self):
         c, r = self.comm, self.comm.rank
+        lo = self.bounds[r]
         flatten_grads(self.params, self.grad)
         # push: my gradient's slice j to server j
         sends = [c.isend(self._owned(j, self.grad), j, PUSH) for j in self.servers() if j != r]
@@ -61,7 +81,9 @@ class ParameterServer:
             total = mine.copy() if r == 0 else c.recv(got, 0, PUSH).copy()
             for j in range(1, c.size):
                 total += mine if j == r else c.recv(got, j, PUSH)
-            self.shard.grad = total / c.size
+            total /= c.size
+            for (a, _, _), piece in zip(self.served, self.pieces):
+                piece.grad = total[a - lo:a - lo + piece.size]
             self.optimizer.step()
         Request.wait_all(sends)
         # pull: every server sends its slice of the parameters to every other rank
@@ -78,9 +100,8 @@ class ParameterServer:
         """Bytes this rank holds now, as ZeRO's ``memory_bytes``: parameters, gradients
         (backward's, the push buffer, a server's averaged slice) and optimizer state, which only
         the servers hold: all of it on rank 0 with one server, 1/N of it per rank sharded."""
-        shard = [] if self.shard is None else [self.shard]
         return {"parameters": int(self.flat.nbytes),
-                "gradients": gradient_bytes(self.params + shard, [self.grad]),
+                "gradients": gradient_bytes(self.params + self.pieces, [self.grad]),
                 "optimizer_state": self.optimizer.state_bytes() if self.optimizer else 0}
 
     # --- checkpoints: serial names, the servers' pieces (distributed/flat_state.py) -----------

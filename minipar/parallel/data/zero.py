@@ -22,6 +22,49 @@ from .buckets import ReadyQueue, broadcast_parameters, gradient_bytes, make_buck
 ALL_GATHER_TWIN = {"recursive_halving": "recursive_doubling", "pairwise": "ring"}
 
 
+def read_param_groups(make_optimizer, module, params, owner):
+    """(optimizer, [[parameters of group g, in model order]]): ``make_optimizer(params)`` built
+    over the model's own parameters to read its param groups (no state yet). Each array is a view
+    meanwhile, so an optimizer that lays its own arrays end to end (Adam's Flat) copies nothing.
+    A trainable parameter in no group, or a group holding another tensor, is a ValueError."""
+    arrays = [p.data for p in params]
+    for p in params:
+        p.data = p.data[...]
+    try:
+        probe = make_optimizer(params)
+    finally:
+        for p, array in zip(params, arrays):
+            p.data = array
+    groups = getattr(probe, "param_groups", [{"params": params}])
+    group_of = {id(p): g for g, group in enumerate(groups) for p in group["params"]}
+    names = {id(p): name for name, p in module.named_parameters()}
+    left = [names[id(p)] for p in params if id(p) not in group_of]
+    if left:
+        raise ValueError(f"{owner}: make_optimizer's param groups leave out {', '.join(left)}: "
+                         f"every trainable parameter is sharded and updated; put it in a group "
+                         f"or freeze it (requires_grad = False)")
+    if len(group_of) != len(params):
+        raise ValueError(f"{owner}: make_optimizer's param groups hold tensors that are not the "
+                         f"model's trainable parameters; build them from the params it is given")
+    return probe, [[p for p in params if group_of[id(p)] == g] for g in range(len(groups))]
+
+
+def optimizer_over_shards(make_optimizer, probe, shards, owner):
+    """The optimizer of the flat shards, ``shards[g]`` those of param group g: for one group
+    ``make_optimizer(shards[0])``; for several, the probe's class again, group g with its own
+    hyperparameters over its shards (torch's ZeroRedundancyOptimizer builds its own so)."""
+    if len(shards) == 1:
+        return make_optimizer(shards[0])
+    groups = [{**{k: v for k, v in group.items() if k != "params"}, "params": mine}
+              for group, mine in zip(probe.param_groups, shards)]
+    try:
+        return type(probe)(groups, **probe.defaults)
+    except TypeError as err:
+        raise TypeError(f"{owner}: {type(probe).__name__}(param_groups, **defaults) failed "
+                        f"({err}): with several param groups the optimizer is built again over "
+                        f"the flat shards so, from its defaults") from err
+
+
 class ZeRO:
     """Sharded data-parallel training; ``step()`` after ``backward()`` replaces optimizer.step()."""
 
@@ -36,9 +79,15 @@ class ZeRO:
         self.mismatched = broadcast_parameters(module, self.comm, on_mismatch)
         self.params = [p for p in module.parameters() if p.requires_grad]
         cap = float("inf") if bucket_cap_mb is None else bucket_cap_mb * 2**20
-        # parameters grouped in reverse order into buckets (None: one bucket of everything, the
-        # textbook picture); each bucket one flat vector, every parameter's .data a view into it
-        self.buckets = make_buckets(self.params, cap)
+        # the param groups make_optimizer gives the model's parameters (e.g. no decay on biases)
+        probe, groups = read_param_groups(make_optimizer, module, self.params, "ZeRO")
+        # each group's parameters in reverse order into buckets (None: one bucket of each group,
+        # the textbook picture), so a bucket never mixes groups: its shard takes one group's
+        # lr and decay. Buckets go group by group, so with several groups stage 2 starts the
+        # next group's reduce-scatters only after the last bucket of the one before.
+        # Each bucket is one flat vector, every parameter's .data a view into it.
+        by_group = [make_buckets(group, cap) for group in groups]
+        self.buckets = [bucket for buckets in by_group for bucket in buckets]
         self.flats = []
         self.shards = []
         N = self.comm.size
@@ -56,7 +105,9 @@ class ZeRO:
         # elementwise, so updating a flat shard gives the bits a per-parameter update gives;
         # global-norm clipping would need one more all-reduce and is not supported, nor is
         # gradient accumulation (no_sync).
-        self.optimizer = make_optimizer(self.shards)
+        shards = iter(self.shards)  # group g's: one per bucket of its own
+        grouped = [[next(shards) for _ in buckets] for buckets in by_group]
+        self.optimizer = optimizer_over_shards(make_optimizer, probe, grouped, "ZeRO")
         if stage == 2:
             self.queue = ReadyQueue(self.buckets, self._reduce_scatter, lambda: None)
 

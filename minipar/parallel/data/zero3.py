@@ -12,13 +12,13 @@ import contextlib
 
 from ... import backend
 from ...autograd import Tensor, is_grad_enabled
-from ...comm import chunk_bounds, world
+from ...comm import Request, chunk_bounds, world
 from ...comm.nonblocking import iall_gather, ireduce_scatter
 from ...distributed.flat_state import ZeRO3State
 from ...flat import flatten_grads, flatten_parameters, offsets
 from ...nn.module import Parameter
 from .buckets import broadcast_parameters
-from .zero import ALL_GATHER_TWIN
+from .zero import ALL_GATHER_TWIN, optimizer_over_shards, read_param_groups
 
 # A layer's backward closures keep views of the arrays it read, so its gathered copy cannot be
 # dropped and made anew for backward: unit i is gathered into slot i mod 2, always the same
@@ -40,21 +40,39 @@ def placeholder(p):
     return xp.broadcast_to(xp.zeros((), p.dtype), p.shape)
 
 
-class _Unit:
-    """One layer: its parameters, their place in the flat vector, this rank's shard."""
+class _Segment:
+    """The parameters of one param group in a unit, end to end in one flat vector padded to a
+    multiple of N, at ``start`` in the unit's; rank r keeps chunk r as a Parameter (``shard``),
+    the only one the optimizer sees, in group ``group`` (updates are elementwise)."""
 
-    def __init__(self, name, module, params, comm):
-        self.name, self.module, self.params = name, module, params
-        # the parameters lie end to end in one flat vector padded to a multiple of N; rank r
-        # keeps chunk r as a Parameter, the only one the optimizer sees (updates are elementwise)
-        self.starts, n = offsets(params)
+    def __init__(self, group, params, start, comm):
+        self.group, self.params, self.start = group, params, start
+        self.offsets, n = offsets(params)
         self.numel = -(-n // comm.size) * comm.size
         flat = flatten_parameters(params, self.numel)
         lo, hi = chunk_bounds(self.numel, comm.size)[comm.rank:comm.rank + 2]
         self.shard = Parameter(flat[lo:hi].copy())
+
+
+class _Unit:
+    """One layer: its parameters, their place in the flat vector, this rank's shards."""
+
+    def __init__(self, name, module, params, comm, group_of):
+        self.name, self.module, self.params = name, module, params
+        # one segment per param group among its parameters (a Linear's weight decayed, its
+        # bias not: two), end to end in the unit's flat vector; each is gathered and
+        # reduce-scattered whole, so each shard holds one group's elements only
+        self.segments = []
+        self.numel = 0
+        for g in sorted({group_of[id(p)] for p in params}):
+            segment = _Segment(g, [p for p in params if group_of[id(p)] == g], self.numel, comm)
+            self.segments.append(segment)
+            self.numel += segment.numel
+        self.starts = {id(p): segment.start + o for segment in self.segments
+                       for p, o in zip(segment.params, segment.offsets)}
         self.slot = None  # its gathered copy's slot, from the first forward on
-        self.work = None  # the all-gather under way
-        self.grad_work = None  # the reduce-scatter under way
+        self.work = None  # the all-gathers under way, one per segment
+        self.grad_work = None  # the reduce-scatters under way, one per segment
         self.state = "sharded"  # -> gathered (forward) -> resharded -> backward -> done
         self.missing = len(params)  # gradients backward has still to produce
         self.reduced = False  # its gradient was reduce-scattered since the last step
@@ -62,7 +80,8 @@ class _Unit:
 
     def point(self, flat):
         """Every parameter a view of its place in ``flat``, the unit's whole flat vector."""
-        for p, o in zip(self.params, self.starts):
+        for p in self.params:
+            o = self.starts[id(p)]
             p.data = flat[o:o + p.size].reshape(p.shape)
 
     def release(self):
@@ -84,11 +103,18 @@ class ZeRO3:
         self.gather_algorithm = ALL_GATHER_TWIN.get(algorithm, algorithm)
         self.prefetch = prefetch
         self.mismatched = broadcast_parameters(module, self.comm, on_mismatch)
+        trainable = [p for p in module.parameters() if p.requires_grad]
+        # the param groups make_optimizer gives the model's parameters (e.g. no decay on biases)
+        probe, groups = read_param_groups(make_optimizer, module, trainable, "ZeRO3")
+        group_of = {id(p): g for g, group in enumerate(groups) for p in group}
         self.units = self._make_units(module, layer_units(module) if units is None else
                                       [(m, [p for p in m.parameters() if p.requires_grad])
-                                       for m in units])
+                                       for m in units], group_of)
         self.unit_of = {id(p): u for u in self.units for p in u.params}
-        self.optimizer = make_optimizer([u.shard for u in self.units])
+        # every segment, group by group: the optimizer's parameter i is segments[i]'s shard
+        self.segments = sorted((s for u in self.units for s in u.segments), key=lambda s: s.group)
+        shards = [[s.shard for s in self.segments if s.group == g] for g in range(len(groups))]
+        self.optimizer = optimizer_over_shards(make_optimizer, probe, shards, "ZeRO3")
         self.order = []  # the units in forward order, as first seen: the next forward's guess
         self.ran = []  # the units this forward ran, in order: exact for its backward
         self._drop_slots()  # no slot, no holder (the unit whose copy a slot holds)
@@ -105,7 +131,7 @@ class ZeRO3:
                 p.register_post_accumulate_grad_hook(self._gradient_ready)
         module.register_forward_hook(self._end_forward)
 
-    def _make_units(self, module, pairs):
+    def _make_units(self, module, pairs, group_of):
         """One _Unit per (module, parameters); every trainable parameter in exactly one."""
         names = {id(m): name or type(m).__name__ for name, m in module.named_modules()}
         owner = {}
@@ -122,7 +148,7 @@ class ZeRO3:
         if left:
             raise ValueError(f"ZeRO3: parameters in no unit: {', '.join(left)}; list their "
                              f"modules in units=")
-        return [_Unit(names[id(m)], m, params, self.comm) for m, params in pairs if params]
+        return [_Unit(names[id(m)], m, ps, self.comm, group_of) for m, ps in pairs if ps]
 
     # --- gathering into the slots ----------------------------------------------------------------
     def _gather(self, u):
@@ -134,29 +160,31 @@ class ZeRO3:
                                f"which is still computing: units nest two deep at most, their "
                                f"backward in the reverse order of their forward; choose units=")
         if self.slots[s] is None:
-            xp = backend.get_array_module(u.shard.data)
-            self.slots[s] = xp.empty(self.slot_size, u.shard.dtype)
+            shard = u.segments[0].shard
+            self.slots[s] = backend.get_array_module(shard.data).empty(self.slot_size, shard.dtype)
             gathered = sum(int(slot.nbytes) for slot in self.slots if slot is not None)
             self.peak_gathered_bytes = max(self.peak_gathered_bytes, gathered)
         if holder is not None and holder is not u:
             self._cancel(holder)
         self.holder[s] = u
-        full = self.slots[s][:u.numel].reshape(self.comm.size, -1)
         # collectives run on the communicator's thread in the order started, alike on all ranks
-        u.work = iall_gather(self.comm, u.shard.data, self.gather_algorithm, out=full)
+        u.work = [iall_gather(self.comm, seg.shard.data, self.gather_algorithm,
+                              out=self.slots[s][seg.start:seg.start + seg.numel].reshape(
+                                  self.comm.size, -1))
+                  for seg in u.segments]
 
     def _cancel(self, u):
         """Forget u's gather if one is under way: u was prefetched but did not run (a head this
         step leaves out); it gathers anew when it does. Waited for, as every rank started it."""
         if u.work is not None:
-            u.work.wait()
+            Request.wait_all(u.work)
             u.work = None
 
     def _use(self, u, state):
         """Wait for unit u's gather (starting it if nobody did) and point its parameters in."""
         if u.work is None:
             self._gather(u)
-        u.work.wait()
+        Request.wait_all(u.work)
         u.work = None
         u.state = state
         u.point(self.slots[u.slot])
@@ -237,12 +265,14 @@ class ZeRO3:
             self._reduce_scatter(u)
 
     def _reduce_scatter(self, u):
-        """Average unit u's flat gradient; this rank's chunk comes back to its shard."""
-        xp = backend.get_array_module(u.shard.data)
-        grad = flatten_grads(u.params, xp.zeros(u.numel, u.shard.dtype))
+        """Average unit u's flat gradients; this rank's chunks come back to its shards."""
+        xp = backend.get_array_module(u.segments[0].shard.data)
+        grads = [flatten_grads(seg.params, xp.zeros(seg.numel, seg.shard.dtype))
+                 for seg in u.segments]
         for p in u.params:
             p.grad = None
-        u.grad_work = ireduce_scatter(self.comm, grad, op="avg", algorithm=self.algorithm)
+        u.grad_work = [ireduce_scatter(self.comm, grad, op="avg", algorithm=self.algorithm)
+                       for grad in grads]
         u.release()
         u.state = "done"
         u.reduced = True
@@ -253,7 +283,8 @@ class ZeRO3:
         """Backward is over: wait for the reduce-scatters, drop the gathered copies."""
         for u in self.units:
             if u.grad_work is not None:
-                u.shard.grad = u.grad_work.wait()
+                for seg, grad in zip(u.segments, Request.wait_all(u.grad_work)):
+                    seg.shard.grad = grad
                 u.grad_work = None
         self._drop_slots()
 
@@ -270,8 +301,9 @@ class ZeRO3:
         whose grad is None."""
         for u in self.units:
             # a unit whose backward ran but left a parameter without a gradient (in unit order:
-            # the same on every rank, as every rank ran the same graph). Its shard is one vector
-            # with one step count, so that parameter takes the step with a zero gradient
+            # the same on every rank, as every rank ran the same graph). Its segment's shard is
+            # one vector with one step count, so that parameter takes the step with a zero
+            # gradient
             if not u.reduced and any(p.grad is not None for p in u.params):
                 self._reduce_scatter(u)
         self._finish()
@@ -283,19 +315,19 @@ class ZeRO3:
     def zero_grad(self):
         """Drop the gradients (a backward's without step too, so a new forward may come)."""
         for u in self.units:
-            if u.grad_work is not None:  # reduce-scatters under way end first, in order
-                u.grad_work.wait()
-            u.shard.grad = None
+            Request.wait_all(u.grad_work or ())  # reduce-scatters under way end first, in order
             u.grad_work = None
             u.reduced = False
+        for seg in self.segments:
+            seg.shard.grad = None
         self.module.zero_grad()
 
     def memory_bytes(self):
         """Bytes this rank holds now: parameter shards, gradients (shards and any whole ones),
         optimizer state, and the gathered copies (the slots; none between steps)."""
-        grads = [u.shard.grad for u in self.units] + [p.grad for u in self.units for p in u.params]
-        kept = [u.shard for u in self.units] + [p for p in self.module.parameters()
-                                                 if not p.requires_grad]  # frozen: whole
+        shards = [seg.shard for seg in self.segments]
+        grads = [s.grad for s in shards] + [p.grad for u in self.units for p in u.params]
+        kept = shards + [p for p in self.module.parameters() if not p.requires_grad]  # frozen
         return {"parameters": sum(int(p.data.nbytes) for p in kept),
                 "gradients": sum(int(g.nbytes) for g in grads if g is not None),
                 "optimizer_state": self.optimizer.state_bytes(),
@@ -315,7 +347,9 @@ class ZeRO3:
         """Inside the block every parameter holds its whole value (torch's name); writes to them
         are not kept. Collective: every rank enters it."""
         for u in self.units:
-            u.point(self.comm.all_gather(u.shard.data, self.gather_algorithm).reshape(-1))
+            u.point(backend.get_array_module(u.segments[0].shard.data).concatenate(
+                [self.comm.all_gather(seg.shard.data, self.gather_algorithm).reshape(-1)
+                 for seg in u.segments]))
         try:
             yield self.module
         finally:
