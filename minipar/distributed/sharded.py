@@ -148,7 +148,9 @@ def flat_chunk(members, lo, hi, saved, dtype):
         if not hasattr(value, "shape"):
             chunk[key] = value
             continue
-        out = chunk[key] = numpy.zeros(hi - lo, dtype)
+        # the saved entry's dtype: a 16-bit parameter's float32 master and moments stay float32
+        kept = value.dtype if backend.is_low_precision(dtype) else dtype
+        out = chunk[key] = numpy.zeros(hi - lo, kept)
         for entry, p, o in found:
             if tuple(entry[key].shape) != p.shape:
                 raise ValueError(f"optimizer state {key!r} has shape {tuple(entry[key].shape)}, "
