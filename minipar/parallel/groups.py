@@ -122,7 +122,8 @@ class RankGrid(GridText):
                       for kind in [*axes, *(k for k in KINDS if "-" in k)]}
 
     def coords(self, rank):
-        """{'tp': i, 'dp': j, 'pp': k} of a rank: its digits in the mixed radix of ``order``."""
+        """{'tp': i, 'dp': j, 'pp': k} (and 'cp' when cp > 1) of a rank: its digits in the mixed
+        radix of ``order``."""
         if not 0 <= rank < self.world:
             raise ValueError(f"rank {rank} is outside the world of {self.world} ranks")
         ### BEGIN SOLUTION rank-grid
