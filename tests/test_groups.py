@@ -1,11 +1,14 @@
 """The rank grid: Megatron's documented groups, completeness, orthogonality, clear errors."""
 import itertools
 import json
+import math
 
+import numpy as np
 import pytest
 
 from minipar.cli import main
 from minipar.parallel.groups import RankGrid
+from minipar.testing import run_on_ranks
 
 
 def test_megatron_documented_example():
@@ -233,3 +236,211 @@ def test_check_names_an_expert_group_outside_its_data_group():
     with pytest.raises(AssertionError, match=r"expert group \[0, 5\] spans more than one data "
                                              r"group"):
         Straddling(8, pp=2, ep=2).check()
+
+
+# --- the context dimension (5D: tp × cp × dp × pp, Megatron-core's tp-cp-ep-dp-pp) ------------
+
+def megatron_groups(world, order, sizes, tokens):
+    """Megatron-core's documented rule, written out: the ranks enumerated with the coordinates of
+    ``order`` (fastest first, every name of tp cp ep dp pp once) as the digits of a mixed radix
+    over ``sizes``; a group of a token ("cp", "tp-cp", ...) holds the ranks that agree on every
+    coordinate outside it. The dense grid takes ep = 1, the expert grid cp = 1 and dp = edp.
+    Returns {token: its groups, sorted}."""
+    names = order.split("-")
+    assert math.prod(sizes[n] for n in names) == world
+    groups = {token: {} for token in tokens}
+    for digits in itertools.product(*(range(sizes[n]) for n in reversed(names))):
+        c = dict(zip(reversed(names), digits))
+        rank, stride = 0, 1
+        for n in names:
+            rank, stride = rank + c[n] * stride, stride * sizes[n]
+        for token in tokens:
+            key = tuple(c[n] for n in names if n not in token.split("-"))
+            groups[token].setdefault(key, []).append(rank)
+    return {token: sorted(sorted(g) for g in groups[token].values()) for token in tokens}
+
+
+def divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# minipar's order -> Megatron's, each name placed (cp and ep unnamed: cp, then ep, before dp)
+ORDERS_5D = {"tp-dp-pp": "tp-cp-ep-dp-pp", "tp-cp-ep-dp-pp": "tp-cp-ep-dp-pp",
+             "tp-cp-dp-ep-pp": "tp-cp-dp-ep-pp", "tp-dp-cp-pp": "tp-ep-dp-cp-pp",
+             "pp-dp-cp-tp": "pp-ep-dp-cp-tp", "tp-pp-cp-dp": "tp-pp-cp-ep-dp"}
+DENSE_TOKENS = ("tp", "cp", "dp", "pp", "tp-cp", "dp-cp")
+
+
+def sweep(world):
+    """(tp, cp, pp, ep) with tp·cp·pp | W and ep | dp·cp: every divisor of W up to 4 for tp,
+    cp and pp, ep in 1, 2, 3 and 4."""
+    small = [d for d in divisors(world) if d <= 4]
+    for tp, cp, pp in itertools.product(small, repeat=3):
+        if world % (tp * cp * pp) == 0:
+            block = world // (tp * pp)  # dp·cp
+            yield from ((tp, cp, pp, ep) for ep in (1, 2, 3, 4) if block % ep == 0)
+
+
+@pytest.mark.parametrize("world", [1, 2, 6, 8, 12, 16, 24, 36, 64, 96, 512])
+def test_context_grid_is_megatron_cores(world):
+    """Every group kind, dense and expert, equals the groups Megatron-core's rule builds, for
+    each (tp, cp, pp, ep) of the sweep and each order; each pair of coordinates' groups meet in
+    one rank (orthogonal), each kind partitions the ranks (coverage)."""
+    grids = 0
+    for (tp, cp, pp, ep), order in itertools.product(sweep(world), ORDERS_5D):
+        if world > 64 and order != "tp-dp-pp":
+            continue  # the large grids in Megatron's default order only (time)
+        grid = RankGrid(world, tp=tp, cp=cp, pp=pp, ep=ep, order=order)
+        dp = world // (tp * cp * pp)
+        dense = {"tp": tp, "cp": cp, "ep": 1, "dp": dp, "pp": pp}
+        expert = {"tp": tp, "cp": 1, "ep": ep, "dp": dp * cp // ep, "pp": pp}
+        megatron = ORDERS_5D[order]
+        want = megatron_groups(world, megatron, dense, DENSE_TOKENS)
+        for kind in DENSE_TOKENS:
+            assert grid.groups(kind) == want[kind], (world, tp, cp, pp, ep, order, kind)
+        want = megatron_groups(world, megatron, expert, ("ep", "dp", "tp", "pp"))
+        for kind, token in (("ep", "ep"), ("edp", "dp"), ("tp", "tp"), ("pp", "pp")):
+            assert grid.groups(kind) == want[token], (world, tp, cp, pp, ep, order, kind)
+        label = {}  # kind -> the index of each rank's group
+        for kind in (*DENSE_TOKENS, "ep", "edp"):
+            label[kind] = np.full(world, -1)
+            for i, g in enumerate(grid.groups(kind)):
+                assert (label[kind][g] == -1).all()
+                label[kind][g] = i
+            assert (label[kind] >= 0).all(), (kind, "does not cover every rank")
+        for a, b in [*itertools.combinations(("tp", "cp", "dp", "pp"), 2), ("ep", "edp"),
+                     ("tp", "ep"), ("ep", "pp"), ("tp", "edp"), ("edp", "pp")]:
+            pairs = label[a] * world + label[b]  # two ranks with one pair: groups share two
+            assert len(set(pairs.tolist())) == world, (world, tp, cp, pp, ep, order, a, b)
+        assert grid.check()
+        grids += 1
+    assert grids >= (1 if world == 1 else 6)
+
+
+@pytest.mark.parametrize("world,tp,cp,pp,ep", [(8, 2, 2, 1, 1), (16, 2, 2, 2, 2), (24, 1, 3, 2, 2),
+                                               (32, 2, 4, 1, 8)])
+def test_context_coords_rank_and_combined_groups(world, tp, cp, pp, ep):
+    """coords and rank are inverse with cp; tp-cp = tp × cp, dp-cp = dp × cp, and the expert
+    groups tile each data-context group (ep × edp = dp·cp)."""
+    grid = RankGrid(world, tp=tp, cp=cp, pp=pp, ep=ep)
+    for r in range(world):
+        c = grid.coords(r)
+        assert list(c) == ["tp", "cp", "dp", "pp"] and grid.rank(**c) == r
+        tensor, context = set(grid.group_of(r, "tp")), set(grid.group_of(r, "cp"))
+        data, data_context = set(grid.group_of(r, "dp")), set(grid.group_of(r, "dp-cp"))
+        assert set(grid.group_of(r, "tp-cp")) == {x for y in context for x in grid.group_of(y, "tp")}
+        assert data_context == {x for y in context for x in grid.group_of(y, "dp")}
+        assert tensor & context == {r} == data & context
+        expert, edp = set(grid.group_of(r, "ep")), set(grid.group_of(r, "edp"))
+        assert expert <= data_context and edp <= data_context and expert & edp == {r}
+        assert set().union(*(grid.group_of(x, "ep") for x in edp)) == data_context
+    with pytest.raises(ValueError, match=r"coordinates .* are outside the grid"):
+        grid.rank(cp=cp)
+
+
+def test_documented_context_example(capsys):
+    """8 ranks, tp = 2, cp = 2 (dp = 2), Megatron-core's order tp-cp-ep-dp-pp."""
+    grid = RankGrid(8, tp=2, cp=2)
+    assert (grid.cp, grid.dp, grid.order_name) == (2, 2, "tp-cp-dp-pp")
+    assert grid.groups("cp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert grid.groups("dp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert grid.groups("tp-cp") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert grid.groups("dp-cp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert grid.coords(5) == {"tp": 1, "cp": 0, "dp": 1, "pp": 0}
+    assert main(["groups", "--world", "8", "--tp", "2", "--cp", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "world 8 = tp 2 × cp 2 × dp 2 × pp 1  (order tp-cp-dp-pp, fastest first)" in text
+    assert " rank   tp   cp   dp   pp\n    0    0    0    0    0\n    1    1    0    0    0" in text
+    assert "context groups (4 of 2): [0,2] [1,3] [4,6] [5,7]" in text
+    assert "tensor-context groups (2 of 4): [0,1,2,3] [4,5,6,7]" in text
+    assert "data-context groups (2 of 4): [0,2,4,6] [1,3,5,7]" in text
+    assert main(["groups", "--world", "16", "--tp", "2", "--cp", "2", "--ep", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "world 16 = tp 2 × cp 2 × dp 4 × pp 1, dp·cp 8 = ep 2 × edp 4  (order " \
+           "tp-cp-ep-dp-pp" in text
+    assert "expert groups (8 of 2): [0,2] [1,3] [4,6]" in text  # with ep = cp: the cp groups
+
+
+def test_cli_json_and_one_rank_with_context(capsys):
+    assert main(["groups", "--world", "16", "--tp", "2", "--cp", "2", "--pp", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["cp"], out["dp"], out["order"]) == (2, 2, "tp-cp-dp-pp")
+    assert out["context"][:2] == [[0, 2], [1, 3]]
+    assert out["tensor_context"][:2] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert out["data_context"][:2] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert out["coords"][6] == {"tp": 0, "cp": 1, "dp": 1, "pp": 0}
+    assert main(["groups", "--world", "16", "--tp", "2", "--cp", "2", "--pp", "2", "--rank", "6",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["context"] == [4, 6] and out["data_context"] == [0, 2, 4, 6]
+    assert main(["groups", "--world", "16", "--tp", "2", "--cp", "2", "--pp", "2",
+                 "--rank", "6"]) == 0
+    text = capsys.readouterr().out
+    assert "rank 6: tp 0 cp 1 dp 1 pp 0" in text
+    assert "context group (2 ranks): [4,6]\ntensor-context group (4 ranks): [4,5,6,7]" in text
+
+
+def test_cp_one_leaves_the_output_as_it_was(capsys):
+    """cp = 1 (given or not) shows no context column, size or groups."""
+    for argv in (["groups", "--world", "8", "--tp", "2", "--ep", "2", "--json"],
+                 ["groups", "--world", "8", "--tp", "2", "--ep", "2", "--cp", "1", "--json"]):
+        assert main(argv) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert list(out) == ["world", "tp", "dp", "pp", "order", "tensor", "pipeline", "data",
+                             "ep", "edp", "expert", "expert_data", "coords"]
+    assert "context" not in RankGrid(8, tp=2, cp=1, order="tp-cp-dp-pp").describe()
+    assert RankGrid(8, tp=2, order="tp-cp-dp-pp").coords(3) == {"tp": 1, "dp": 1, "pp": 0}
+
+
+def test_context_bad_input_is_a_clear_error(capsys):
+    with pytest.raises(ValueError, match=r"world size 12 is not divisible by tp·cp·pp = 2·4·1 = "
+                                         r"8: the ranks cannot form a tp × cp × dp × pp grid"):
+        RankGrid(12, tp=2, cp=4)
+    with pytest.raises(ValueError, match=r"dp·cp = 12/\(tp·pp\) = 6 is not divisible by ep = 4"):
+        RankGrid(12, tp=2, cp=3, ep=4)
+    with pytest.raises(ValueError, match="cp must be a positive integer, got 0"):
+        RankGrid(8, cp=0)
+    with pytest.raises(ValueError, match=r"and cp once, beside dp or that ep"):
+        RankGrid(8, cp=2, order="cp-tp-dp-pp")
+    with pytest.raises(SystemExit, match="2"):
+        main(["groups", "--world", "12", "--tp", "2", "--cp", "4"])
+    assert "argument --world: world size 12 is not divisible by tp·cp·pp = 2·4·1 = 8" \
+        in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):
+        main(["groups", "--world", "12", "--tp", "2", "--cp", "3", "--ep", "4"])
+    assert "argument --ep: the data-parallel size dp·cp = 12/(tp·pp) = 6 is not divisible by " \
+           "ep = 4" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["groups", "--world", "8", "--cp", "0"])
+    assert "argument --cp" in capsys.readouterr().err
+
+
+def context_communicators_body():
+    """On each rank: the members and the rank of every communicator of ParallelGroups with
+    tp = 2, cp = 2 (dp = 2), against the grid's groups; the mismatches."""
+    from minipar import comm
+    from minipar.parallel.groups import KEYS, ParallelGroups
+
+    world = comm.world()
+    groups = ParallelGroups(world, tp=2, cp=2)
+    wrong = []
+    for kind, key in KEYS.items():
+        members = getattr(groups, key).all_gather_object(world.rank)
+        expected = groups.grid.group_of(world.rank, kind)
+        if members != expected or getattr(groups, key).rank != expected.index(world.rank):
+            wrong.append(f"{kind}: {members}, rank {getattr(groups, key).rank}")
+    return {"wrong": wrong, "coords": groups.coords, "described": groups.describe(),
+            "context": groups.context.all_gather_object(world.rank),
+            "data_context": groups.data_context.all_gather_object(world.rank)}
+
+
+@pytest.mark.mpi
+def test_eight_ranks_context_communicators():
+    results = run_on_ranks(context_communicators_body, 8, timeout=120)
+    for rank, r in enumerate(results):
+        assert r["wrong"] == [], (rank, r["wrong"])
+        assert r["context"] == [[0, 2], [1, 3], [4, 6], [5, 7]][rank // 4 * 2 + rank % 2]
+        assert r["data_context"] == [[0, 2, 4, 6], [1, 3, 5, 7]][rank % 2]
+        assert r["coords"]["cp"] == rank // 2 % 2 and r["coords"]["dp"] == rank // 4
+        assert f"rank {rank}: tp {rank % 2} cp {rank // 2 % 2} dp {rank // 4} pp 0" in r["described"]
+        assert "context " in r["described"] and "expert" not in r["described"]

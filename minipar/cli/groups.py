@@ -1,8 +1,9 @@
-"""``minipar groups``: print the rank grid of data × tensor × pipeline (× expert) parallelism.
+"""``minipar groups``: print the rank grid of data × tensor × pipeline (× context × expert).
 
     minipar groups --world 16 --tp 2 --pp 4            each rank's coordinates and every group
     minipar groups --world 16 --tp 2 --pp 4 --json     {"tensor": [[...]], "pipeline": ..., "data": ...}
     minipar groups --world 16 --tp 2 --pp 2 --ep 2     + expert and expert-data groups (ep | dp)
+    minipar groups --world 16 --tp 2 --cp 2 --pp 2     + context groups (Megatron's tp-cp-ep-dp-pp)
     minipar groups --world 16384 --tp 8 --pp 16 --rank 5000     one rank's coordinates and groups
 
 Above 64 ranks the text shows the first and last ranks and groups (``--full`` prints them all);
@@ -23,12 +24,14 @@ def add_arguments(parser):
                         help=f"number of ranks W (at most {MAX_WORLD})")
     parser.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size")
     parser.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel size")
+    parser.add_argument("--cp", type=positive_int, default=1,
+                        help="context-parallel size: each sequence cut over cp ranks")
     parser.add_argument("--ep", type=positive_int, default=1,
-                        help="expert-parallel size: splits each data group (must divide dp)")
+                        help="expert-parallel size: splits each data group (must divide dp·cp)")
     parser.add_argument("--order", default="tp-dp-pp", choices=ORDERS, metavar="ORDER",
                         help="fastest-varying coordinate first: tp, dp and pp in any order, "
-                             "ep (if named) beside dp (default Megatron's tp-dp-pp, which puts "
-                             "ep just before dp: tp-ep-dp-pp)")
+                             "ep and cp (if named) beside dp (default Megatron's tp-dp-pp, which "
+                             "puts ep just before dp and cp before both: tp-cp-ep-dp-pp)")
     parser.add_argument("--rank", type=nonnegative_int, default=None,
                         help="show only this rank's coordinates and groups")
     parser.add_argument("--full", action="store_true",
@@ -44,9 +47,11 @@ def run(args):
         raise UsageError(f"argument --rank: rank {args.rank} is outside the world of "
                          f"{args.world} ranks (0..{args.world - 1})")
     try:
-        grid = RankGrid(args.world, tp=args.tp, pp=args.pp, order=args.order, ep=args.ep)
-    except ValueError as err:  # sizes and order are checked by the parser: W % (tp·pp) is left
-        which = "--ep" if args.world % (args.tp * args.pp) == 0 else "--world"  # and dp % ep
+        grid = RankGrid(args.world, tp=args.tp, pp=args.pp, order=args.order, ep=args.ep,
+                        cp=args.cp)
+    except ValueError as err:  # the parser checks sizes and order: W % (tp·cp·pp), dp·cp % ep left
+        tiled = args.world % (args.tp * args.cp * args.pp) == 0
+        which = "--ep" if tiled else "--world"
         raise UsageError(f"argument {which}: {err}") from None
     grid.check()
     if args.rank is not None:
@@ -59,7 +64,7 @@ def run(args):
 
 def one_rank(grid, rank):
     """{'rank': r, 'coords': {...}, 'tensor': [...], 'pipeline': [...], 'data': [...]}, and
-    'expert': [...], 'expert_data': [...] when ep > 1."""
+    'context', 'tensor_context', 'data_context' when cp > 1, 'expert', 'expert_data' when ep > 1."""
     return {"rank": rank, "coords": grid.all_coords(rank),
             **{KEYS[kind]: grid.group_of(rank, kind) for kind in grid.shown(KINDS)}}
 
