@@ -11,6 +11,7 @@ from .autograd import (Tensor, as_tensor, concat, embedding, enable_grad, gather
                        tensor, where)
 from .random import get_rng_state, manual_seed, set_rng_state  # noqa: F401
 from .backend import to_numpy  # noqa: F401
+from .backend.dtypes import bfloat16, float16, float32, float64  # noqa: F401
 from .io import load, save  # noqa: F401
 
 __version__ = "0.1.0"
@@ -18,12 +19,14 @@ __version__ = "0.1.0"
 
 def zeros(*shape, dtype="float32", requires_grad=False):
     shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-    return Tensor(backend.xp().zeros(shape, dtype=dtype), requires_grad=requires_grad)
+    return Tensor(backend.xp().zeros(shape, dtype=backend.check_dtype(dtype)),
+                  requires_grad=requires_grad)
 
 
 def ones(*shape, dtype="float32", requires_grad=False):
     shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-    return Tensor(backend.xp().ones(shape, dtype=dtype), requires_grad=requires_grad)
+    return Tensor(backend.xp().ones(shape, dtype=backend.check_dtype(dtype)),
+                  requires_grad=requires_grad)
 
 
 def randn(*shape, dtype="float32", requires_grad=False):
@@ -31,5 +34,5 @@ def randn(*shape, dtype="float32", requires_grad=False):
     from . import random
 
     shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-    data = random.generator().standard_normal(shape).astype(dtype)
+    data = random.generator().standard_normal(shape).astype(backend.check_dtype(dtype))
     return Tensor(data, requires_grad=requires_grad)

@@ -139,6 +139,9 @@ class Tensor:
     def astype(self, dtype): return apply(ops.astype, self, dtype=dtype)
     def float(self): return self.astype("float32")
     def double(self): return self.astype("float64")
+    def half(self): return self.astype("float16")
+    def bfloat16(self): return self.astype("bfloat16")
+    def to(self, dtype): return self.astype(dtype)
 
     # --- values on the host ------------------------------------------------------------------
     def numpy(self):
@@ -155,7 +158,7 @@ class Tensor:
 
     # --- gradient bookkeeping ---------------------------------------------------------------
     def requires_grad_(self, mode=True):
-        if mode and self.data.dtype.kind not in "fc":
+        if mode and not (backend.is_floating(self.data.dtype) or self.data.dtype.kind == "c"):
             raise TypeError(f"only floating-point tensors can require gradients, got dtype "
                             f"{self.data.dtype}; convert first, e.g. tensor.astype('float32')")
         self.requires_grad = bool(mode)
@@ -236,6 +239,16 @@ def _index(index):
     return tuple(_array(i) for i in index) if isinstance(index, tuple) else _array(index)
 
 
+def _gradient(wanted, g):
+    """One parent's gradient, summed down to its shape; a 16-bit parent gets it in its own
+    dtype (a gradient function with a Python number in it widens bfloat16 to float32)."""
+    grad_fn, shape, dtype = wanted
+    grad = ops.unbroadcast(grad_fn(g), shape)
+    if grad.dtype != dtype and backend.is_low_precision(dtype):
+        return grad.astype(dtype)
+    return grad
+
+
 def apply(op, *inputs, **options):
     """``op`` (from ``ops.py``) on the inputs' arrays, its result recorded for backward.
 
@@ -259,15 +272,16 @@ def apply(op, *inputs, **options):
         needed = needed or x.requires_grad
     out, grad_fns = op(*arrays, **options)
     name = op.__name__.rstrip("_")
-    if not (needed and is_grad_enabled() and out.dtype.kind in "fc"):
+    differentiable = out.dtype.kind in "fc" or out.dtype == backend.bfloat16
+    if not (needed and is_grad_enabled() and differentiable):
         return _result(out, (), None, name)
-    wanted = [(grad_fns[i], p.data.shape) if p.requires_grad else None
+    wanted = [(grad_fns[i], p.data.shape, p.data.dtype) if p.requires_grad else None
               for i, p in zip(slots, parents)]
 
     def backward(g, only=None):  # only: which parents' gradients to compute (None: all wanted)
         if only is None:
-            return [None if w is None else ops.unbroadcast(w[0](g), w[1]) for w in wanted]
-        return [None if w is None or not o else ops.unbroadcast(w[0](g), w[1])
+            return [None if w is None else _gradient(w, g) for w in wanted]
+        return [None if w is None or not o else _gradient(w, g)
                 for w, o in zip(wanted, only)]
 
     return _result(out, parents, backward, name)

@@ -56,7 +56,10 @@ def as_array(data, dtype=None):
         arr = backend.xp().asarray(data)
         if arr.dtype.kind == "f" and arr.dtype.itemsize == 8 and not hasattr(data, "dtype"):
             arr = arr.astype("float32")
-    return arr if dtype is None or arr.dtype == dtype else arr.astype(dtype)
+    if dtype is None:
+        return arr
+    dtype = backend.check_dtype(dtype)
+    return arr if arr.dtype == dtype else arr.astype(dtype)
 
 
 def released_backward(g):

@@ -37,10 +37,16 @@ def unbroadcast(g, shape):
 def _broadcast(name, fn, a, b):
     """fn(a, b), naming the op and both shapes if they do not broadcast."""
     try:
-        return fn(a, b)
+        out = fn(a, b)
     except ValueError as e:
         raise ValueError(f"{name}: cannot broadcast shapes {_shape(a)} and {_shape(b)} ({e})") \
             from None
+    # NumPy computes bfloat16 with a Python number in float32 and keeps float32; torch computes
+    # the same way ("opmath") but rounds back to bfloat16, so a number never widens a tensor
+    array, other = (a, b) if hasattr(a, "dtype") else (b, a)
+    if array.dtype == backend.bfloat16 != out.dtype and not hasattr(other, "dtype"):
+        return out.astype(array.dtype)
+    return out
 
 
 def _shape(x):
@@ -396,6 +402,7 @@ def clone(a):
 
 
 def astype(a, dtype):
-    """A copy in another dtype; the gradient is cast back to the input's dtype."""
+    """A copy in another dtype (a name such as "bf16" too); the gradient is cast back to the
+    input's dtype, so a float32 parameter used in float16 still gets a float32 gradient."""
     src = a.dtype
-    return a.astype(dtype), (lambda g: g.astype(src),)
+    return a.astype(backend.check_dtype(dtype)), (lambda g: g.astype(src),)

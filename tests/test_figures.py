@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from minipar import figures
@@ -166,6 +167,15 @@ def test_bar_and_memory_charts_write_their_values():
     assert ax.get_ylabel() == "memory per rank (MiB)" and legend(ax) == ["measured", "theory"]
     assert sorted(b.get_height() for b in ax.patches) == [1.0, 2.0, 3.0]
     assert ax.get_title() and ax.get_xlabel()
+
+
+@needs_matplotlib
+def test_magnitude_chart_counts_every_nonzero_entry_and_marks_thresholds():
+    values = {"fp32": np.array([0.0, 1e-9, 1e-6, 1e-3, -0.5]), "scaled": np.array([2.0, 4.0])}
+    ax = figures.magnitude_chart(values, {"fp16 smallest normal": 2.0**-14}).axes[0]
+    assert sum(b.get_height() for b in ax.patches) == 6  # the zero is left out
+    assert legend(ax) == ["fp32 (4 nonzero)", "scaled (2 nonzero)", "fp16 smallest normal 6.1e-05"]
+    assert ax.get_xscale() == "log" and ax.get_title()
 
 
 @needs_matplotlib

@@ -15,6 +15,9 @@ import os
 
 import numpy
 
+from . import dtypes
+from .dtypes import bfloat16, dtype, finfo, float16, is_floating, is_low_precision  # noqa: F401
+
 _VALID_DEVICES = ("auto", "cpu", "gpu", "strict")
 _state = {"xp": None, "device": None}
 _STRICT = __name__ + ".strict"  # the module of the strict device's arrays
@@ -56,6 +59,7 @@ def _cupy_or_none():
 def set_device(device):
     """Choose the array module for new arrays: ``"cpu"``, ``"gpu"``, ``"strict"`` or ``"auto"``."""
     device = str(device).lower()
+    _state.pop("bf16", None)  # does the new device's library have bfloat16? asked again
     if device not in _VALID_DEVICES:
         raise ValueError(f"unknown device {device!r}: choose one of {', '.join(_VALID_DEVICES)}")
     if device == "cpu":
@@ -113,7 +117,28 @@ def get_array_module(*arrays):
 
 def asarray(data, dtype=None):
     """An array of the current device's module (copying from the host when needed)."""
-    return xp().asarray(data, dtype=dtype)
+    return xp().asarray(data, dtype=None if dtype is None else check_dtype(dtype))
+
+
+def check_dtype(name):
+    """The dtype ``name`` resolves to, refused by name where the device's array library lacks
+    it: CuPy has no bfloat16 (nor the strict device, which keeps CuPy's rules); float16 works."""
+    d = dtypes.dtype(name)
+    if d == bfloat16 and device() != "cpu" and not _state.setdefault("bf16", _device_has_bf16()):
+        raise TypeError(f"bfloat16 arrays are not supported on the {device()} device: CuPy has "
+                        "no bfloat16 dtype; use float16 there (with a GradScaler), or "
+                        "MINIPAR_DEVICE=cpu")
+    return d
+
+
+def _device_has_bf16():
+    if device() == "strict":
+        return False
+    try:
+        xp().zeros(1, dtype=bfloat16)
+        return True
+    except Exception:
+        return False
 
 
 def to_numpy(a):

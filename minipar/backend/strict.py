@@ -18,6 +18,8 @@ import weakref as _weakref
 
 import numpy as _np
 
+from .dtypes import bfloat16 as _BF16
+
 _SCALARS = (bool, int, float, complex, _np.generic)
 _HOST = _np.ndarray
 _OWNERS = _weakref.WeakValueDictionary()  # id(host memory) -> the device array that owns it
@@ -27,6 +29,9 @@ def _wrap(x):
     """NumPy results as device arrays (scalars become 0-d arrays, as CuPy returns them: a
     reduction gives a 0-d array, not a NumPy scalar)."""
     if isinstance(x, (_HOST, _np.generic)):
+        if x.dtype == _BF16:
+            raise TypeError("bfloat16 arrays are not supported on the strict device: CuPy has no "
+                            "bfloat16 dtype; use float16 there, or MINIPAR_DEVICE=cpu")
         out = ndarray.__new__(ndarray)
         out._a = _np.asarray(x) if isinstance(x, _np.generic) else x
         if out._a.base is None:  # an owner: a view's .base names it, as CuPy's does

@@ -12,6 +12,7 @@
     loss_chart(curves, ...)         loss curves, the serial reference thick and grey underneath
     bar_chart(categories, series)   grouped bars with their values written on them
     memory_chart(bars, ...)         memory per rank, measured beside theory
+    magnitude_chart(values, lines)  histograms of |value| on a log axis against thresholds
 """
 import sys
 
@@ -22,12 +23,13 @@ import sys
 # how to get the pictures (MISSING) instead of failing.
 from minipar.figures.base import (MISSING, FiguresUnavailable, available, figure_path, require,
                                   save)
-from minipar.figures.charts import bar_chart, busbw_chart, loss_chart, memory_chart
+from minipar.figures.charts import (bar_chart, busbw_chart, loss_chart, magnitude_chart,
+                                    memory_chart)
 from minipar.figures.pipeline import bubble_chart, schedule_chart, speedup_chart
 
 __all__ = ["MISSING", "FiguresUnavailable", "available", "bar_chart", "bubble_chart", "busbw_chart",
-           "figure_path", "loss_chart", "memory_chart", "require", "save", "schedule_chart",
-           "speedup_chart", "write_figures"]
+           "figure_path", "loss_chart", "magnitude_chart", "memory_chart", "require", "save",
+           "schedule_chart", "speedup_chart", "write_figures"]
 
 
 def write_figures(directory, draw, stream=None):

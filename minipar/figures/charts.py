@@ -5,6 +5,7 @@
     loss_chart(curves)             label -> losses; "serial..." thick and grey underneath
     bar_chart(categories, series)  grouped bars, each with its value written on top
     memory_chart(bars)             (label, measured bytes, theory bytes) as bars in MiB
+    magnitude_chart(values, lines) histograms of |value| on a log axis, thresholds marked
 """
 from minipar.figures.style import MARKERS, colour, drawing, log2_axis, new_figure
 
@@ -147,3 +148,32 @@ def memory_chart(bars, title=None, unit="MiB", xlabel="configuration"):
     return bar_chart([label for label, _, _ in bars], series,
                      title=title or "memory per rank: measured beside theory",
                      ylabel=f"memory per rank ({unit})", xlabel=xlabel)
+
+
+@drawing
+def magnitude_chart(values, lines, title=None, xlabel="|value|"):
+    """Histograms of |value| on a log2 axis, one per label in ``values`` (label -> array), zeros
+    left out; ``lines`` (label -> x) draws a dashed vertical line per threshold, e.g. float16's
+    smallest normal and subnormal, so what falls left of them is seen to underflow."""
+    import numpy
+
+    fig, ax = new_figure()
+    magnitudes = {label: numpy.abs(numpy.asarray(v, dtype=numpy.float64)) for label, v in
+                  values.items()}
+    magnitudes = {label: m[m > 0] for label, m in magnitudes.items()}
+    low = min([m.min() for m in magnitudes.values() if m.size] + list(lines.values()))
+    high = max(m.max() for m in magnitudes.values() if m.size)
+    edges = numpy.logspace(numpy.floor(numpy.log2(low)), numpy.ceil(numpy.log2(high)) + 1,
+                           num=80, base=2.0)
+    for i, (label, m) in enumerate(magnitudes.items()):
+        ax.hist(m, bins=edges, color=colour(i), alpha=0.55, label=f"{label} ({m.size:,} nonzero)",
+                zorder=2)
+    for j, (label, x) in enumerate(lines.items()):
+        ax.axvline(x, color="black", linestyle=("--", ":", "-.")[j % 3], linewidth=1.5,
+                   label=f"{label} {x:.1e}", zorder=3)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("entries")
+    ax.set_title(title or "magnitudes against the thresholds", wrap=True)
+    ax.legend(loc="upper left")
+    return fig

@@ -145,13 +145,14 @@ class Module:
 
     def astype(self, dtype):
         """Convert parameters and floating-point buffers, e.g. ``model.astype("float64")``."""
+        dtype = backend.check_dtype(dtype)
         for p in self.parameters():
             p.data = p.data.astype(dtype)
             p.grad = None
         for module in self.modules():
             for name in module._buffers:
                 value = getattr(module, name)
-                if value.dtype.kind == "f":
+                if backend.is_floating(value.dtype):
                     setattr(module, name, value.astype(dtype))
         return self
 
@@ -160,6 +161,16 @@ class Module:
 
     def float(self):
         return self.astype("float32")
+
+    def half(self):
+        return self.astype("float16")
+
+    def bfloat16(self):
+        return self.astype("bfloat16")
+
+    def to(self, dtype):
+        """torch's ``module.to(dtype)``: parameters and floating buffers in ``dtype``."""
+        return self.astype(dtype)
 
     # --- saving and loading ------------------------------------------------------------------
     def state_dict(self):
