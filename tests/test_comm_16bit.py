@@ -80,6 +80,13 @@ def sixteen_body(n=4099):
         bounds = [j * (n // p) + min(j, n % p) for j in range(p + 1)]
         if bits(chunk) != bits(once[bounds[r]:bounds[r + 1]]):
             failures.append(f"rank {r}: {name} pairwise reduce_scatter is not rounded once")
+        if p == 3:  # docs/comm.md's case: 1 + 2^-8 is a tie, rounded to 1 on its way round
+            one = np.array([(1.0, 2.0 ** -8, 2.0 ** -8)[r]], dtype)
+            ring, once = (float(world.all_reduce(one, algorithm=a)[0]) for a in ("ring",
+                                                                                 "parallel"))
+            want = 1.0 if name == "bfloat16" else 1.0 + 2.0 ** -7  # float16 holds 1 + 2^-8
+            if (ring, once) != (want, 1.0 + 2.0 ** -7):
+                failures.append(f"rank {r}: {name} ring {ring}, parallel {once} of 1, 2^-8, 2^-8")
         # a running 16-bit sum in rank order (the sequential chain) rounds after every add:
         # the same bits as adding in 16 bits, since a float32 add of two is correctly rounded
         naive = inputs[0].copy()
@@ -116,6 +123,28 @@ def sixteen_body(n=4099):
         world.sendrecv(special, (r + 1) % p, out, (r - 1) % p)
         if bits(out) != bits(special):
             failures.append(f"rank {r}: {name} sendrecv changed the bits")
+        got = world.irecv(np.empty_like(special), (r - 1) % p)
+        world.isend(special, (r + 1) % p).wait()
+        if bits(got.wait()) != bits(special):
+            failures.append(f"rank {r}: {name} isend/irecv changed the bits")
+        rows = np.stack([special] * p)
+        for algo in ("pairwise", "mpi"):
+            if bits(world.all_to_all(rows, algorithm=algo)) != bits(rows):
+                failures.append(f"rank {r}: {name} all_to_all {algo} changed the bits")
+        for algo in ("linear", "mpi"):
+            stack = world.gather(x, root=0, algorithm=algo)
+            if r == 0 and bits(stack) != bits(inputs):
+                failures.append(f"rank {r}: {name} gather {algo} changed the bits")
+            if bits(world.scatter(inputs, root=0, algorithm=algo)) != bits(inputs[r]):
+                failures.append(f"rank {r}: {name} scatter {algo} changed the bits")
+        for algo in ("ring", "recursive_halving"):
+            chunk = world.reduce_scatter(x, algorithm=algo)
+            part = slice(bounds[r], bounds[r + 1])
+            if error_of(chunk, inputs[:, part], dtype)[1] > gamma(max(p - 1, 1), name):
+                failures.append(f"rank {r}: {name} reduce_scatter {algo} exceeds the bound")
+        mean = world.iall_reduce(x, op="avg", algorithm="ring").wait()
+        if bits(mean) != bits(world.all_reduce(x, op="avg", algorithm="ring")):
+            failures.append(f"rank {r}: {name} iall_reduce differs from all_reduce")
         # MPI's own reduction: bfloat16 refused on every rank; float16 is MPI's (MPIX_C_FLOAT16)
         calls = {"all_reduce": lambda: world.all_reduce(x, algorithm="mpi"),
                  "reduce": lambda: world.reduce(x, algorithm="mpi"),
@@ -164,6 +193,13 @@ def test_a_16bit_reduction_adds_in_float32_and_rounds_once():
     for part in parts:
         total.add(part)
     assert float(total.done()[0]) == 1.0 + 2.0 ** -7
+    # out may be the second operand (shm's rank 1 reduces into its own slot)
+    for dtype in (np.float32, BF16):
+        a, b = np.array([1.0, 2.0], dtype), np.array([3.0, 4.0], dtype)
+        total = Accumulator("sum", b)
+        total.add(a)
+        total.add(b)
+        assert total.done().tolist() == [4.0, 6.0]
     # other dtypes reduce in place, in the same order as before
     f32 = np.zeros(2, np.float32)
     total = Accumulator("max", f32)

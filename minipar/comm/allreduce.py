@@ -86,7 +86,10 @@ def _all_reduce_parallel(c, x, buf, op, tag):
     got = c.scratch("tmp", buf.size, buf)
     total = Accumulator(op, buf)  # 16-bit: every vector arrives exact, the sum rounds once
     for j in range(p):
-        total.add(mine if j == r else c.recv(got, j, tag))
+        if j == r:
+            total.add(mine)
+        else:  # x_0 straight into buf (read at the next add): got is reused for the others
+            total.add(c.recv(buf if j == 0 else got, j, tag))
     total.done()
     wait_all(sends)
 

@@ -79,27 +79,33 @@ def reducer(op, like):
 
 
 class Accumulator:
-    """A running reduction of op into ``out``: ``add(x)`` folds x in (the first x starts it),
-    ``done()`` leaves the result in out. 16-bit out: the running value is kept in float32 and
-    rounded once, in ``done``, so a rank folding k vectors rounds once, not k - 1 times; other
-    dtypes run in out itself, as ``reducer`` does, in the same order."""
+    """A running reduction of op into ``out``: ``add(x)`` folds x in, ``done()`` leaves the
+    result in out. The first operand is read at the second ``add`` (keep it unchanged until
+    then; out may alias either operand, as in ``f(a, b, out=a)``). 16-bit out: the running
+    value is kept in float32 and rounded once, in ``done``, so a rank folding k vectors rounds
+    once, not k - 1 times; other dtypes run in out, as ``reducer`` does, in the same order."""
 
     def __init__(self, op, out):
         self.out, self.f = out, getattr(backend.get_array_module(out), _UFUNC[op])
         self.wide = is_16bit(out.dtype)
-        self.acc = None
+        self.first = self.acc = None
 
     def add(self, x):
-        if self.acc is None:
-            self.acc = x.astype("float32") if self.wide else self.out
-            if not self.wide and x is not self.out:
-                self.out[...] = x
+        if self.first is None:
+            self.first = x
+        elif self.acc is None and self.wide:
+            self.acc = self.f(self.first.astype("float32"), x.astype("float32"))
+        elif self.acc is None:
+            self.acc = self.f(self.first, x, out=self.out)
         else:
             self.f(self.acc, x.astype("float32") if self.wide else x, out=self.acc)
 
     def done(self):
-        if self.wide and self.acc is not None:
-            self.out[...] = self.acc
+        if self.acc is not None:
+            if self.wide:
+                self.out[...] = self.acc
+        elif self.first is not None and self.first is not self.out:
+            self.out[...] = self.first
         return self.out
 
 
