@@ -108,10 +108,10 @@ def exchange(c, tag):
     this one, and the abort hook ends the job. Peers in the same algorithm pass whatever else
     differs: the caller compares the calls in the same words everywhere (shm.header_error)."""
     sends = [c.mpi.Isend(_EMPTY, j, tag) for j in range(c.size) if j != c.rank]
-    heard, status = set(), MPI.Status()
+    heard, status = [], c.status
     # noted for the watchdog, uncounted: the exchange is the check, not the algorithm's traffic
     with watch.blocking("fingerprint exchange", c.world_ranks):
-        while len(heard) < c.size - 1:
+        for _ in sends:
             try:
                 c.mpi.Recv(_EMPTY, MPI.ANY_SOURCE, MPI.ANY_TAG, status)
                 # a second message from one peer: it has gone on to a later call
@@ -120,11 +120,11 @@ def exchange(c, tag):
                 if error.Get_error_class() != MPI.ERR_TRUNCATE:
                     raise
                 foreign = True
-            got, source = status.Get_tag(), status.Get_source()
             if foreign:
+                got, source = status.Get_tag(), status.Get_source()
                 raise CommError(f"rank {c.rank}: {describe(tag)} received a message of rank "
                                 f"{source}'s {describe(got)}: {difference(tag, got)}")
-            heard.add(source)
+            heard.append(status.Get_source())
         MPI.Request.Waitall(sends)
 
 

@@ -258,7 +258,7 @@ def _all_reduce_shm(c, x, buf, op, tag):
     one_node(c)
     # the window and its barriers are MPI's, where a peer inside another collective never
     # comes: the ranks meet by trading the call's fingerprint in empty messages instead, in
-    # the first barrier's place (so it costs nothing more), and before a window is made
+    # the first barrier's place (still one rendezvous a call), and before a window is made
     meet = functools.partial(agreement.exchange, c, tag)
     if found is None:
         if c not in _windows:
