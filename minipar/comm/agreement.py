@@ -7,7 +7,8 @@
 Every collective call's number and fingerprint (collective, algorithm, op, dtype, a hash of
 count and root) ride in the tag of every message it sends anyway, so checking costs no extra
 message; a receive that gets another call's tag raises a CommError naming both calls
-(docs/comm.md). ``check=False`` on a call, or ``MINIPAR_CHECK=0``, leaves only the dtype.
+(docs/comm.md). An algorithm that sends none (shm.py) meets in ``exchange``: empty messages
+whose tag is the fingerprint. ``check=False`` or ``MINIPAR_CHECK=0`` leaves only the dtype.
 
     bits, low to high:  dtype 5 | collective 4 | algorithm 4 | op 3 | count and root 6 | call rest
 """
