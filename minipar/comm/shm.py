@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from minipar import backend
 from minipar.comm import agreement, node, watch
-from minipar.comm.buffers import bounds, reducer
+from minipar.comm.buffers import Accumulator, bounds
 from minipar.comm.errors import CommError, dtype_tag, tag_dtype
 from minipar.comm.registry import OPS, algorithm
 
@@ -236,13 +236,11 @@ def node_reduce(w, x, op, tag, ranks, agree=None, offset=0, in_slot=False, meet=
     result = w.view(w.result, dtype, n, offset)
     # the sum runs in rank order; in x itself only on ranks 0 and 1 (x's slice is read first)
     mine = own[lo:hi] if in_slot and w.rank < 2 else result[lo:hi]
-    reduce = reducer(op, result)
-    if w.p == 1:  # a node of one rank (hierarchical): its vector is the node's sum
-        mine[...] = slots[0]
-    else:
-        reduce(slots[0], slots[1], out=mine)
-    for s in slots[2:]:
-        reduce(mine, s, out=mine)
+    # 16 bits: added in float32 and rounded once (a node of one rank: its vector is the sum)
+    total = Accumulator(op, mine)
+    for s in slots:
+        total.add(s)
+    total.done()
     if in_slot and w.rank >= 2:
         own[lo:hi] = mine
     w.sync(ranks)
