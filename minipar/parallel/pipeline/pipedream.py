@@ -68,6 +68,11 @@ class PipeDream(Pipeline):
         if not schedule.asynchronous:
             raise ValueError(f"PipeDream runs an asynchronous schedule, not {schedule.name!r}: "
                              f"run that one with Pipeline")
+        # An update between a micro-batch's F and its B would change the loss scale its backward
+        # carries: no one unscaling would be right for every micro-batch
+        if kwargs.get("scaler"):
+            raise ValueError("PipeDream takes no GradScaler: the scale would change between a "
+                             "micro-batch's forward and its backward")
         super().__init__(model, schedule, *args, **kwargs)
         self.weight_stash = WeightStash(self.params, self.rank)
 

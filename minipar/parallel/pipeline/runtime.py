@@ -76,7 +76,7 @@ class Pipeline:
         return super().__new__(cls)
 
     def __init__(self, model, schedule, comm, loss_fn, optimizer=None, bounds=None, delay=None,
-                 trace=False, memory=False):
+                 trace=False, memory=False, scaler=None):
         layers = list(model)  # every rank: the same schedule, bounds, layers (agreement.py)
         self.bounds = agreed_bounds(comm, schedule, layers, bounds)
         # Sends are posted (isend) and completed at the OPT_STEP, receives block: validate proves
@@ -94,6 +94,9 @@ class Pipeline:
         self.stages = {s: Sequential(*stages[s]) for s in mine}
         self.params = [q for stage in self.stages.values() for q in stage.parameters()]
         self.optimizer = optimizer(self.params) if optimizer and self.params else None
+        # mixed precision: a GradScaler scales the last stage's loss and steps the optimizer at
+        # OPT_STEP; its group (the pipeline's, or the world) lets every stage skip the same steps
+        self.scaler = scaler
         # delay(a): the least seconds action a takes, slept out by the waiting kernel, so p ranks
         # run side by side on fewer cores; trace: each action a timeline Event (self.events);
         # memory: the activation bytes' peak (ActivationMemory, stats["peak_bytes"])
@@ -125,6 +128,7 @@ class Pipeline:
         first, last = 0 in self.stages, self.n_stages - 1 in self.stages
         xs, ys = split_batch(x, y, m, self.rank, first, last)  # agreement.py: clear errors
         s = self.state = StepState(xs, ys, self.loss_scales(ys, y))
+        scale = self.scaler.get_scale() if self.scaler else 1.0  # the OPT_STEP may update it
         for q in self.params:
             q.grad = None
         with self._bookkeeping(s) as around:
@@ -132,7 +136,7 @@ class Pipeline:
                 with around(a):
                     self.action_table[a.kind](a, s)
             s.complete_sends()
-        return sum(s.losses) if last else None
+        return sum(s.losses) / scale if last else None  # the losses were scaled by it
 
     def loss_scales(self, ys, y):
         """Micro-batch k holds n_k of the N samples, so its loss counts n_k / N: ``loss_fn`` being
@@ -179,6 +183,8 @@ class Pipeline:
         if a.stage == self.n_stages - 1:
             check_targets(y, s.y[a.mb], a.stage, a.mb, self.rank)
             y = self.loss_fn(y, Tensor(s.y[a.mb])) * s.scale[a.mb]
+            if self.scaler:  # GradScaler.scale: a 16-bit loss goes to float32 first
+                y = self.scaler.scale(y)
         return y
 
     def _forward(self, a, s):
@@ -225,7 +231,10 @@ class Pipeline:
 
     def _opt_step(self, a, s):
         s.complete_sends()
-        if self.optimizer:
+        if self.optimizer and self.scaler:  # skipped on every rank of its group on an overflow
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        elif self.optimizer:
             self.optimizer.step()
 
     # --- messages -------------------------------------------------------------------------------
@@ -237,8 +246,11 @@ class Pipeline:
     def _recv_f(self, a, s):
         host = backend.get_array_module()
         header = self.comm.recv(host.empty(HEADER, dtype="int64"), a.peer, self._tag(a))
-        dtype, shape = host.dtype(chr(header[0])), tuple(int(n) for n in header[2:2 + header[1]])
-        out = backend.xp().empty(shape, dtype=dtype)
+        # the activation's own dtype, 16-bit ones included (half the bytes of float32), except that
+        # numpy.dtype() does not read bfloat16's character 'E' (ml_dtypes') back
+        char = chr(header[0])
+        dtype = backend.bfloat16 if char == backend.bfloat16.char else host.dtype(char)
+        out = backend.xp().empty(tuple(int(n) for n in header[2:2 + header[1]]), dtype=dtype)
         s.x_in[(a.stage, a.mb)] = self.comm.recv(out, a.peer, self._tag(a))
 
     def _send_f(self, a, s):

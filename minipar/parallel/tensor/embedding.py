@@ -9,6 +9,7 @@ logits are never gathered: docs/tensor_parallel.md):
 """
 from ... import backend, nn, ops
 from ... import functional as F
+from ...amp.autocast_mode import to_float32
 from ...autograd import Tensor, as_tensor, embedding, make_result
 from ...distributed.sharded import ShardedStateDict
 from ...nn import Module, Parameter
@@ -63,7 +64,9 @@ def vocab_parallel_cross_entropy(local_logits, targets, group, where="loss", ign
     left) and get a zero gradient. Every rank holds the same targets, so a bad one is the same
     error on every rank, before any collective.
     """
-    logits = as_tensor(local_logits)
+    # under autocast in float32, as functional.cross_entropy (torch's float32 list): the three
+    # all-reduces then move float32 numbers, one each per token
+    logits = to_float32(as_tensor(local_logits))
     given = targets.data if isinstance(targets, Tensor) else targets
     t = given if isinstance(targets, Tensor) else backend.asarray(given)
     if t.dtype.kind not in "iu":

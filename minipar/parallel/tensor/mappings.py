@@ -14,6 +14,7 @@ its conjugate's forward (why: docs/tensor_parallel.md):
     reduce_scatter_to_sequence_region     reduce-scatter T     all-gather T
 """
 from ... import backend
+from ...amp.autocast_mode import to_lower_precision
 from ...autograd import as_tensor, make_result
 from .shard import divide, split_specs
 
@@ -89,6 +90,14 @@ def _reduce_scatter(a, group, axis, note):
     return _contiguous(xp.moveaxis(mine.reshape(n, *front.shape[1:]), 0, axis))
 
 
+def _into_product(x):
+    # The ways into a parallel linear (f, scatter, the all-gather of T) feed a matrix product:
+    # under autocast the input is cast to the 16-bit dtype here, where the product would cast it
+    # (the same rounding point), so that the collective moves 16-bit messages, half the bytes
+    # (f's backward all-reduce gets the 16-bit dX, not the float32 one the cast's backward makes)
+    return to_lower_precision(as_tensor(x))
+
+
 def _mapping(op, x, group, where, forward, backward, axis):
     # Each operator is differentiable and runs its collectives on the group it is given.
     x = as_tensor(x)
@@ -103,6 +112,7 @@ def _mapping(op, x, group, where, forward, backward, axis):
 def copy_to_tensor_region(x, group, where="f"):
     """f: identity forward, all-reduce backward (conjugate: g). Before a column-parallel linear:
     every rank's slice of the layer contributes to dX."""
+    x = _into_product(x)
     ### BEGIN SOLUTION megatron-f-g
     return _mapping("f", x, group, where, _identity, _all_reduce, -1)
     ### END SOLUTION
@@ -116,7 +126,9 @@ def reduce_from_tensor_region(x, group, where="g"):
 
 
 def scatter_to_tensor_region(x, group, where="scatter"):
-    """Keep this rank's slice of the last axis; backward all-gathers it (conjugate: gather)."""
+    """Keep this rank's slice of the last axis; backward all-gathers it (conjugate: gather).
+    Before a row-parallel linear."""
+    x = _into_product(x)
     return _mapping("scatter", x, group, where, _keep_mine, _all_gather, -1)
 
 
@@ -133,6 +145,7 @@ def scatter_to_sequence_region(x, group, where="scatter_seq"):
 def gather_from_sequence_region(x, group, where="gather_seq"):
     """All-gather T, backward reduce-scatter T (conjugate: reduce_scatter_to_sequence). Takes the
     place of f before a column-parallel linear under sequence parallelism."""
+    x = _into_product(x)
     return _mapping("gather_seq", x, group, where, _all_gather, _reduce_scatter, SEQ)
 
 
