@@ -242,7 +242,10 @@ def _topological_order(roots):
         if node._backward is released_backward:
             released_backward(None)
         stack.append((node, True))
-        for parent in node._parents:
+        # the first input (the activation) is explored first, so a later one (a weight, or the
+        # cast autocast put on it) ends up just before its op in the order: backward reaches it
+        # right after the op, not at the very end (ZeRO-3 frees a unit's weights then)
+        for parent in reversed(node._parents):
             if parent.requires_grad and id(parent) not in seen:
                 stack.append((parent, False))
     return order

@@ -356,8 +356,6 @@ def test_trainer3d_equals_serial_twin(ranks, dtype):
 
 
 @pytest.mark.mpi
-@pytest.mark.xfail(strict=True, reason="ZeRO-3 under autocast: the casts autocast puts between a "
-                   "parameter and its op run late in backward, so a unit keeps its slot")
 def test_zero3_under_autocast_equals_its_twin(ranks):
     for out in ranks:
         assert out["zero3 autocast"] == out["halves"]["bfloat16"], out["zero3 autocast"]
