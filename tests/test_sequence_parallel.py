@@ -66,7 +66,9 @@ def dense_body(layouts):
         results[f"dp{dp} tp{tp} pp{pp}"] = {
             "losses": losses, "reference": reference, "grad_error": error,
             "bytes": (pipeline_payload(trainer, ids, targets),
-                      pipeline_payload(whole, ids, targets))}
+                      pipeline_payload(whole, ids, targets)),
+            # checkpoints: the same names whether the sequence is split or not
+            "same_names": [sorted(t.state_dict()["model"]) for t in (trainer, whole)]}
     return results
 
 
@@ -138,6 +140,7 @@ def check_dense(results, tp_of):
             np.testing.assert_allclose(r["losses"], r["reference"], rtol=0, atol=TOLERANCE,
                                        err_msg=f"rank {rank}, {layout}")
             assert r["grad_error"] < TOLERANCE, (rank, layout, r["grad_error"])
+            assert r["same_names"][0] == r["same_names"][1], layout
             sp, whole = r["bytes"]
             assert sp * tp_of[layout] == whole, (rank, layout, r["bytes"])
 
@@ -151,10 +154,11 @@ def test_tp2_sequence_parallel_equals_serial():
 
 @pytest.mark.mpi
 def test_eight_ranks_sequence_parallel_3d_and_4d_equal_serial():
-    """(dp, tp, pp) = (2, 2, 2) and the MoE GPT on (dp, tp, pp, ep) = (4, 2, 1, 2), each with
-    sequence parallelism, beside the serial twin; the MoE without it too, for the bytes."""
-    results = run_on_ranks(body, 8, args=([(2, 2, 2)], [(4, 2, 1, 2)]), timeout=400,
-                           heavy_yield=True)
+    """(dp, tp, pp) = (2, 2, 2) and the MoE GPT on (dp, tp, pp, ep) = (4, 2, 1, 2) and
+    (2, 2, 2, 2), each with sequence parallelism, beside the serial twin; the MoE without it
+    too, for the bytes."""
+    results = run_on_ranks(body, 8, args=([(2, 2, 2)], [(4, 2, 1, 2), (2, 2, 2, 2)]),
+                           timeout=400, heavy_yield=True)
     check_dense([r["dense"] for r in results], {"dp2 tp2 pp2": 2})
     # pipeline ranks send activations: at pp = 2 every rank sends (F or B), so none is zero
     assert all(r["dense"]["dp2 tp2 pp2"]["bytes"][0] > 0 for r in results)
