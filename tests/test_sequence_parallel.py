@@ -176,3 +176,54 @@ def test_eight_ranks_sequence_parallel_3d_and_4d_equal_serial():
         sent = {sp: sum(result["moe"][layout][f"sp={sp}"]["all_to_all"] for result in results)
                 for sp in (True, False)}
         assert sent[True] > 0 and sent[True] * tp == sent[False], (layout, sent)
+
+
+def dropout_body():
+    """On every rank: a serial GPT embedding and MLP with dropout against their sequence-parallel
+    twins (same seed, same stream): the largest difference of this rank's T slice."""
+    import minipar
+    from minipar import comm, nn
+    from minipar.parallel.tensor import ParallelGPTEmbedding, ParallelMLP, copy_serial_slices
+
+    world = comm.world()
+    gpt = nn.GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=16, dropout=0.3)
+    t = 8 // world.size
+    mine = slice(world.rank * t, (world.rank + 1) * t)
+    ids = np.random.default_rng(0).integers(0, 16, (2, 8))
+    x = np.random.default_rng(1).standard_normal((2, 8, 16))
+    errors = []
+    for serial, parallel, given in (
+            (nn.GPTEmbedding(gpt), ParallelGPTEmbedding(gpt, world, sequence_parallel=True), ids),
+            (nn.MLP(16, 0.3), ParallelMLP(16, world, 0.3, sequence_parallel=True), x)):
+        serial, parallel = serial.double(), parallel.double()
+        copy_serial_slices(parallel, serial, world)
+        minipar.manual_seed(5)
+        whole = serial(given).data[:, mine]
+        minipar.manual_seed(5)
+        part = parallel(given if given is ids else given[:, mine]).data
+        errors.append(float(np.abs(part - whole).max()))
+    return errors, moe_dropout_loss(world, gpt)
+
+
+def moe_dropout_loss(world, gpt):
+    """One step of the MoE GPT with dropout under sequence parallelism (the experts' masks of
+    rows whose numbers differ per tensor rank): the loss."""
+    from minipar.parallel.groups import ParallelGroups
+    from minipar.parallel.hybrid4d import Trainer4D
+    from minipar.parallel.tensor.moe import MoEConfig
+
+    trainer = Trainer4D(gpt, MoEConfig(n_experts=2, hidden=32), ParallelGroups(world, tp=2),
+                        dtype="float64", sequence_parallel=True)
+    ids, targets = batches()[0]
+    return float(trainer.step(ids, targets))
+
+
+@pytest.mark.mpi
+def test_sequence_parallel_dropout_is_the_serial_mask_sliced():
+    """Each rank's T slice gets its slice of the serial mask, not a mask of its own shape (which
+    would repeat the same pattern on every rank: one shared stream)."""
+    results = run_on_ranks(dropout_body, 2, timeout=120)
+    for errors, _ in results:
+        assert max(errors) < TOLERANCE, errors
+    losses = [loss for _, loss in results]
+    assert np.isfinite(losses[0]) and losses[0] == losses[1], losses

@@ -22,7 +22,7 @@ from ...nn.moe import MoEBlock, Routing, capacity, route
 from ...distributed.sharded import serial_names
 from ..expert import ExpertParallelMoE, gather_rows, reduce_scatter_rows
 from .gpt import ParallelBlock, TensorParallelGPT
-from .layers import ParallelMLP
+from .layers import ParallelMLP, SequenceParallelDropout
 from .shard import local_slices
 
 
@@ -74,13 +74,18 @@ class SequenceParallelExpert(ParallelMLP):
     tokens): c_fc's input is every tensor rank's rows gathered, c_proj's partial sums go back to
     the rows' own rank reduce-scattered, in place of f and g (Megatron's explicit_expert_comm)."""
 
+    def __init__(self, n_embd, group, dropout=0.0, hidden=None, dtype="float32"):
+        super().__init__(n_embd, group, dropout, hidden, dtype=dtype)
+        # each tensor rank's rows get their own numbers: the mask of the gathered rows, sliced
+        self.dropout = SequenceParallelDropout(dropout, group, axis=0)
+
     def forward(self, rows):
         group = self.c_fc.group
         counts = [int(n) for n in group.all_gather(backend.numpy.array([len(rows)]))[:, 0]]
         x = gather_rows(rows, counts, group)  # the expert's input, whole on every tensor rank
         h = self.gelu(F.linear(x, self.c_fc.weight, self.c_fc.bias))  # this rank's hidden slice
         y = reduce_scatter_rows(F.linear(h, self.c_proj.weight), counts, group)
-        return self.dropout(y + self.c_proj.bias)  # the replicated bias once, after the sum
+        return self.dropout(y + self.c_proj.bias, counts)  # the bias once, after the sum
 
 
 class SequenceParallelMoE(TensorExpertParallelMoE):
