@@ -56,7 +56,9 @@ class Trainer4D(Trainer3D):
     the expert groups of ``groups`` (``ParallelGroups(..., ep=)``). The model is this rank's
     part of ``moe_gpt(config, moe)`` drawn from ``seed``; the rest as ``Trainer3D``, checkpoints
     too: ``state_dict`` names every parameter as the serial twin does (expert ``e``, not this
-    rank's local index), so a checkpoint loads into any layout or into ``moe_gpt``."""
+    rank's local index), so a checkpoint loads into any layout or into ``moe_gpt``. With
+    ``sequence_parallel=True`` each tensor rank routes and dispatches only its 1/tp of the
+    tokens (tensor/moe.py's SequenceParallelMoE)."""
 
     def __init__(self, config, moe, groups, schedule="1f1b", microbatches=None, chunks=None,
                  make_optimizer=None, seed=0, dtype="float32", algorithm="auto", trace=False,
