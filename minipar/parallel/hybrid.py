@@ -6,11 +6,12 @@ the optimizer are those of the mean loss over the whole global batch: the serial
 (``tests/test_hybrid.py`` checks the losses step by step).
 
     groups = ParallelGroups(world, tp=2, pp=2)      # dp = world.size / (tp·pp)
-    trainer = Trainer3D(config, groups, schedule="1f1b", microbatches=4)
+    trainer = Trainer3D(config, groups, schedule="1f1b", microbatches=4, sequence_parallel=True)
     loss = trainer.step(ids, targets)               # the global batch, the same on every rank
 
 Checkpoints: the serial GPT's names and shapes, so a checkpoint of one (tp, pp) layout loads into
-another or into the serial GPT (distributed/hybrid_state.py; docs/checkpoints.md).
+another or into the serial GPT (distributed/hybrid_state.py; docs/checkpoints.md). Sequence
+parallelism: docs/tensor_parallel.md.
 """
 from .. import backend, random
 from ..distributed.hybrid_state import Trainer3DState
@@ -26,6 +27,24 @@ def default_optimizer(params):
     return AdamW(params, lr=1e-3, weight_decay=0.0)
 
 
+class SequenceParallelGrads:
+    """A data-parallel optimizer (``reducer``) whose ``step`` first runs
+    ``model.finalize_grads()``: the replicated parameters (LayerNorms, row biases, position
+    table, router) saw only this tensor rank's 1/tp of the tokens under sequence parallelism,
+    so their gradients are summed over the tensor group (Megatron's finalize_model_grads)."""
+
+    def __init__(self, reducer, model):
+        self.reducer, self.model = reducer, model
+        self.optimizer = reducer.optimizer  # the AdamW itself: checkpoints read it here
+
+    def step(self):
+        self.model.finalize_grads()  # over tp; then the reducer's average over dp
+        self.reducer.step()
+
+    def zero_grad(self):
+        self.reducer.zero_grad()
+
+
 class Trainer3D:
     """The tiny GPT trained with data, tensor and pipeline parallelism at once.
 
@@ -36,8 +55,10 @@ class Trainer3D:
     """
 
     def __init__(self, config, groups, schedule="1f1b", microbatches=None, chunks=None,
-                 make_optimizer=None, seed=0, dtype="float32", algorithm="auto", trace=False):
+                 make_optimizer=None, seed=0, dtype="float32", algorithm="auto", trace=False,
+                 sequence_parallel=False):
         check_config(config, groups.grid.tp)
+        self.sequence_parallel = sequence_parallel
         self.schedule = build(schedule, groups.grid.pp, microbatches or groups.grid.pp, chunks)
         layers = config.n_layer + 3  # embedding, blocks, ln_f, lm_head
         stages = self.schedule.n_stages  # pp x chunks (zb-v: always 2 chunks per rank)
@@ -48,7 +69,9 @@ class Trainer3D:
         self.config, self.groups = config, groups
         random.manual_seed(seed)
         # tensor: the GPT's layers split over the tensor group (tensor/), two all-reduces per
-        # transformer layer forward and two backward
+        # transformer layer forward and two backward; under sequence parallelism each is an
+        # all-gather of T and a reduce-scatter of T, and between them the activations, the
+        # pipeline's messages included, are this rank's (B, T/tp, C) slice
         self.model = self.build_model(config, groups).astype(dtype)
         make_optimizer = make_optimizer or default_optimizer
         # pipeline: the split GPT's layers cut into pp stages, one per rank of the pipeline group,
@@ -57,11 +80,16 @@ class Trainer3D:
         # data group (ranks holding the same slices of the same stages), then steps
         self.pipe = Pipeline(
             self.model.to_sequential(), self.schedule, groups.pipeline, self.model.loss,
-            optimizer=lambda ps: self.reducer(ps, make_optimizer, algorithm), trace=trace)
+            optimizer=lambda ps: self.finalizing(self.reducer(ps, make_optimizer, algorithm)),
+            trace=trace)
 
     def build_model(self, config, groups):
         """This rank's tensor slices of the serial GPT drawn from the random stream."""
-        return TensorParallelGPT(config, groups.tensor)
+        return TensorParallelGPT(config, groups.tensor, self.sequence_parallel)
+
+    def finalizing(self, reducer):
+        """``reducer``, first summing over tp the gradients sequence parallelism left partial."""
+        return SequenceParallelGrads(reducer, self.model) if self.sequence_parallel else reducer
 
     def reducer(self, params, make_optimizer, algorithm):
         """The optimizer of this rank's stages, stepping on gradients averaged over dp."""

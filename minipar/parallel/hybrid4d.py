@@ -12,6 +12,8 @@ one stage and runs the same schedule, so its all-to-alls pair up micro-batch by 
     trainer = Trainer4D(config, MoEConfig(n_experts=4), groups, microbatches=2)
     loss = trainer.step(ids, targets)                       # the global batch, on every rank
 """
+import warnings
+
 from .. import backend
 from ..comm.agreement import same_everywhere
 from ..distributed.hybrid_state import Trainer4DState
@@ -54,15 +56,26 @@ class Trainer4D(Trainer3D):
     the expert groups of ``groups`` (``ParallelGroups(..., ep=)``). The model is this rank's
     part of ``moe_gpt(config, moe)`` drawn from ``seed``; the rest as ``Trainer3D``, checkpoints
     too: ``state_dict`` names every parameter as the serial twin does (expert ``e``, not this
-    rank's local index), so a checkpoint loads into any layout or into ``moe_gpt``."""
+    rank's local index), so a checkpoint loads into any layout or into ``moe_gpt``. With
+    ``sequence_parallel=True`` each tensor rank routes and dispatches only its 1/tp of the
+    tokens (tensor/moe.py's SequenceParallelMoE)."""
 
     def __init__(self, config, moe, groups, schedule="1f1b", microbatches=None, chunks=None,
-                 make_optimizer=None, seed=0, dtype="float32", algorithm="auto", trace=False):
+                 make_optimizer=None, seed=0, dtype="float32", algorithm="auto", trace=False,
+                 sequence_parallel=False):
         # on every rank, not only within an expert group: data ranks route their own tokens
         same_everywhere(groups.world, "Trainer4D", **vars(moe))
+        # Megatron-core refuses experts with tp > 1 without sequence parallelism: every tensor
+        # rank would send the same tokens, tp times the all-to-all bytes. minipar warns and runs
+        # it, so that the two can be measured side by side (tests/test_sequence_parallel.py).
+        if groups.grid.tp > 1 and groups.grid.ep > 1 and not sequence_parallel:
+            warnings.warn(f"Trainer4D with tp={groups.grid.tp} and sequence_parallel=False: "
+                          f"every tensor rank dispatches the same tokens, {groups.grid.tp} times "
+                          f"the all-to-all bytes (Megatron-core refuses this); pass "
+                          f"sequence_parallel=True", stacklevel=2)
         self.moe = moe
         super().__init__(config, groups, schedule, microbatches, chunks, make_optimizer, seed,
-                         dtype, algorithm, trace)
+                         dtype, algorithm, trace, sequence_parallel)
         # Every micro-batch's main loss is scaled by 1/m in the pipeline; each MoE layer's
         # aux_scale is 1/m too, so its load-balancing term reaches the gradient in the same
         # proportion (right only for micro-batches of equal size: local_shard checks).
@@ -73,7 +86,8 @@ class Trainer4D(Trainer3D):
     state_adapter = Trainer4DState
 
     def build_model(self, config, groups):
-        return TensorParallelMoEGPT(config, self.moe, groups.tensor, groups.expert)
+        return TensorParallelMoEGPT(config, self.moe, groups.tensor, groups.expert,
+                                    self.sequence_parallel)
 
     # Gradients (Megatron's finalize_model_grads). The global loss is L = (1/dp) Σ_d L_d, L_d the
     # mean loss of data rank d's shard. A dense parameter's gradient on rank d is ∂L_d/∂θ, so it

@@ -8,8 +8,9 @@ different ranks, tokens travelling to them and back through the hand-coded all-t
 Lesson 12 runs it against its serial twin, ``nn.moe.MoE`` on each rank's tokens; the theory is
 in docs/tensor_parallel.md.
 """
-from .dispatch import Plan, all_to_all_v, combine, counts_matrix, dispatch, plan, table
+from .dispatch import (Plan, all_to_all_v, combine, counts_matrix, dispatch, gather_rows, plan,
+                       reduce_scatter_rows, table)
 from .layer import ExpertParallelMoE
 
 __all__ = ["ExpertParallelMoE", "Plan", "all_to_all_v", "combine", "counts_matrix", "dispatch",
-           "plan", "table"]
+           "gather_rows", "plan", "reduce_scatter_rows", "table"]

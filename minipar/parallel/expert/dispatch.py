@@ -11,11 +11,12 @@ by the rank each row must go to:
     rows = dispatch(flat[routing.order], p, group)   # 2. all_to_all_v of the rows
     out = run_experts(rows, p.per_expert)            # 3. local expert i on its rows from all
     y = combine(out, p, group, gates, routing)       # 4. back home, each token's gated sum
+An expert over tp, under sequence parallelism: ``gather_rows``, ``reduce_scatter_rows``.
 """
 import dataclasses
 
 from ... import backend
-from ...autograd import make_result
+from ...autograd import concat, make_result
 from ...nn import moe
 
 
@@ -72,6 +73,23 @@ def combine(expert_rows, plan, group, gates, routing):
     inverse = backend.numpy.argsort(plan.order)
     home = all_to_all_v(expert_rows[inverse], plan.recv_counts, plan.send_counts, group)
     return moe.combine(home, gates, routing)
+
+
+def gather_rows(x, counts, group):
+    """Every rank's rows, rank 0's first: rank j brings ``counts[j]`` rows (an all-gather of
+    unequal parts, sent as an all_to_all_v of my rows to every rank). Backward: each rank's rows'
+    gradients summed over the group and sent home, a reduce-scatter (the concat's sum)."""
+    mine = [len(x)] * group.size
+    return all_to_all_v(concat([x] * group.size, axis=0), mine, counts, group)
+
+
+def reduce_scatter_rows(y, counts, group):
+    """The conjugate of ``gather_rows``: ``y`` holds partial sums of every rank's rows (rank j's
+    ``counts[j]`` first); each rank gets its own rows summed over the group. Backward: an
+    all-gather of the rows' gradients."""
+    n = counts[group.rank]
+    parts = all_to_all_v(y, counts, [n] * group.size, group)  # my rows' partial sums, per rank
+    return parts.reshape(group.size, n, *y.shape[1:]).sum(axis=0)
 
 
 def counts_matrix(routing, group):

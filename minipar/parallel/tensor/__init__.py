@@ -17,7 +17,7 @@ from .embedding import VocabParallelEmbedding, vocab_parallel_cross_entropy
 from .gpt import (ParallelBlock, ParallelGPTEmbedding, TensorParallelGPT, check_config,
                   shard_from_serial)
 from .layers import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention,
-                     RowParallelLinear)
+                     RowParallelLinear, SequenceParallelDropout)
 from .mappings import (SEQ, CollectiveLog, allreduce_replicated_grads,
                        copy_to_tensor_region, gather_from_sequence_region,
                        gather_from_tensor_region, reduce_from_tensor_region,
@@ -33,6 +33,7 @@ __all__ = ["divide", "shard", "unshard", "split_specs",
            "gather_from_sequence_region", "reduce_scatter_to_sequence_region",
            "allreduce_replicated_grads",
            "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelSelfAttention",
+           "SequenceParallelDropout",
            "VocabParallelEmbedding", "vocab_parallel_cross_entropy",
            "ParallelGPTEmbedding", "ParallelBlock", "check_config", "TensorParallelGPT",
            "local_slices", "copy_serial_slices", "gather_to_serial", "shard_from_serial",

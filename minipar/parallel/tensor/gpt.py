@@ -17,7 +17,7 @@ from ... import backend, nn, random
 from ...distributed.sharded import ShardedStateDict
 from ...nn import Module, Sequential
 from .embedding import VocabParallelEmbedding, vocab_parallel_cross_entropy
-from .layers import ColumnParallelLinear, ParallelMLP, ParallelSelfAttention
+from .layers import ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, dropout_layer
 from .mappings import allreduce_replicated_grads
 from .shard import copy_serial_slices, divide
 
@@ -34,10 +34,8 @@ class ParallelGPTEmbedding(ShardedStateDict, Module):
         self.wte = VocabParallelEmbedding(config.vocab_size, config.n_embd, group,
                                           sequence_parallel)
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
-        # Every rank draws its dropout masks from the one shared stream: under sequence
-        # parallelism the ranks' token slices get the same mask pattern (Megatron keeps a stream
-        # per tensor rank for these). The equality tests use dropout 0.
-        self.drop = nn.Dropout(config.dropout)
+        # under sequence parallelism: the serial model's mask, this rank's T slice of it
+        self.drop = dropout_layer(config.dropout, group, sequence_parallel)
 
     def forward(self, ids):
         T = ids.shape[-1]

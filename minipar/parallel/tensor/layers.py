@@ -9,8 +9,9 @@ docs/tensor_parallel.md). Each layer draws its serial twin's weight whole and ke
 
     fc = ColumnParallelLinear(C, 4 * C, group)    # with the same seed: nn.Linear(C, 4 * C)'s rows
 """
-from ... import nn
+from ... import backend, nn
 from ... import functional as F
+from ...autograd import Tensor
 from ...distributed.sharded import ShardedStateDict
 from ...nn import Module, Parameter
 from .mappings import (copy_to_tensor_region, gather_from_sequence_region,
@@ -73,6 +74,36 @@ class RowParallelLinear(ShardedStateDict, Module):
         return y if self.bias is None else y + self.bias
 
 
+class SequenceParallelDropout(Module):
+    """Dropout on this rank's slice of a sequence split over ``group`` along ``axis``, with the
+    serial model's mask: every rank draws the mask of the whole (``counts``: each rank's length,
+    equal by default) from the shared stream and keeps its own slice. A mask of the slice alone
+    would repeat on every rank (one stream), the same pattern in each 1/p of the sequence;
+    Megatron forks a stream per tensor rank instead. The price: p times the random numbers."""
+
+    def __init__(self, p, group, axis=1):
+        super().__init__()
+        self.p, self.group, self.axis = p, group, axis
+
+    def forward(self, x, counts=None):
+        if not self.training or self.p == 0:
+            return x
+        counts = counts or [x.shape[self.axis]] * self.group.size
+        start = sum(counts[:self.group.rank])
+        whole = list(x.shape)
+        whole[self.axis] = sum(counts)
+        ones = backend.get_array_module(x.data).ones(whole, x.dtype)
+        mask = F.dropout(Tensor(ones), self.p, training=True).data  # the serial mask, whole
+        index = [slice(None)] * x.ndim
+        index[self.axis] = slice(start, start + x.shape[self.axis])
+        return x * Tensor(mask[tuple(index)])
+
+
+def dropout_layer(p, group, sequence_parallel):
+    """nn.Dropout, or under sequence parallelism the serial mask's slice of T."""
+    return SequenceParallelDropout(p, group) if sequence_parallel else nn.Dropout(p)
+
+
 class ParallelMLP(ShardedStateDict, Module):
     """nn.MLP split: c_fc column-parallel -> GeLU on each rank's slice -> c_proj row-parallel.
     One all-reduce forward (g) and one backward (f). The GeLU is what decides the split: see
@@ -88,7 +119,7 @@ class ParallelMLP(ShardedStateDict, Module):
         self.gelu = nn.GELU()
         self.c_proj = RowParallelLinear(hidden, n_embd, group, sequence_parallel=sequence_parallel,
                                         dtype=dtype)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = dropout_layer(dropout, group, sequence_parallel)
 
     def forward(self, x):
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
@@ -116,7 +147,7 @@ class ParallelSelfAttention(ShardedStateDict, Module):
                                            sequence_parallel=sequence_parallel, dtype=dtype)
         self.c_proj = RowParallelLinear(n_embd, n_embd, group, sequence_parallel=sequence_parallel,
                                         dtype=dtype)
-        self.resid_dropout = nn.Dropout(dropout)
+        self.resid_dropout = dropout_layer(dropout, group, sequence_parallel)
 
     def forward(self, x):
         qkv = self.c_attn(x)  # (B, T, 3·H/p·d): [q, k, v] of this rank's heads

@@ -11,16 +11,18 @@ with tensor group T (size tp) and expert group X (size ep):
                                  ParallelMLP over T: c_fc by rows, c_proj by columns
 
     model = TensorParallelMoEGPT(config, MoEConfig(n_experts=4), groups.tensor, groups.expert)
+``sequence_parallel=True``: each tensor rank routes and dispatches its own 1/tp of the tokens.
 """
 import dataclasses
 
-from ... import nn
+from ... import backend, nn
+from ... import functional as F
 from ...nn import ModuleList, Sequential
-from ...nn.moe import MoEBlock
+from ...nn.moe import MoEBlock, Routing, capacity, route
 from ...distributed.sharded import serial_names
-from ..expert import ExpertParallelMoE
+from ..expert import ExpertParallelMoE, gather_rows, reduce_scatter_rows
 from .gpt import ParallelBlock, TensorParallelGPT
-from .layers import ParallelMLP
+from .layers import ParallelMLP, SequenceParallelDropout
 from .shard import local_slices
 
 
@@ -54,16 +56,90 @@ class TensorExpertParallelMoE(ExpertParallelMoE):
     that reach an expert are the same on all tp ranks, which is what ParallelMLP needs (its input
     whole, its output summed by one all-reduce over T)."""
 
+    expert_type = ParallelMLP
+
     def __init__(self, n_embd, n_experts, top_k=2, capacity_factor=1.25, hidden=None,
                  aux_coeff=0.01, dropout=0.0, *, group, tensor_group):
         super().__init__(n_embd, n_experts, top_k, capacity_factor, hidden, aux_coeff, dropout,
                          group=group)
+        self.tensor_group = tensor_group
         # The price of whole tokens: every tensor rank sends the same rows, so the all-to-alls
-        # move tp times the bytes of one copy. Megatron-core refuses MoE with tp > 1 unless
-        # sequence parallelism is on, so that each tensor rank dispatches only its 1/tp of the
-        # tokens; minipar keeps the tokens whole for clarity.
-        self.experts = ModuleList(*[ParallelMLP(n_embd, tensor_group, dropout, hidden)
+        # move tp times the bytes of one copy (SequenceParallelMoE sends each token once).
+        self.experts = ModuleList(*[self.expert_type(n_embd, tensor_group, dropout, hidden)
                                     for _ in self.expert_ids])
+
+
+class SequenceParallelExpert(ParallelMLP):
+    """An expert over the tensor group whose rows differ per tensor rank (each routed its own
+    tokens): c_fc's input is every tensor rank's rows gathered, c_proj's partial sums go back to
+    the rows' own rank reduce-scattered, in place of f and g (Megatron's explicit_expert_comm)."""
+
+    def __init__(self, n_embd, group, dropout=0.0, hidden=None, dtype="float32"):
+        super().__init__(n_embd, group, dropout, hidden, dtype=dtype)
+        # each tensor rank's rows get their own numbers: the mask of the gathered rows, sliced
+        self.dropout = SequenceParallelDropout(dropout, group, axis=0)
+
+    def forward(self, rows):
+        group = self.c_fc.group
+        counts = [int(n) for n in group.all_gather(backend.numpy.array([len(rows)]))[:, 0]]
+        x = gather_rows(rows, counts, group)  # the expert's input, whole on every tensor rank
+        h = self.gelu(F.linear(x, self.c_fc.weight, self.c_fc.bias))  # this rank's hidden slice
+        y = reduce_scatter_rows(F.linear(h, self.c_proj.weight), counts, group)
+        return self.dropout(y + self.c_proj.bias, counts)  # the bias once, after the sum
+
+
+class SequenceParallelMoE(TensorExpertParallelMoE):
+    """``TensorExpertParallelMoE`` on this tensor rank's (B, T/tp, C) slice of the sequence: it
+    routes and dispatches only its own tokens, so the all-to-alls carry each token once.
+
+    The routing is the serial twin's, on the whole sequence: the tensor ranks share their top-k
+    choices (a few integers per token), so capacity counts every token in the serial order, and
+    the load-balancing loss's f is the whole sequence's. Each rank's l_aux is its share (its
+    tokens' probabilities over all N tokens): the shares add up to the serial l_aux, the router's
+    gradients to the serial ones once summed over tp (``finalize_grads``)."""
+
+    expert_type = SequenceParallelExpert
+
+    def forward(self, x):
+        self.sequence_shape = x.shape[:-1]  # (B, T/tp): gate() needs the tokens' places
+        return super().forward(x)
+
+    def gate(self, x):
+        probs, gates, mine = super().gate(x)  # mine: routed alone, capacity of 1/tp; replaced
+        B, t = self.sequence_shape
+        group, k = self.tensor_group, self.top_k
+        everyone = group.all_gather(backend.numpy.ascontiguousarray(mine.expert.reshape(B, t, k)))
+        # (tp, B, t, k) -> the serial order: sequence b, then position rank·t + j
+        whole = everyone.transpose(1, 0, 2, 3).reshape(-1, k)
+        self.whole = route(whole, self.n_experts, capacity(len(whole), self.n_experts, k,
+                                                          self.capacity_factor))
+        slot = self.whole.slot.reshape(B, group.size, t, k)[:, group.rank].reshape(-1, k)
+        return probs, gates, routing_of(mine.expert, slot, self.whole.capacity, self.n_experts)
+
+    def balance_loss(self, probs, routing):
+        """This rank's share of the whole sequence's l_aux = E · Σ_e f_e · P_e."""
+        N = len(self.whole.expert)
+        f = self.whole.tokens_per_expert / max(N * self.top_k, 1)
+        aux = self.n_experts * (probs.sum(axis=0) / N * backend.asarray(f, probs.dtype)).sum()
+        routing.aux_loss = float(aux.item())
+        return aux
+
+
+def routing_of(expert, slot, cap, n_experts):
+    """The ``Routing`` of top-k choices ``expert`` (N, k) whose places in their experts' queues
+    (``slot``) were counted elsewhere: kept when slot < cap; rows laid out as ``route`` does."""
+    host = backend.numpy
+    N, k = expert.shape
+    flat = expert.reshape(-1)
+    kept = slot.reshape(-1) < cap
+    M = int(kept.sum())
+    # the kept assignments expert by expert, token order within each (stable): the row layout
+    by_expert = host.argsort(host.where(kept, flat, n_experts), kind="stable")[:M]
+    row = host.full(N * k, M, dtype=host.int64)
+    row[by_expert] = host.arange(M)
+    return Routing(expert, slot, kept.reshape(N, k), row.reshape(N, k), by_expert // k,
+                   host.bincount(flat, minlength=n_experts),
+                   host.bincount(flat[kept], minlength=n_experts), int(cap))
 
 
 def check_moe(config, moe, tp, ep):
@@ -81,12 +157,12 @@ class TensorParallelMoEGPT(TensorParallelGPT):
     """``TensorParallelGPT`` with MoE blocks: this rank's part of ``moe_gpt(config, moe)``
     drawn from the random stream (which it leaves where the serial twin does)."""
 
-    def __init__(self, config, moe, tensor_group, expert_group):
+    def __init__(self, config, moe, tensor_group, expert_group, sequence_parallel=False):
         check_moe(config, moe, tensor_group.size, expert_group.size)
         # set first: the base constructor calls serial_twin() and block(), which read them
         self.moe = moe
         self.expert_group = expert_group
-        super().__init__(config, tensor_group)
+        super().__init__(config, tensor_group, sequence_parallel)
 
     def serial_twin(self):
         return moe_gpt(self.config, self.moe)
@@ -96,11 +172,12 @@ class TensorParallelMoEGPT(TensorParallelGPT):
         x + moe(ln_2(x))."""
         config = self.config
         moe = self.moe
-        mlp = TensorExpertParallelMoE(config.n_embd, moe.n_experts, moe.top_k,
-                                      moe.capacity_factor, moe.hidden, moe.aux_coeff,
-                                      config.dropout, group=self.expert_group,
-                                      tensor_group=self.group)
-        return ParallelBlock(config.n_embd, config.n_head, self.group, config.dropout, mlp=mlp)
+        layer = SequenceParallelMoE if self.sequence_parallel else TensorExpertParallelMoE
+        mlp = layer(config.n_embd, moe.n_experts, moe.top_k, moe.capacity_factor, moe.hidden,
+                    moe.aux_coeff, config.dropout, group=self.expert_group,
+                    tensor_group=self.group)
+        return ParallelBlock(config.n_embd, config.n_head, self.group, config.dropout,
+                             self.sequence_parallel, mlp=mlp)
 
     def serial_twin_names(self):
         return serial_names(self)
