@@ -28,6 +28,13 @@ SIZES = (1, 7, 100, 131075)
 FORMS = ("out of place", "in place (out=x)", "into out=")
 
 
+def _runs(odd, power_of_two):
+    """A multi-rank check's runs: a rank count that is not a power of two with synchronous sends,
+    first (a hang shows at once), then a power of two with MPI's usual sends."""
+    return [pytest.param(odd, "synchronous", id=f"{odd}-ranks-synchronous-sends"),
+            pytest.param(power_of_two, "eager", id=f"{power_of_two}-ranks")]
+
+
 # --- the checks ---------------------------------------------------------------------------------
 def test_op_backward_matmul_matches_finite_differences():
     for a, b in [((2, 3, 4), (4, 5)), (4, (4, 3)), ((3, 4), 4)]:
@@ -127,19 +134,13 @@ def _all_reduce_body(task, algorithm):
                     want[op][lo:hi], inputs)
 
 
-# a rank count that is not a power of two with synchronous sends, first (a hang shows at once),
-# then a power of two with MPI's usual sends
-@pytest.mark.parametrize("nprocs, sends", [pytest.param(3, "synchronous",
-                                                        id="3-ranks-synchronous-sends"),
-                                           pytest.param(4, "eager", id="4-ranks")])
+@pytest.mark.parametrize("nprocs, sends", _runs(3, 4))
 def test_ring_all_reduce_equals_the_sum(nprocs, sends):
     _on_ranks("ring-all-reduce", "the ring all-reduce equals the sum", _all_reduce_body,
               nprocs, sends, "ring")
 
 
-@pytest.mark.parametrize("nprocs, sends", [pytest.param(5, "synchronous",
-                                                        id="5-ranks-synchronous-sends"),
-                                           pytest.param(4, "eager", id="4-ranks")])
+@pytest.mark.parametrize("nprocs, sends", _runs(5, 4))
 def test_recursive_halving_all_reduce_equals_the_sum(nprocs, sends):
     _on_ranks("recursive-halving", "the recursive-halving all-reduce equals the sum",
               _all_reduce_body, nprocs, sends, "recursive_halving")
@@ -189,9 +190,7 @@ def _megatron_body(task):
                 np.full(n, 2.0))
 
 
-@pytest.mark.parametrize("nprocs, sends", [pytest.param(3, "synchronous",
-                                                        id="3-ranks-synchronous-sends"),
-                                           pytest.param(2, "eager", id="2-ranks")])
+@pytest.mark.parametrize("nprocs, sends", _runs(3, 2))
 def test_megatron_f_g_are_conjugate(nprocs, sends):
     _on_ranks("megatron-f-g", "f and g are conjugate", _megatron_body, nprocs, sends)
 
@@ -336,9 +335,7 @@ def _vocab_body(task):
                 full.grad[:, r * v:(r + 1) * v])
 
 
-@pytest.mark.parametrize("nprocs, sends", [pytest.param(3, "synchronous",
-                                                        id="3-ranks-synchronous-sends"),
-                                           pytest.param(2, "eager", id="2-ranks")])
+@pytest.mark.parametrize("nprocs, sends", _runs(3, 2))
 def test_vocab_cross_entropy_equals_the_full_loss(nprocs, sends):
     _on_ranks("vocab-cross-entropy", "the vocab-parallel loss equals the full one", _vocab_body,
               nprocs, sends)
