@@ -372,3 +372,41 @@ def test_moe_top_k_gates_and_capacity_drops():
             _expect(task, f"{call}: {what}", np.asarray(got, float), np.asarray(want, float))
         assert getattr(gates, "requires_grad", False), (
             f"Task {task}: {call}: the gates\n  expected a Tensor the router's gradient reaches")
+
+
+
+
+# the loss scaler's rule worked out by hand (tests/test_assignments.py replays each case on
+# torch.amp.GradScaler): the settings; found_inf at each step (how many optimizers found an inf
+# or NaN); after it, the scale as a power of two and the growth tracker. From 2**127 a growth by
+# 4 overflows float32: the scale stays.
+LOSS_SCALE_CASES = {
+    "growth-interval-3": (dict(init_scale=2.0**10, growth_interval=3),
+                          [0, 0, 0, 0, 1, 0, 0, 1, 0, 1, 1, 0, 0, 0],
+                          [10, 10, 11, 11, 10, 10, 10, 9, 9, 8, 7, 7, 7, 8],
+                          [1, 2, 0, 1, 0, 1, 2, 0, 1, 0, 0, 1, 2, 0]),
+    "factors-4-and-0.125-to-float32s-top": (
+        dict(init_scale=2.0**125, growth_factor=4.0, backoff_factor=0.125, growth_interval=1),
+        [0, 1, 2, 0, 0, 0, 0, 1], [127, 124, 121, 123, 125, 127, 127, 124], [0] * 8),
+}
+
+
+@pytest.mark.parametrize("case", list(LOSS_SCALE_CASES))
+def test_loss_scale_update_follows_the_rule(case):
+    """GradScaler._update_scale(found_inf), the rule update() applies, step by step: the scale
+    and the growth tracker after each step against LOSS_SCALE_CASES."""
+    from minipar.amp import GradScaler
+    task, (settings, found, powers, want_trackers) = "loss-scale-update", LOSS_SCALE_CASES[case]
+    scaler, scales, trackers = GradScaler(**settings), [], []
+    call = f"GradScaler({', '.join(f'{k}={v!r}' for k, v in settings.items())})._update_scale"
+    for k, inf in enumerate(found):
+        _attempt(task, f"{call}({inf}) at step {k}", lambda: scaler._update_scale(float(inf)),
+                 "minipar/amp/grad_scaler.py")
+        scales.append(scaler.get_scale())
+        trackers.append(scaler.state_dict()["_growth_tracker"])
+    steps = f"{call}(found_inf), found_inf = {found} at steps 0, 1, ..."
+    _expect(task, f"{steps}: the scale after each step", scales, [2.0**e for e in powers],
+            "backoff_factor after an inf or NaN; growth_factor after growth_interval clean steps "
+            "in a row, unless that overflows float32")
+    _expect(task, f"{steps}: the growth tracker after each step", trackers, want_trackers,
+            "one more per clean step; 0 after a backoff or a growth")
