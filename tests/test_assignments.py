@@ -4,7 +4,9 @@ The round trip (the acceptance of issue 11): the reference tree grades 100 %, a 
 task stripped scores 0 on each stripped task, a tree with one task stripped loses exactly that
 task's points, and the stripped tree imports and runs a lesson that does not need the stripped
 code. The graded runs launch pytest and MPI ranks (marked ``mpi``); they grade a few tasks each
-so the file stays within a couple of minutes, and the reference once in full.
+so the file stays within a couple of minutes, and the reference once in full. The loss-scale
+task (issue 23) has a quick round trip of its own, and its check's hand-made table is replayed
+on torch.amp.GradScaler.
 """
 import json
 import os
@@ -211,8 +213,8 @@ def test_the_loss_scale_checks_trajectories_are_torchs(case):
                 p.grad[k % 3] = (float("inf"), float("nan"), float("-inf"))[k % 3]
             scaler.step(optimizer)
         scaler.update()
-        assert (scaler.get_scale(), scaler.state_dict()["_growth_tracker"]) == (2.0**power,
-                                                                                 tracker), k
+        got = (scaler.get_scale(), scaler.state_dict()["_growth_tracker"])
+        assert got == (2.0**power, tracker), f"step {k}"
 
 
 def test_the_loss_scale_round_trip_stub_fails_reference_passes(tmp_path):
