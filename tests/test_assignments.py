@@ -4,7 +4,9 @@ The round trip (the acceptance of issue 11): the reference tree grades 100 %, a 
 task stripped scores 0 on each stripped task, a tree with one task stripped loses exactly that
 task's points, and the stripped tree imports and runs a lesson that does not need the stripped
 code. The graded runs launch pytest and MPI ranks (marked ``mpi``); they grade a few tasks each
-so the file stays within a couple of minutes, and the reference once in full.
+so the file stays within a couple of minutes, and the reference once in full. The loss-scale
+task (issue 23) has a quick round trip of its own, and its check's hand-made table is replayed
+on torch.amp.GradScaler.
 """
 import json
 import os
@@ -15,7 +17,9 @@ import sys
 import pytest
 
 from minipar import assignments
+from minipar.assignments.checks import LOSS_SCALE_CASES
 from minipar.cli import main
+from nn_torch_twins import requires_torch, torch
 
 ROOT = assignments.ROOT
 MARKER_FILES = sorted({f for t in assignments.TASKS for f in t.files})
@@ -129,13 +133,13 @@ def test_the_reference_tree_grades_100_percent(tmp_path):
 @pytest.mark.mpi
 def test_every_stripped_task_grades_zero(tmp_path):
     assignments.make(tmp_path / "student")
-    ids = ["op-backward", "ddp-buckets", "one-f-one-b", "megatron-f-g"]
+    ids = ["op-backward", "ddp-buckets", "one-f-one-b", "megatron-f-g", "loss-scale-update"]
     report = _grade(tmp_path / "student", ids, tmp_path)
     assert report["score"] == 0 and set(_scores(report).values()) == {0}
     for test in report["tests"]:
         assert f"Task {test['name'].split(':')[0]}:" in test["output"]  # the stub's message
     text = (tmp_path / "report.md").read_text()
-    assert "first failing check:" in text and "0 / 10" in text
+    assert "first failing check:" in text and "# Assignment grade: 0 / 25" in text
 
 
 @pytest.mark.mpi
@@ -179,3 +183,74 @@ def test_a_hanging_ring_is_stopped_and_reports_who_waits_on_whom(tmp_path, monke
     assert report["score"] == 0
     assert "first failing check: test_ring_all_reduce_equals_the_sum" in output
     assert "waits in recv from rank" in output, output
+
+
+# --- the loss scaler's update() rule (issue 23) -------------------------------------------------
+LOSS_SCALE = assignments.BY_ID["loss-scale-update"]
+
+
+def test_the_loss_scale_task_is_listed_with_lesson_13(capsys):
+    assert main(["assignment", "list"]) == 0
+    [line] = [l for l in capsys.readouterr().out.splitlines() if l.startswith(LOSS_SCALE.id)]
+    assert line.split()[1] == "5" and line.endswith("(lesson 13)")
+    assert LOSS_SCALE.files == ("minipar/amp/grad_scaler.py",)
+
+
+@requires_torch
+@pytest.mark.parametrize("case", list(LOSS_SCALE_CASES))
+def test_the_loss_scale_checks_trajectories_are_torchs(case):
+    """The scales and growth trackers the check expects, written by hand from the rule, are
+    torch.amp.GradScaler("cpu")'s when found_inf of its optimizers step on an inf or a NaN."""
+    settings, found, powers, trackers = LOSS_SCALE_CASES[case]
+    scaler = torch.amp.GradScaler("cpu", **settings)
+    scaler.scale(torch.zeros(()))  # torch makes its scale tensor at the first scale()
+    params = [torch.nn.Parameter(torch.zeros(3)) for _ in range(max(found))]
+    optimizers = [torch.optim.SGD([p], lr=0.1) for p in params]
+    for k, (bad, power, tracker) in enumerate(zip(found, powers, trackers)):
+        for i, (p, optimizer) in enumerate(zip(params, optimizers)):
+            p.grad = torch.ones(3)
+            if i < bad:
+                p.grad[k % 3] = (float("inf"), float("nan"), float("-inf"))[k % 3]
+            scaler.step(optimizer)
+        scaler.update()
+        got = (scaler.get_scale(), scaler.state_dict()["_growth_tracker"])
+        assert got == (2.0**power, tracker), f"step {k}"
+
+
+def test_the_loss_scale_round_trip_stub_fails_reference_passes(tmp_path):
+    """A tree with only loss-scale-update stripped: the task scores 0 with its stub's message and
+    rank-grid beside it keeps its points; in that tree GradScaler works up to update(), which
+    names the task; the reference scores the task's points."""
+    tree = tmp_path / "student"
+    assignments.make(tree, [LOSS_SCALE.id])
+    source = (tree / LOSS_SCALE.files[0]).read_text()
+    assert LOSS_SCALE.stub() in source and "def _update_scale(self, found_inf):" in source
+    assert "growth_interval, scale·growth_factor" in source  # the docstring stays
+    results = {r["task"]: r for r in assignments.grade(tree, [LOSS_SCALE.id, "rank-grid"])}
+    assert {task: r["score"] for task, r in results.items()} == {
+        LOSS_SCALE.id: 0, "rank-grid": assignments.BY_ID["rank-grid"].points}
+    output = results[LOSS_SCALE.id]["output"]
+    assert output.startswith("first failing check: test_loss_scale_update_follows_the_rule")
+    assert f"raised NotImplementedError: Task {LOSS_SCALE.id}:" in output, output
+    assert "(see lesson 13)" in output, output
+    code = """
+import numpy, minipar
+from minipar import optim
+from minipar.amp import GradScaler
+w = minipar.Tensor(numpy.ones(3, numpy.float32), requires_grad=True)
+scaler, opt = GradScaler(init_scale=8.0), optim.SGD([w], lr=0.5)
+scaler.scale((w * 2.0).sum()).backward()
+scaler.step(opt)
+scaler.update(new_scale=4.0)  # a scale given: the rule is not needed
+print(scaler.get_scale(), w.data.tolist())
+scaler.scale(w.sum()).backward()
+scaler.step(opt)
+scaler.update()
+"""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout.splitlines() == ["4.0 [0.0, 0.0, 0.0]"], proc.stdout + proc.stderr
+    assert f'NotImplementedError: Task {LOSS_SCALE.id}: ' in proc.stderr, proc.stderr
+    [reference] = assignments.grade(ROOT, [LOSS_SCALE.id])
+    assert reference["score"] == reference["max_score"] == LOSS_SCALE.points, reference

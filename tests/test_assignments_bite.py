@@ -103,6 +103,39 @@ cap = capacity(len(p), self.n_experts, self.top_k, self.capacity_factor)
 routing = route(expert, self.n_experts, cap)
 gates = probs.gather(1, expert)  # the raw probabilities also for k >= 2
 """
+BACK_OFF = """
+if found_inf:
+    self._scale = numpy.float32(float(self._scale) * self._backoff_factor)
+    self._growth_tracker = 0
+    return
+"""
+SCALE_NEVER_GROWS = BACK_OFF + "self._growth_tracker += 1  # counted, but the scale never grows\n"
+SCALE_GROWS_EVERY_STEP = BACK_OFF + """
+self._scale = numpy.float32(float(self._scale) * self._growth_factor)  # no growth_interval
+"""
+GROW_AT_INTERVAL = """
+self._growth_tracker += 1
+if self._growth_tracker == self._growth_interval:
+    grown = numpy.float32(float(self._scale) * self._growth_factor)
+    self._scale = grown if numpy.isfinite(grown) else self._scale
+    self._growth_tracker = 0
+"""
+BACKOFF_KEEPS_THE_TRACKER = """
+if found_inf:
+    self._scale = numpy.float32(float(self._scale) * self._backoff_factor)  # the tracker kept
+    return
+""" + GROW_AT_INTERVAL
+GROWTH_KEEPS_THE_TRACKER = BACK_OFF + """
+self._growth_tracker += 1
+if self._growth_tracker == self._growth_interval:  # the tracker not reset: it counts on
+    self._scale = numpy.float32(float(self._scale) * self._growth_factor)
+"""
+SCALE_A_PYTHON_FLOAT = BACK_OFF + """
+self._growth_tracker += 1
+if self._growth_tracker == self._growth_interval:
+    self._scale = float(self._scale) * self._growth_factor  # float64: grows past float32's top
+    self._growth_tracker = 0
+"""
 
 HANG = ["the ranks hung", "minipar watchdog: no progress", "waits in"]
 WRONG = {  # name: (task, code for its region, words its grade's output must contain)
@@ -141,6 +174,22 @@ WRONG = {  # name: (task, code for its region, words its grade's output must con
     "moe: top-2 gates not renormalised": ("moe-top-k", (MOE_ROUTE, MOE_GATES_NOT_RENORMALISED), [
         "MoE(n_experts=4, top_k=2, capacity_factor=0.5).gate of 12 tokens: the gates",
         "expected"]),
+    "loss scale: never grows": ("loss-scale-update", SCALE_NEVER_GROWS, [
+        "the scale after each step", "expected 2048.0 at index 2, got 1024.0",
+        "growth_factor after growth_interval clean steps"]),
+    "loss scale: grows at every clean step": ("loss-scale-update", SCALE_GROWS_EVERY_STEP, [
+        "the scale after each step", "expected 1024.0 at index 0, got 2048.0"]),
+    "loss scale: a backoff keeps the growth tracker": ("loss-scale-update",
+                                                       BACKOFF_KEEPS_THE_TRACKER, [
+        "the scale after each step", "expected 1024.0 at index 6, got 2048.0"]),
+    "loss scale: a growth keeps the growth tracker": ("loss-scale-update",
+                                                      GROWTH_KEEPS_THE_TRACKER, [
+        "the growth tracker after each step", "expected 0 at index 2, got 3",
+        "0 after a backoff or a growth"]),
+    "loss scale: a Python float grows past float32's top": ("loss-scale-update",
+                                                            SCALE_A_PYTHON_FLOAT, [
+        "growth_factor=4.0", "the scale after each step",
+        f"expected {2.0**127!r} at index 6, got {2.0**129!r}"]),
 }
 NEW_TASKS = ["zero-sharded-step", "zero-bubble-w", "vocab-cross-entropy", "moe-top-k"]
 

@@ -176,6 +176,12 @@ class GradScaler:
         self._per_optimizer = {}
 
     def _update_scale(self, found_inf):
+        """The dynamic loss-scale rule. After a step that found an inf or NaN (``found_inf``
+        nonzero): scale·backoff_factor, and the growth tracker back to 0. After a clean step: one
+        more in the tracker, and when it reaches growth_interval, scale·growth_factor (unless
+        that overflows float32: the scale stays) and the tracker back to 0. The scale stays a
+        float32 number (see __init__)."""
+        ### BEGIN SOLUTION loss-scale-update
         if found_inf:  # an overflow: back off at once, and count clean steps from zero
             self._scale = numpy.float32(float(self._scale) * self._backoff_factor)
             self._growth_tracker = 0
@@ -189,6 +195,7 @@ class GradScaler:
             self._growth_tracker = 0
         else:
             self._growth_tracker = successful
+        ### END SOLUTION
 
     def state_dict(self):
         """torch's keys: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker;

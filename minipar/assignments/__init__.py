@@ -66,7 +66,7 @@ TASKS = (
        ["test_one_f_one_b_order_and_in_flight"], "minipar/parallel/pipeline/schedules.py"),
     _t("zero-bubble-w", 10, "zero bubble's W pass: the weight gradients B deferred", "09",
        ["test_zero_bubble_w_gives_the_plain_gradients"], "minipar/graph.py"),
-    _t("megatron-f-g", 10, "Megatron's conjugate f and g operators", "10",
+    _t("megatron-f-g", 5, "Megatron's conjugate f and g operators", "10",
        ["test_megatron_f_g_are_conjugate"], "minipar/parallel/tensor/mappings.py"),
     _t("vocab-cross-entropy", 10, "the vocab-parallel cross-entropy: max, sum, target logit",
        "10", ["test_vocab_cross_entropy_equals_the_full_loss"],
@@ -75,6 +75,8 @@ TASKS = (
        ["test_rank_grid_coords_and_rank_are_inverse"], "minipar/parallel/groups.py"),
     _t("moe-top-k", 10, "MoE's softmax top-k gate and capacity drop in token order", "12",
        ["test_moe_top_k_gates_and_capacity_drops"], "minipar/nn/moe.py"),
+    _t("loss-scale-update", 5, "the dynamic loss scale: back off on inf or NaN, grow when clean",
+       "13", ["test_loss_scale_update_follows_the_rule"], "minipar/amp/grad_scaler.py"),
 )
 BY_ID = {t.id: t for t in TASKS}
 

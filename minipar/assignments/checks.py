@@ -28,6 +28,13 @@ SIZES = (1, 7, 100, 131075)
 FORMS = ("out of place", "in place (out=x)", "into out=")
 
 
+def _runs(odd, power_of_two):
+    """A multi-rank check's runs: a rank count that is not a power of two with synchronous sends,
+    first (a hang shows at once), then a power of two with MPI's usual sends."""
+    return [pytest.param(odd, "synchronous", id=f"{odd}-ranks-synchronous-sends"),
+            pytest.param(power_of_two, "eager", id=f"{power_of_two}-ranks")]
+
+
 # --- the checks ---------------------------------------------------------------------------------
 def test_op_backward_matmul_matches_finite_differences():
     for a, b in [((2, 3, 4), (4, 5)), (4, (4, 3)), ((3, 4), 4)]:
@@ -127,19 +134,13 @@ def _all_reduce_body(task, algorithm):
                     want[op][lo:hi], inputs)
 
 
-# a rank count that is not a power of two with synchronous sends, first (a hang shows at once),
-# then a power of two with MPI's usual sends
-@pytest.mark.parametrize("nprocs, sends", [pytest.param(3, "synchronous",
-                                                        id="3-ranks-synchronous-sends"),
-                                           pytest.param(4, "eager", id="4-ranks")])
+@pytest.mark.parametrize("nprocs, sends", _runs(3, 4))
 def test_ring_all_reduce_equals_the_sum(nprocs, sends):
     _on_ranks("ring-all-reduce", "the ring all-reduce equals the sum", _all_reduce_body,
               nprocs, sends, "ring")
 
 
-@pytest.mark.parametrize("nprocs, sends", [pytest.param(5, "synchronous",
-                                                        id="5-ranks-synchronous-sends"),
-                                           pytest.param(4, "eager", id="4-ranks")])
+@pytest.mark.parametrize("nprocs, sends", _runs(5, 4))
 def test_recursive_halving_all_reduce_equals_the_sum(nprocs, sends):
     _on_ranks("recursive-halving", "the recursive-halving all-reduce equals the sum",
               _all_reduce_body, nprocs, sends, "recursive_halving")
@@ -189,9 +190,7 @@ def _megatron_body(task):
                 np.full(n, 2.0))
 
 
-@pytest.mark.parametrize("nprocs, sends", [pytest.param(3, "synchronous",
-                                                        id="3-ranks-synchronous-sends"),
-                                           pytest.param(2, "eager", id="2-ranks")])
+@pytest.mark.parametrize("nprocs, sends", _runs(3, 2))
 def test_megatron_f_g_are_conjugate(nprocs, sends):
     _on_ranks("megatron-f-g", "f and g are conjugate", _megatron_body, nprocs, sends)
 
@@ -336,9 +335,7 @@ def _vocab_body(task):
                 full.grad[:, r * v:(r + 1) * v])
 
 
-@pytest.mark.parametrize("nprocs, sends", [pytest.param(3, "synchronous",
-                                                        id="3-ranks-synchronous-sends"),
-                                           pytest.param(2, "eager", id="2-ranks")])
+@pytest.mark.parametrize("nprocs, sends", _runs(3, 2))
 def test_vocab_cross_entropy_equals_the_full_loss(nprocs, sends):
     _on_ranks("vocab-cross-entropy", "the vocab-parallel loss equals the full one", _vocab_body,
               nprocs, sends)
@@ -375,3 +372,41 @@ def test_moe_top_k_gates_and_capacity_drops():
             _expect(task, f"{call}: {what}", np.asarray(got, float), np.asarray(want, float))
         assert getattr(gates, "requires_grad", False), (
             f"Task {task}: {call}: the gates\n  expected a Tensor the router's gradient reaches")
+
+
+
+
+# the loss scaler's rule worked out by hand (tests/test_assignments.py replays each case on
+# torch.amp.GradScaler): the settings; found_inf at each step (how many optimizers found an inf
+# or NaN); after it, the scale as a power of two and the growth tracker. From 2**127 a growth by
+# 4 overflows float32: the scale stays.
+LOSS_SCALE_CASES = {
+    "growth-interval-3": (dict(init_scale=2.0**10, growth_interval=3),
+                          [0, 0, 0, 0, 1, 0, 0, 1, 0, 1, 1, 0, 0, 0],
+                          [10, 10, 11, 11, 10, 10, 10, 9, 9, 8, 7, 7, 7, 8],
+                          [1, 2, 0, 1, 0, 1, 2, 0, 1, 0, 0, 1, 2, 0]),
+    "factors-4-and-0.125-to-float32s-top": (
+        dict(init_scale=2.0**125, growth_factor=4.0, backoff_factor=0.125, growth_interval=1),
+        [0, 1, 2, 0, 0, 0, 0, 1], [127, 124, 121, 123, 125, 127, 127, 124], [0] * 8),
+}
+
+
+@pytest.mark.parametrize("case", list(LOSS_SCALE_CASES))
+def test_loss_scale_update_follows_the_rule(case):
+    """GradScaler._update_scale(found_inf), the rule update() applies, step by step: the scale
+    and the growth tracker after each step against LOSS_SCALE_CASES."""
+    from minipar.amp import GradScaler
+    task, (settings, found, powers, want_trackers) = "loss-scale-update", LOSS_SCALE_CASES[case]
+    scaler, scales, trackers = GradScaler(**settings), [], []
+    call = f"GradScaler({', '.join(f'{k}={v!r}' for k, v in settings.items())})._update_scale"
+    for k, inf in enumerate(found):
+        _attempt(task, f"{call}({inf}) at step {k}", lambda: scaler._update_scale(float(inf)),
+                 "minipar/amp/grad_scaler.py")
+        scales.append(scaler.get_scale())
+        trackers.append(scaler.state_dict()["_growth_tracker"])
+    steps = f"{call}(found_inf), found_inf = {found} at steps 0, 1, ..."
+    _expect(task, f"{steps}: the scale after each step", scales, [2.0**e for e in powers],
+            "backoff_factor after an inf or NaN; growth_factor after growth_interval clean steps "
+            "in a row, unless that overflows float32")
+    _expect(task, f"{steps}: the growth tracker after each step", trackers, want_trackers,
+            "one more per clean step; 0 after a backoff or a growth")
