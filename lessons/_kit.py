@@ -39,7 +39,7 @@ def arguments(doc, *options, quick="a smoke run of a few seconds", argv=None, pl
         parser.add_argument("--plot", metavar="DIR", default=None,
                             help="draw this lesson's figures as PNG files into DIR "
                                  "(needs matplotlib: pip install 'minipar[plot]')")
-    from minipar.cli.args import launched_rank
+    from minipar.distributed.process_group import launched_rank
     # under mpiexec every rank parses the command line: rank 0's --help is enough
     if (launched_rank() or 0) != 0:
         parser.print_help = lambda file=None: None
@@ -57,7 +57,7 @@ def note_other_minipar():
     if module is None:  # a lesson without minipar
         return None
     from minipar.assignments.tree import RECORD
-    from minipar.cli.args import launched_rank
+    from minipar.distributed.process_group import launched_rank
     used = os.path.dirname(os.path.realpath(module.__file__))
     trees = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
     if os.path.isfile(RECORD):  # started inside a student tree

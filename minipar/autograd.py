@@ -239,16 +239,6 @@ def _index(index):
     return tuple(_array(i) for i in index) if isinstance(index, tuple) else _array(index)
 
 
-def _gradient(wanted, g):
-    """One parent's gradient, summed down to its shape; a 16-bit parent gets it in its own
-    dtype (a gradient function with a Python number in it widens bfloat16 to float32)."""
-    grad_fn, shape, dtype = wanted
-    grad = ops.unbroadcast(grad_fn(g), shape)
-    if grad.dtype != dtype and backend.is_low_precision(dtype):
-        return grad.astype(dtype)
-    return grad
-
-
 def apply(op, *inputs, **options):
     """``op`` (from ``ops.py``) on the inputs' arrays, its result recorded for backward.
 
@@ -275,13 +265,13 @@ def apply(op, *inputs, **options):
     differentiable = out.dtype.kind in "fc" or out.dtype == backend.bfloat16
     if not (needed and is_grad_enabled() and differentiable):
         return _result(out, (), None, name)
-    wanted = [(grad_fns[i], p.data.shape, p.data.dtype) if p.requires_grad else None
+    wanted = [(grad_fns[i], p.data.shape) if p.requires_grad else None
               for i, p in zip(slots, parents)]
 
     def backward(g, only=None):  # only: which parents' gradients to compute (None: all wanted)
         if only is None:
-            return [None if w is None else _gradient(w, g) for w in wanted]
-        return [None if w is None or not o else _gradient(w, g)
+            return [None if w is None else ops.unbroadcast(w[0](g), w[1]) for w in wanted]
+        return [None if w is None or not o else ops.unbroadcast(w[0](g), w[1])
                 for w, o in zip(wanted, only)]
 
     return _result(out, parents, backward, name)

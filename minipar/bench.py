@@ -17,8 +17,8 @@ import sys
 import time
 
 from minipar import backend, console
-from minipar.cli.args import (ArgumentParser, UsageError, launched_rank, nonnegative_int,
-                              positive_int, size_list)
+from minipar.cli.args import ArgumentParser, UsageError, nonnegative_int, positive_int, size_list
+from minipar.distributed.process_group import launched_rank
 
 # MPI and minipar.comm are imported inside the functions that measure: check() sees every
 # argument before MPI starts or mpiexec is launched

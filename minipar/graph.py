@@ -202,6 +202,10 @@ def _accumulate(pending, node, g):
     if g.shape != node.shape:
         raise RuntimeError(f"internal error: op {node._op!r} produced a gradient of shape "
                            f"{g.shape} for a tensor of shape {node.shape}")
+    # torch's rule, a gradient in its tensor's dtype: a backward that mixed a Python number or
+    # a float32 statistic into a 16-bit tensor's gradient widened it, so it is rounded back
+    if g.dtype != node.data.dtype and backend.is_low_precision(node.data.dtype):
+        g = g.astype(node.data.dtype)
     key = id(node)
     pending[key] = g if key not in pending else _sum(node, pending[key], g)
 

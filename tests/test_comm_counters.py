@@ -1,6 +1,7 @@
 """The counters confirm what each algorithm must move per rank (n bytes per rank's vector)."""
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -37,6 +38,16 @@ def counters_body(n_elements):
         if c["bytes_sent"] != want or c["bytes_received"] != want:
             failures.append(f"rank {r}: {algo} sent {c['bytes_sent']} received "
                             f"{c['bytes_received']} bytes, expected {want} each way")
+    # 16-bit vectors move as 2-byte elements: a quarter of float64's bytes, half of float32's
+    for dtype in (np.float16, ml_dtypes.bfloat16):
+        for algo in ("ring", "recursive_halving", "recursive_doubling", "parallel", "sequential"):
+            world.counters.reset()
+            world.all_reduce(x.astype(dtype), algorithm=algo)
+            c = world.counters.snapshot()
+            want = expected_bytes_sent(algo, p, r, n // 4)
+            if c["bytes_sent"] != want or c["bytes_received"] != want:
+                failures.append(f"rank {r}: {np.dtype(dtype).name} {algo} sent "
+                                f"{c['bytes_sent']} bytes, expected {want}")
     world.counters.reset()
     world.all_reduce(x, algorithm="ring")
     if world.counters.messages_sent != 2 * (p - 1):

@@ -111,3 +111,11 @@ def test_uncaught_error_in_a_plain_script_aborts_every_rank(tmp_path):
                           env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert done.returncode != 0
     assert "rank 0 gives up" in done.stderr and "[minipar rank 0]" in done.stderr
+
+
+def test_a_bfloat16_tag_names_its_dtype():
+    from minipar.backend import bfloat16
+    from minipar.comm.errors import dtype_tag, tag_dtype
+
+    assert tag_dtype(dtype_tag(bfloat16)) == "bfloat16"
+    assert tag_dtype(dtype_tag(np.dtype("float16"))) == "float16"

@@ -318,3 +318,20 @@ def test_signatures_follow_torch_distributed():
         assert ours[:len(common)] == common, (name, ours, theirs)
     assert {"SUM", "AVG", "MAX", "MIN", "PRODUCT"} <= set(dir(torch_dist.ReduceOp))
     assert [op.name for op in dist.ReduceOp] == ["SUM", "AVG", "MAX", "MIN", "PRODUCT"]
+
+
+@pytest.mark.mpi
+def test_an_error_before_init_names_its_rank_on_every_line():
+    """A launched script that raises before init_process_group (minipar.comm not yet imported)
+    prints its traceback with ``[rank r]`` on every line, as an error after start-up does."""
+    from minipar.testing import run_job
+
+    script = ("import minipar.distributed as dist\n"
+              "raise ValueError('bad config')\n"
+              "dist.init_process_group('mpi')\n")
+    status, output, _ = run_job(script, 2, timeout=60)
+    assert status not in (None, 0), output
+    lines = [line for line in output.splitlines() if "Traceback" in line or "bad config" in line]
+    for rank in (0, 1):
+        assert f"[rank {rank}] ValueError: bad config" in lines, output
+    assert all(line.startswith("[rank ") for line in lines), output

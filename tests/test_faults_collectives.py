@@ -33,17 +33,21 @@ def on_every_rank(world, call):
 
 EVERY_RANK = ["rank 0 raised CommError", "rank 1 raised CommError"]
 
-CASES = {
-    # name: (body run on every rank, expected words in the output)
-    "auto all_reduce on one rank, broadcast on the other": ("""
+MIXED = """
 world = comm.world()
 x = np.ones(10)
-if world.rank == 0:
+if world.rank {all_reduce_on}:  # these ranks all-reduce, the others broadcast
     world.all_reduce(x)
 else:
     world.broadcast(x, root=0)
 print("second all-reduce gives", world.all_reduce(np.ones(10))[0])
-""", ["CommError", "collectives differ across ranks", "broadcast #0", "all_reduce #0"]),
+"""
+
+CASES = {
+    # name: (body run on every rank, expected words in the output)
+    "auto all_reduce on one rank, broadcast on the other": (
+        MIXED.format(all_reduce_on="== 0"),
+        ["CommError", "collectives differ across ranks", "broadcast #0", "all_reduce #0"]),
     "a rank skips all_gather_object": ("""
 world = comm.world()
 if world.rank == 0:
@@ -119,10 +123,30 @@ on_every_rank(world, lambda: Trainer4D(gpt, moe, ParallelGroups(world, ep=2)))
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_the_job_ends_with_a_message_naming_the_problem(case):
-    body, words = CASES[case]
-    status, output, seconds = run_job(PRELUDE + textwrap.dedent(body), 2, timeout=60,
+# On 3 ranks of one node ``auto`` picks the shared-memory all-reduce (comm/shm.py), whose
+# barriers are MPI's: its ranks meet by trading the call's fingerprint in messages instead
+SHM_CASES = {
+    "auto all_reduce (shm) on rank 0, broadcast on ranks 1 and 2": (
+        MIXED.format(all_reduce_on="== 0"),
+        ["CommError", "collectives differ across ranks", "broadcast #0 (binomial",
+         "all_reduce #0 (shm"]),
+    "broadcast on rank 1, auto all_reduce (shm) on ranks 0 and 2": (
+        MIXED.format(all_reduce_on="!= 1"),
+        ["CommError", "collectives differ across ranks", "broadcast #0 (binomial",
+         "all_reduce #0 (shm"]),
+    "shm all_reduce on 3 ranks, rank 2 with another dtype": ("""
+world = comm.world()
+x = np.ones(8, "float64" if world.rank == 2 else "float32")
+on_every_rank(world, lambda: print("sum", world.all_reduce(x, algorithm="shm")))
+""", EVERY_RANK + ["rank 2 raised CommError", "dtypes differ across ranks"]),
+}
+
+
+@pytest.mark.parametrize("case,nprocs", [(case, 2) for case in CASES]
+                         + [(case, 3) for case in SHM_CASES])
+def test_the_job_ends_with_a_message_naming_the_problem(case, nprocs):
+    body, words = {**CASES, **SHM_CASES}[case]
+    status, output, seconds = run_job(PRELUDE + textwrap.dedent(body), nprocs, timeout=60,
                                       env={"MINIPAR_TIMEOUT": "10"})
     print(f"\n{case}: exit status {status}, ended in {seconds:.1f} s")
     assert status not in (None, 0), f"{case}: the job did not fail (status {status}):\n{output}"

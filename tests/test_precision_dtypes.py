@@ -127,3 +127,16 @@ def test_a_python_number_keeps_bfloat16_as_torch_does():
     # a few bf16 units apart: the forwards differ where torch rounded 0.3 first
     np.testing.assert_allclose(ours.grad.astype(np.float32), theirs.grad.float().numpy(),
                                rtol=2.0**-6, atol=2.0**-8)
+
+
+@on_cpu
+@pytest.mark.parametrize("name", ["bfloat16", "float16"])
+def test_every_gradient_of_a_16bit_gpt_is_16bit(name):
+    """torch's rule: a parameter's gradient has the parameter's dtype, whatever the backward
+    mixed in (layer norm's statistics, a Python number)."""
+    model = nn.GPT(nn.GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8))
+    model.to(name)
+    ids = np.arange(16).reshape(2, 8) % 11
+    model(ids, ids)[1].backward()
+    wrong = {n: p.grad.dtype for n, p in model.named_parameters() if p.grad.dtype != name}
+    assert not wrong

@@ -14,10 +14,7 @@ Under ``mpiexec`` every rank parses the same arguments and finds the same error;
 prints it, so the job says it once, and every rank exits with status 2.
 """
 import argparse
-import os
 import sys
-
-RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")  # MPICH, Open MPI, PMIx
 
 
 class UsageError(ValueError):
@@ -35,19 +32,13 @@ class ArgumentsExit(SystemExit):
         return self.message
 
 
-def launched_rank():
-    """This process's rank when ``mpiexec`` started it (read from the environment, before MPI is
-    initialised), else None."""
-    for name in RANK_VARIABLES:
-        if name in os.environ:
-            return int(os.environ[name])
-    return None
-
-
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser whose errors raise ``ArgumentsExit`` and print on rank 0 only."""
 
     def error(self, message):
+        # imported here, so that ``import minipar.cli`` stays cheap
+        from minipar.distributed.process_group import launched_rank
+
         line = f"{self.prog}: error: {message}"
         if launched_rank() in (None, 0):
             self.print_usage(sys.stderr)

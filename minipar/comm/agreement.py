@@ -7,7 +7,8 @@
 Every collective call's number and fingerprint (collective, algorithm, op, dtype, a hash of
 count and root) ride in the tag of every message it sends anyway, so checking costs no extra
 message; a receive that gets another call's tag raises a CommError naming both calls
-(docs/comm.md). ``check=False`` on a call, or ``MINIPAR_CHECK=0``, leaves only the dtype.
+(docs/comm.md). An algorithm that sends none (shm.py) meets in ``exchange``: empty messages
+whose tag is the fingerprint. ``check=False`` or ``MINIPAR_CHECK=0`` leaves only the dtype.
 
     bits, low to high:  dtype 5 | collective 4 | algorithm 4 | op 3 | count and root 6 | call rest
 """
@@ -16,6 +17,7 @@ import zlib
 
 from mpi4py import MPI
 
+from minipar.comm import watch
 from minipar.comm.errors import CommError, dtype_tag, tag_dtype
 from minipar.comm.registry import ALGORITHMS, COLLECTIVES, OPS
 
@@ -23,6 +25,7 @@ ENABLED = os.environ.get("MINIPAR_CHECK", "1") not in ("", "0")
 FIELDS = (("dtype", 5), ("collective", 4), ("algorithm", 4), ("op", 3), ("shape", 6))
 _TAG_BITS = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB).bit_length()
 _CALL_BITS = max(_TAG_BITS - sum(bits for _, bits in FIELDS), 0)
+_KIND = 0xFF << FIELDS[0][1]  # the bits of the collective and the algorithm (4 + 4)
 
 
 def encode(collective, algorithm, op, dtype, count, root, call):
@@ -82,6 +85,48 @@ def difference(mine, theirs):
         if a[field] != b[field]:
             return f"{words} differ across ranks"
     return "tags differ across ranks"
+
+
+def disagreement(tags, ranks):
+    """Why the tags of one call (one per rank, of world ranks ``ranks``) differ, in the same
+    words on every rank that holds them all; None when they agree."""
+    bad = next((j for j, tag in enumerate(tags) if tag != tags[0]), None)
+    if bad is None:
+        return None
+    return (f"{describe(tags[0])} on rank {ranks[0]}, {describe(tags[bad])} on rank "
+            f"{ranks[bad]}: {difference(tags[0], tags[bad])}")
+
+
+_EMPTY = [bytearray(), MPI.BYTE]  # an exchange's message: its tag is all it says
+
+
+def exchange(c, tag):
+    """A rendezvous of the ranks of ``c`` (a communicator's private channel) under the call's
+    fingerprint, for an algorithm that sends no message of its own (shm.py, whose barriers are
+    MPI's, where a peer inside another collective never comes): each rank sends ``tag`` to
+    every peer in an empty message and waits for theirs. A peer inside another collective gets
+    one (its receive checks the tag) or sends one here: a CommError at once on that rank or on
+    this one, and the abort hook ends the job. Peers in the same algorithm pass whatever else
+    differs: the caller compares the calls in the same words everywhere (shm.header_error)."""
+    sends = [c.mpi.Isend(_EMPTY, j, tag) for j in range(c.size) if j != c.rank]
+    heard, status = [], c.status
+    # noted for the watchdog, uncounted: the exchange is the check, not the algorithm's traffic
+    with watch.blocking("fingerprint exchange", c.world_ranks):
+        for _ in sends:
+            try:
+                c.mpi.Recv(_EMPTY, MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+                # a second message from one peer: it has gone on to a later call
+                foreign = (status.Get_tag() ^ tag) & _KIND or status.Get_source() in heard
+            except MPI.Exception as error:  # a message with data: another call's
+                if error.Get_error_class() != MPI.ERR_TRUNCATE:
+                    raise
+                foreign = True
+            if foreign:
+                got, source = status.Get_tag(), status.Get_source()
+                raise CommError(f"rank {c.rank}: {describe(tag)} received a message of rank "
+                                f"{source}'s {describe(got)}: {difference(tag, got)}")
+            heard.append(status.Get_source())
+        MPI.Request.Waitall(sends)
 
 
 def same_everywhere(comm, what, **settings):

@@ -13,7 +13,8 @@ recursive ones never copy x into buf first. Reductions run in rank order where r
 otherwise add in different orders, so every rank computes the same bits.
 """
 from minipar.comm import cost, node
-from minipar.comm.buffers import bounds, check_same, finish, reducer, result_buffer, wait_all
+from minipar.comm.buffers import (Accumulator, bounds, check_same, finish, reducer, result_buffer,
+                                  wait_all)
 from minipar.comm.cost import AUTO_CANDIDATES  # the point-to-point ones: any placement of ranks
 from minipar.comm.patterns import (block_bounds, doubling_all_gather, fold, fold_cost, fold_in,
                                    fold_out, halves, halving_reduce_scatter, ring_all_gather,
@@ -81,16 +82,15 @@ def _all_reduce_parallel(c, x, buf, op, tag):
     r, p = c.rank, c.size
     mine = c.scratch("mine", buf.size, buf)
     mine[...] = x
-    if r == 0 and buf is not x:
-        buf[...] = x  # rank 0's running sum starts as x_0
     sends = [c.isend(mine, j, tag) for j in range(p) if j != r]
     got = c.scratch("tmp", buf.size, buf)
-    reduce = reducer(op, buf)
+    total = Accumulator(op, buf)  # 16-bit: every vector arrives exact, the sum rounds once
     for j in range(p):
-        if j == 0 and r != 0:
-            c.recv(buf, 0, tag)  # buf starts as x_0 (rank 0's buf already is)
-        elif j > 0:
-            reduce(buf, mine if j == r else c.recv(got, j, tag), out=buf)
+        if j == r:
+            total.add(mine)
+        else:  # x_0 straight into buf (read at the next add): got is reused for the others
+            total.add(c.recv(buf if j == 0 else got, j, tag))
+    total.done()
     wait_all(sends)
 
 

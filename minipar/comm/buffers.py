@@ -3,7 +3,8 @@
 Conventions. Arrays go in and a new array comes out; pass ``out=x`` to work in place. A vector
 is cut into p chunks by ``chunk_bounds`` (sizes differ by at most one, so any count works, zero
 and counts smaller than p included). ``op="avg"`` is a sum followed by a division by p
-(``finish``), as MPI users write it.
+(``finish``), as MPI users write it. float16 and bfloat16 travel as 2-byte messages and are
+reduced in float32 (``reducer``, ``Accumulator``); the rounding bounds: docs/comm.md.
 
 Checking. Every receive checks size and dtype tag (communicator.py). With ``check=True`` or
 ``MINIPAR_DEBUG=1`` the ranks first exchange (shape, dtype), and every rank raises the same
@@ -56,9 +57,56 @@ def result_buffer(x, out, shape=None, dtype=None):
     return out
 
 
+def is_16bit(dtype):
+    """float16 or bfloat16 (ml_dtypes'; its kind is 'V', so ask by name)."""
+    return dtype.name in ("float16", "bfloat16")
+
+
 def reducer(op, like):
     """The in-place reduction ``f(a, b, out=a)`` for op on like's array module."""
-    return getattr(backend.get_array_module(like), _UFUNC[op])
+    f = getattr(backend.get_array_module(like), _UFUNC[op])
+    if not is_16bit(like.dtype):
+        return f
+
+    # 16 bits: both operands upcast, reduced in float32, rounded once into out. For two
+    # operands that is the correctly rounded result (float32's 24 bits >= 2 * 11 + 2, so
+    # rounding to float32 and then to 16 bits never differs from rounding once: Figueroa 1995),
+    # bit for bit what NumPy's float16 and ml_dtypes' bfloat16 ufuncs do inside. It gains over
+    # them where one rank folds more than two operands: ``Accumulator``.
+    def reduce16(a, b, out):
+        out[...] = f(a.astype("float32"), b.astype("float32"))
+    return reduce16
+
+
+class Accumulator:
+    """A running reduction of op into ``out``: ``add(x)`` folds x in, ``done()`` leaves the
+    result in out. The first operand is read at the second ``add`` (keep it unchanged until
+    then; out may alias either operand, as in ``f(a, b, out=a)``). 16-bit out: the running
+    value is kept in float32 and rounded once, in ``done``, so a rank folding k vectors rounds
+    once, not k - 1 times; other dtypes run in out, as ``reducer`` does, in the same order."""
+
+    def __init__(self, op, out):
+        self.out, self.f = out, getattr(backend.get_array_module(out), _UFUNC[op])
+        self.wide = is_16bit(out.dtype)
+        self.first = self.acc = None
+
+    def add(self, x):
+        if self.first is None:
+            self.first = x
+        elif self.acc is None and self.wide:
+            self.acc = self.f(self.first.astype("float32"), x.astype("float32"))
+        elif self.acc is None:
+            self.acc = self.f(self.first, x, out=self.out)
+        else:
+            self.f(self.acc, x.astype("float32") if self.wide else x, out=self.acc)
+
+    def done(self):
+        if self.acc is not None:
+            if self.wide:
+                self.out[...] = self.acc
+        elif self.first is not None and self.first is not self.out:
+            self.out[...] = self.first
+        return self.out
 
 
 def finish(buf, op, p):

@@ -11,7 +11,8 @@ class CommError(ValueError):
     """Bad input to a communication call (sizes, dtypes, peers, ops or algorithms)."""
 
 
-_DTYPE_CHARS = "?bBhHiIlLqQefdgFDG"  # NumPy type characters; a message's tag is the index
+_DTYPE_CHARS = "?bBhHiIlLqQefdgFDGE"  # NumPy type characters; a message's tag is the index
+_NAMES = {"E": "bfloat16"}  # ml_dtypes' character, which numpy.dtype() does not know
 
 
 def dtype_tag(dtype):
@@ -22,5 +23,6 @@ def dtype_tag(dtype):
 def tag_dtype(tag):
     """The dtype name a collective's tag stands for."""
     if 0 <= tag < len(_DTYPE_CHARS):
-        return backend.get_array_module().dtype(_DTYPE_CHARS[tag]).name
+        char = _DTYPE_CHARS[tag]
+        return _NAMES.get(char) or backend.get_array_module().dtype(char).name
     return f"tag {tag}"

@@ -18,8 +18,8 @@ import math
 import numbers
 
 from minipar import backend
-from minipar.comm.buffers import (bounds as chunks_of, check_same, contiguous, copy, finish,
-                                  reducer, result_buffer, wait_all)
+from minipar.comm.buffers import (Accumulator, bounds as chunks_of, check_same, contiguous, copy,
+                                  finish, result_buffer, wait_all)
 from minipar.comm.errors import CommError
 from minipar.comm.patterns import (block_bounds, doubling_all_gather, fold, fold_cost, fold_in,
                                    fold_out, halves, halving_reduce_scatter, ring_all_gather,
@@ -75,9 +75,12 @@ def _reduce_scatter_direct(c, buf, bounds, op, tag):
     mine = chunk(r)
     sends = [c.isend(chunk((r + s) % p), (r + s) % p, tag) for s in range(1, p)]
     got = c.scratch("tmp", mine.size, buf)
-    reduce_ = reducer(op, buf)
+    # every chunk arrives as its rank's input, exact: a 16-bit sum rounds once, at done()
+    total = Accumulator(op, mine)
+    total.add(mine)
     for s in range(1, p):
-        reduce_(mine, c.recv(got, (r - s) % p, tag), out=mine)
+        total.add(c.recv(got, (r - s) % p, tag))
+    total.done()
     wait_all(sends)
 
 

@@ -20,17 +20,31 @@ from minipar.comm.staging import inout_buffer, recv_buffer, send_buffer
 MPI_OP = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
 
 
-def mpi_algorithm(collective):
+def mpi_algorithm(collective, reduces=False):
     """Register ``fn(c, ..., tag)`` as algorithm ``"mpi"`` of ``collective``: the ranks agree
-    on the call first, and the whole call is noted for the watchdog (it waits on every rank)."""
+    on the call first, and the whole call is noted for the watchdog (it waits on every rank).
+    A reduction (``reduces``) of bfloat16 is refused first (``refuse_bfloat16``)."""
     def register(fn):
         @functools.wraps(fn)
         def run(c, *args):
+            if reduces:
+                refuse_bfloat16(collective, args[0])
             with watch.blocking("MPI collective", c.world_ranks):
                 agree(c, args[-1])
                 fn(c, *args)
         return algorithm(collective, "mpi")(run)
     return register
+
+
+def refuse_bfloat16(collective, x):
+    """MPI has no bfloat16 type: its bits travel as uint16 (staging.wire), and MPI's own
+    reduction would add those integers. The same CommError on every rank (the dtype is part of
+    the call), before any message. float16 is MPICH's MPIX_C_FLOAT16: MPI sums it."""
+    if x.dtype.name == "bfloat16":
+        raise CommError(f"{collective} algorithm 'mpi': MPI has no bfloat16 type, so its own "
+                        f"reduction cannot add bfloat16 arrays (it would add their bits as "
+                        f"integers); use a hand-coded algorithm (ring, recursive_halving, "
+                        f"recursive_doubling, ...: they add in float32) or reduce a float32 copy")
 
 
 def agree(c, tag):
@@ -70,7 +84,7 @@ def _run(c, call, send, recv):
         finish()
 
 
-@mpi_algorithm("all_reduce")
+@mpi_algorithm("all_reduce", reduces=True)
 def _all_reduce(c, x, buf, op, tag):
     """MPI_Allreduce (in place when x is buf)."""
     _run(c, lambda s, r: c.mpi.Allreduce(s, r, op=MPI_OP[op]), x, buf)
@@ -84,7 +98,7 @@ def _broadcast(c, buf, root, tag):
         done(copy_back=c.rank != root)  # the root's data is unchanged
 
 
-@mpi_algorithm("reduce")
+@mpi_algorithm("reduce", reduces=True)
 def _reduce(c, buf, root, op, tag):
     """MPI_Reduce: the root reduces in place into buf, the others send theirs."""
     data, done = inout_buffer(buf, c.is_cuda_aware())
@@ -94,7 +108,7 @@ def _reduce(c, buf, root, op, tag):
         done(copy_back=at_root)  # only the root receives
 
 
-@mpi_algorithm("reduce_scatter")
+@mpi_algorithm("reduce_scatter", reduces=True)
 def _reduce_scatter(c, buf, bounds, op, tag):
     """MPI_Reduce_scatter with the chunk sizes of ``chunk_bounds``; chunk r lands in place."""
     lo, hi = bounds[c.rank], bounds[c.rank + 1]

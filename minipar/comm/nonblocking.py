@@ -19,7 +19,7 @@ from mpi4py import MPI
 from minipar import backend
 from minipar.comm import watch
 from minipar.comm.buffers import finish, result_buffer
-from minipar.comm.mpi import MPI_OP, agree_on_call
+from minipar.comm.mpi import MPI_OP, agree_on_call, refuse_bfloat16
 from minipar.comm.registry import pick
 from minipar.comm.staging import inout_buffer, recv_buffer, send_buffer
 
@@ -109,6 +109,7 @@ def ireduce_scatter(comm, x, op="sum", algorithm="ring", out=None):
 def iall_reduce_mpi(comm, x, op="sum", out=None):
     """MPI_Iallreduce; the returned ``Work`` completes it (and divides for ``avg``)."""
     pick("all_reduce", "mpi", op)
+    refuse_bfloat16("iall_reduce", x)
     # MPI_Iallreduce carries no message of ours: the ranks agree on dtype and count first, as
     # the blocking "mpi" collectives do, for a mismatch would give a silently wrong sum
     agree_on_call(comm, "all_reduce", op, x)

@@ -6,7 +6,7 @@ the servers, is ``minipar.parallel.data.ParameterServer``.)
     parameter_server    2(p-1)(alpha + n beta(n)) + (p-1) n gamma(n)     server: (p-1) n each way
     sharded_ps          2(p-1)(alpha + n/p beta(n/p)) + (p-1) n/p gamma(n/p)    2(p-1)/p n
 """
-from minipar.comm.buffers import bounds, reducer, wait_all
+from minipar.comm.buffers import Accumulator, bounds, wait_all
 from minipar.comm.registry import algorithm
 
 
@@ -17,12 +17,12 @@ def _all_reduce_ps(c, x, buf, op, tag, server=0):
     the result back. The server's link carries 2(p-1)n bytes: the bottleneck."""
     if c.rank == server:
         got = c.scratch("tmp", buf.size, buf)
-        reduce = reducer(op, buf)
-        src = x
+        total = Accumulator(op, buf)  # 16 bits: added in float32, rounded once
+        total.add(x)
         for j in range(c.size):
             if j != server:
-                reduce(src, c.recv(got, j, tag), out=buf)
-                src = buf
+                total.add(c.recv(got, j, tag))
+        total.done()
         wait_all([c.isend(buf, j, tag) for j in range(c.size) if j != server])
     else:
         c.send(x, server, tag)
@@ -41,11 +41,12 @@ def _all_reduce_sharded_ps(c, x, buf, op, tag):
     mine, src = chunk(buf, r), chunk(x, r)
     sends = [c.isend(chunk(x, j), j, tag) for j in range(p) if j != r]
     got = c.scratch("tmp", mine.size, buf)
-    reduce = reducer(op, buf)
+    total = Accumulator(op, mine)  # 16 bits: added in float32, rounded once
+    total.add(src)
     for j in range(p):
         if j != r:
-            reduce(src, c.recv(got, j, tag), out=mine)
-            src = mine
+            total.add(c.recv(got, j, tag))
+    total.done()
     wait_all(sends)
     recvs = [c.irecv(chunk(buf, j), j, tag) for j in range(p) if j != r]
     wait_all([c.isend(mine, j, tag) for j in range(p) if j != r] + recvs)

@@ -86,7 +86,8 @@ def halving_reduce_scatter(c, buf, nb, op, tag, src=None):
     """Recursive halving over pof2 newranks: after log p steps newrank j holds block j reduced.
 
     Step k exchanges half of the current window with newrank ^ (pof2 >> k). The first step
-    reads the input from ``src`` (default: buf itself) and writes the kept half into buf."""
+    reads the input from ``src`` (default: buf itself) and writes the kept half into buf.
+    16-bit partial sums travel, so each step rounds once (log2 p roundings, + 1 for a fold)."""
     pof2, _, newrank, real = fold(c.size)
     me, lo, hi, mask = newrank(c.rank), 0, pof2, pof2 >> 1
     reduce = reducer(op, buf)
@@ -119,7 +120,9 @@ def ring_reduce_scatter(c, buf, bounds, op, tag, shift, src=None):
     """p-1 steps round the ring; rank r ends holding chunk (r + shift + 1) % p reduced.
 
     Each chunk is reduced once, from the input ``src`` (default: buf itself) into buf, so an
-    out-of-place all-reduce never copies its input first (NCCL: read sendbuff, write recvbuff)."""
+    out-of-place all-reduce never copies its input first (NCCL: read sendbuff, write recvbuff).
+    16-bit chunks are added in float32 (``reducer``), but every partial sum goes on the wire,
+    so it is rounded at every hop: p - 1 roundings, not one (the bound: docs/comm.md)."""
     r, p = c.rank, c.size
     right, left = (r + 1) % p, (r - 1) % p
     reduce = reducer(op, buf)

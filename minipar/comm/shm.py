@@ -7,17 +7,19 @@
 An MPI-3 window (``Win.Allocate_shared`` over ``Split_type(COMM_TYPE_SHARED)``) holds a slot
 S_r per rank and a result R (the design of NCCL's and MPICH's intra-node paths): each rank
 copies x into its slot, barrier, reduces its 1/p slice reading the peers' slots in place,
-barrier, and copies R out. Two barriers, no message: 4.5n bytes through memory per rank at
-p = 2, where a ring through MPICH's shared memory moves 5.5n and pays 2(p-1) handshakes.
-The steps, the bytes and the cost formula: docs/comm.md.
+barrier, and copies R out. Two barriers (the first of empty messages that carry the call's
+fingerprint), no data sent: 4.5n bytes through memory per rank at p = 2, where a ring through
+MPICH's shared memory moves 5.5n and pays 2(p-1) handshakes. The steps, the bytes and the
+cost formula: docs/comm.md.
 """
+import functools
 import weakref
 
 from mpi4py import MPI
 
 from minipar import backend
 from minipar.comm import agreement, node, watch
-from minipar.comm.buffers import bounds, reducer
+from minipar.comm.buffers import Accumulator, bounds
 from minipar.comm.errors import CommError, dtype_tag, tag_dtype
 from minipar.comm.registry import OPS, algorithm
 
@@ -78,11 +80,13 @@ class Window:
         self.slots = [parts[0][self.head + cap:]] + [part[:cap] for part in parts[1:]]
         self.cap = cap
 
-    def sync(self, ranks):
-        """Every rank's writes so far are seen by all (Win_sync, barrier, Win_sync)."""
+    def sync(self, ranks, meet=None):
+        """Every rank's writes so far are seen by all (Win_sync, barrier, Win_sync); ``meet()``
+        in the barrier's place, when given (any rendezvous will do, messages too: Win_sync
+        on both sides of it is what MPI-3's unified memory model asks)."""
         with watch.blocking("shared-memory barrier", ranks):
             self.win.Sync()
-            self.comm.Barrier()
+            (meet or self.comm.Barrier)()
             self.win.Sync()
 
     def view(self, raw, dtype, n, offset=0):
@@ -135,16 +139,21 @@ def owner(x, buf):
     return None
 
 
+def one_node(c):
+    """A CommError on every rank when c's ranks span several nodes (shared memory reaches only
+    one node's ranks); node.span knows it since c was made, so asking sends nothing."""
+    nodes = node.span(c)
+    if nodes > 1:
+        raise CommError(f"all_reduce 'shm': the {c.size} ranks span {nodes} nodes, and "
+                        f"shared memory reaches only the ranks of one node: use "
+                        f"'hierarchical' (shm inside each node, ring across them) or 'auto'")
+
+
 def window(c):
     """c's Window, made on a communicator's first shm all-reduce (collective; node_reduce grows
-    it when a larger vector comes); a CommError on every rank when c's ranks span several nodes
-    (shared memory reaches only one node's ranks)."""
+    it when a larger vector comes); its ranks must share one node (``one_node``)."""
     if c not in _windows:
-        nodes = node.span(c)
-        if nodes > 1:
-            raise CommError(f"all_reduce 'shm': the {c.size} ranks span {nodes} nodes, and "
-                            f"shared memory reaches only the ranks of one node: use "
-                            f"'hierarchical' (shm inside each node, ring across them) or 'auto'")
+        one_node(c)
         _windows[c] = Window(node.shared(c.mpi))
     return _windows[c]
 
@@ -159,8 +168,7 @@ def header_error(w, ranks):
     (tag0, n0, dt0, op0), (tag, n, dt, op) = heads[0].tolist(), heads[bad].tolist()
     who = f"rank {ranks[0]} and rank {ranks[bad]}"
     if agreement.fingerprinted(tag0) and agreement.fingerprinted(tag) and tag0 != tag:
-        why = (f"{agreement.describe(tag0)} on rank {ranks[0]}, {agreement.describe(tag)} on "
-               f"rank {ranks[bad]}: {agreement.difference(tag0, tag)}")
+        why = agreement.disagreement(heads[:, 0].tolist(), ranks)
     elif dt0 != dt:
         why = f"dtypes differ across ranks ({who}: {tag_dtype(dt0)}, {tag_dtype(dt)})"
     elif n0 != n:
@@ -197,13 +205,14 @@ def copy_out(result, buf):
         buf[...] = result
 
 
-def node_reduce(w, x, op, tag, ranks, agree=None, offset=0, in_slot=False):
+def node_reduce(w, x, op, tag, ranks, agree=None, offset=0, in_slot=False, meet=None):
     """Steps 1 and 2 over the window's ranks: returns R (a view of n elements), the reduction
     of every rank's x, once every rank has written its slice. Headers that differ raise here;
     ``agree(error)``, when given, runs on every rank after the check and before the reduction
     (hierarchical.py: the leaders compare nodes), and an error it returns is raised. The
     vectors sit ``offset`` bytes into the slots (a part of a shared_array); with ``in_slot``
-    (x is this rank's slot) each rank's slice goes back into x instead of R."""
+    (x is this rank's slot) each rank's slice goes back into x instead of R; ``meet``: the
+    first barrier's rendezvous (Window.sync)."""
     n, dtype = x.size, x.dtype
     lo, hi = bounds(n, w.p)[w.rank:w.rank + 2]
     # this call's header, compared by every rank after the first barrier: ranks that disagree
@@ -212,7 +221,7 @@ def node_reduce(w, x, op, tag, ranks, agree=None, offset=0, in_slot=False):
     fits = x.nbytes <= w.cap
     if fits:
         own = copy_in(x, w.view(w.slots[w.rank], dtype, n, offset), lo, hi)
-    w.sync(ranks)
+    w.sync(ranks, meet)
     error = header_error(w, ranks)
     if agree is not None:
         error = agree(error)
@@ -227,13 +236,11 @@ def node_reduce(w, x, op, tag, ranks, agree=None, offset=0, in_slot=False):
     result = w.view(w.result, dtype, n, offset)
     # the sum runs in rank order; in x itself only on ranks 0 and 1 (x's slice is read first)
     mine = own[lo:hi] if in_slot and w.rank < 2 else result[lo:hi]
-    reduce = reducer(op, result)
-    if w.p == 1:  # a node of one rank (hierarchical): its vector is the node's sum
-        mine[...] = slots[0]
-    else:
-        reduce(slots[0], slots[1], out=mine)
-    for s in slots[2:]:
-        reduce(mine, s, out=mine)
+    # 16 bits: added in float32 and rounded once (a node of one rank: its vector is the sum)
+    total = Accumulator(op, mine)
+    for s in slots:
+        total.add(s)
+    total.done()
     if in_slot and w.rank >= 2:
         own[lo:hi] = mine
     w.sync(ranks)
@@ -246,11 +253,18 @@ def _all_reduce_shm(c, x, buf, op, tag):
     """Copy in, reduce my 1/p reading the peers' slots in place, copy the result out; a
     shared_array: reduce my 1/p into it, then copy the peers' slices out of theirs."""
     ranks, found = tuple(c.world_ranks), owner(x, buf)
+    one_node(c)
+    # the window and its barriers are MPI's, where a peer inside another collective never
+    # comes: the ranks meet by trading the call's fingerprint in empty messages instead, in
+    # the first barrier's place (still one rendezvous a call), and before a window is made
+    meet = functools.partial(agreement.exchange, c, tag)
     if found is None:
-        copy_out(node_reduce(window(c), x, op, tag, ranks), buf)
+        if c not in _windows:
+            meet()
+        copy_out(node_reduce(window(c), x, op, tag, ranks, meet=meet), buf)
         return
     w, offset = found
-    node_reduce(w, x, op, tag, ranks, offset=offset, in_slot=True)
+    node_reduce(w, x, op, tag, ranks, offset=offset, in_slot=True, meet=meet)
     edges = bounds(x.size, w.p)
     for j, slot in enumerate(w.slots):
         if j != w.rank:

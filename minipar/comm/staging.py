@@ -132,37 +132,45 @@ def _to_device(host, out, key):
     BUFFERS.give(key)
 
 
+def wire(x):
+    """The array MPI reads or writes for x: x, or a bfloat16 array's bits as uint16. mpi4py
+    knows no bfloat16 (its buffer refuses the type), so the 2-byte elements travel as 2-byte
+    integers: half a float32's bytes, the counters count them as they are. This is the one
+    place that knows; MPI's reductions must never see those integers (mpi.py refuses them)."""
+    return x.view("uint16") if x.dtype.name == "bfloat16" else x
+
+
 def send_buffer(x, aware):
     """(a buffer MPI can read holding x, function to call once MPI is done with it, or None):
     x itself when possible (C-contiguous; a GPU array if CUDA-aware), else a host copy."""
     if type(x) is HOST_ARRAY and x.flags.c_contiguous:  # the common case, first
-        return x, None
+        return wire(x), None
     if backend.is_gpu_array(x):
         if not aware:
             host, key = _to_host(x)
-            return host, lambda: BUFFERS.give(key)
+            return wire(host), lambda: BUFFERS.give(key)
         x = backend.get_array_module(x).ascontiguousarray(x)
         backend.synchronize()
-        return x, None
+        return wire(x), None
     if not x.flags.c_contiguous:
         x = backend.get_array_module(x).ascontiguousarray(x)
-    return x, None
+    return wire(x), None
 
 
 def recv_buffer(out, aware, rank=None):
     """(buffer MPI writes into, function to call after the receive completes, or None)."""
     if type(out) is HOST_ARRAY and out.flags.c_contiguous:  # the common case, first
-        return out, None
+        return wire(out), None
     if not out.flags.c_contiguous:
         raise CommError(f"rank {rank}: receive buffer must be C-contiguous "
                         f"(got strides {out.strides}); pass a contiguous array")
     if backend.is_gpu_array(out):
         if aware:
             backend.synchronize()
-            return out, None
+            return wire(out), None
         host, key = BUFFERS.take(out)
-        return host, lambda: _to_device(host, out, key)
-    return out, None
+        return wire(host), lambda: _to_device(host, out, key)
+    return wire(out), None
 
 
 def inout_buffer(a, aware):
@@ -176,7 +184,7 @@ def inout_buffer(a, aware):
                 _to_device(host, a, key)
             else:
                 BUFFERS.give(key)
-        return host, done
+        return wire(host), done
     if backend.is_gpu_array(a):  # MPI reads device memory: wait for its kernels; host arrays: no
         backend.synchronize()
-    return a, None
+    return wire(a), None

@@ -15,7 +15,7 @@ from mpi4py import MPI
 from minipar.comm import agreement, chunks, watch
 from minipar.comm.buffers import array
 from minipar.comm.errors import CommError, tag_dtype
-from minipar.comm.staging import HOST_ARRAY, recv_buffer, send_buffer
+from minipar.comm.staging import HOST_ARRAY, recv_buffer, send_buffer, wire
 
 
 class Event(NamedTuple):
@@ -118,11 +118,11 @@ class Transfer(watch.blocking):
 # host (staging.py), with a function to call once MPI is done with the buffer (None: none)
 def _send_buffer(comm, x):
     if type(x) is HOST_ARRAY and x.flags.c_contiguous:  # the common case, first
-        return x, None
+        return wire(x), None
     return send_buffer(array(x, "send"), comm.is_cuda_aware())
 
 
 def _recv_buffer(comm, out):
     if type(out) is HOST_ARRAY and out.flags.c_contiguous:
-        return out, None
+        return wire(out), None
     return recv_buffer(array(out, "recv"), comm.is_cuda_aware(), comm.rank)

@@ -8,8 +8,7 @@ A binomial tree over p ranks, numbered relative to the root (rel = (rank - root)
 k every rank that has the data sends it 2^k ranks further, so after ceil(log2 p) steps all have
 it. Reduce is the broadcast run backwards: receive from the children, send to the parent.
 """
-from minipar.comm.buffers import (chunk_bounds, check_same, copy, finish, reducer,
-                                  result_buffer)
+from minipar.comm.buffers import Accumulator, chunk_bounds, check_same, copy, finish, result_buffer
 from minipar.comm.patterns import log2, ring_all_gather
 from minipar.comm.registry import algorithm, pick
 
@@ -88,12 +87,13 @@ def _reduce_binomial(c, buf, root, op, tag):
     """Binomial tree, the broadcast run backwards: receive from children, send to the parent."""
     p, rel = c.size, (c.rank - root) % c.size
     got = c.scratch("tmp", buf.size, buf)
-    reduce_ = reducer(op, buf)
+    total = Accumulator(op, buf)
+    total.add(buf)
     mask = 1
-    while mask < p:
-        if rel & mask:
-            c.send(buf, (rel - mask + root) % p, tag)
-            break
+    while mask < p and not rel & mask:  # children rel + 1, rel + 2, rel + 4, ...
         if rel + mask < p:
-            reduce_(buf, c.recv(got, (rel + mask + root) % p, tag), out=buf)
+            total.add(c.recv(got, (rel + mask + root) % p, tag))
         mask <<= 1
+    total.done()  # 16-bit: the children's sums added in float32, rounded once here
+    if mask < p:  # then to the parent, rel with its lowest set bit cleared
+        c.send(buf, (rel - mask + root) % p, tag)

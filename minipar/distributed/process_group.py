@@ -16,9 +16,37 @@ choice among minipar's hand-coded ones); NAME is any entry of
 import datetime
 import enum
 import os
+import sys
+import traceback
 import warnings
 
 BACKENDS = ("mpi", "gloo", "nccl")  # names torch scripts pass; all of them run over MPI here
+RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")  # MPICH, Open MPI, PMIx
+
+
+def launched_rank():
+    """This process's rank when ``mpiexec`` started it (read from the environment, before MPI is
+    initialised, as torch's env:// reads RANK), else None."""
+    for name in RANK_VARIABLES:
+        if name in os.environ:
+            return int(os.environ[name])
+    return None
+
+
+def _uncaught_before_init(exc_type, exc, tb):
+    """A launched rank's traceback before minipar.comm starts MPI, each line prefixed with the
+    rank as after (comm/watch.py's abort hook, which replaces this one); the rank then exits
+    with status 1 (no MPI to abort the job with: a peer already inside MPI's start-up waits)."""
+    rank = launched_rank()
+    text = "".join(traceback.format_exception(exc_type, exc, tb))
+    sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in text.rstrip().splitlines()))
+    sys.stderr.flush()
+
+
+# minipar.comm, imported by init_process_group, starts MPI, so the launched rank is all there is
+# to name a rank by until then (a hook of the program's own stays)
+if launched_rank() is not None and sys.excepthook is sys.__excepthook__:
+    sys.excepthook = _uncaught_before_init
 
 
 class ReduceOp(enum.Enum):

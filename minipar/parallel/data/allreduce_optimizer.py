@@ -11,6 +11,7 @@ seed, as the 3D trainer does. With a data group of one rank it is just the optim
 """
 from ... import backend
 from ...comm import world
+from ...comm.buffers import is_16bit
 from ...flat import flatten_grads, offsets, views
 from .buckets import gradient_bytes
 
@@ -20,7 +21,12 @@ def average_grads(params, flat, comm, algorithm, scale=1.0):
     them over ``comm`` with one all-reduce, times ``scale``; every ``p.grad`` is then a view of
     ``flat`` (valid until the next call)."""
     flatten_grads(params, flat)
-    if comm.size > 1:
+    if comm.size > 1 and is_16bit(flat.dtype):
+        # 16 bits: divide first, as DDP does (ddp.py), for float16's sum of D gradients can
+        # overflow where their mean does not; then a sum of 2-byte messages
+        flat /= comm.size
+        comm.all_reduce(flat, op="sum", algorithm=algorithm, out=flat)
+    elif comm.size > 1:
         # g = (1/D) · sum_d g_d over the D ranks of the data group: the gradient of the mean
         # loss over their D shards of the batch
         comm.all_reduce(flat, op="avg", algorithm=algorithm, out=flat)

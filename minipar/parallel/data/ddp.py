@@ -15,6 +15,7 @@ import contextlib
 from ... import backend
 from ...autograd import Tensor, is_grad_enabled
 from ...comm import node, world
+from ...comm.mpi import refuse_bfloat16
 from ...flat import views
 from ...nn.module import Module
 from .buckets import ReadyQueue, broadcast_parameters, bucket_buffers, make_buckets
@@ -50,6 +51,9 @@ class DistributedDataParallel(Module):
         # in shared memory on one node, for the algorithms that read buckets there
         self.grad_buffers = bucket_buffers(
             self.buckets, self.comm, shared=None if algorithm in ("auto", "shm") else False)
+        if algorithm == "mpi":  # no bfloat16 in MPI: refused now, not at the first backward
+            for buf in self.grad_buffers:
+                refuse_bfloat16("DistributedDataParallel's all_reduce", buf)
         self.views = {id(p): view  # p.grad lives here once ready
                       for b, buf in zip(self.buckets, self.grad_buffers)
                       for p, view in zip(b, views(buf, b))}
@@ -127,7 +131,10 @@ class DistributedDataParallel(Module):
             # the steps serial training takes on the global batch (docs/data_parallel.md). g/N
             # is written straight into the bucket (the copy and the averaging in one pass, as
             # PyTorch DDP pre-divides) and the all-reduce sums: sum_r g_r/N, exact when N is a
-            # power of two, to rounding otherwise.
+            # power of two, to rounding otherwise. In 16 bits dividing first matters: float16
+            # ends at 65504, and a sum of N gradients can overflow where their mean would not
+            # (torch's fp16 compression hook divides first for this reason); the bucket stays
+            # 16-bit, so it travels as 2-byte messages, added in float32 (docs/comm.md).
             backend.get_array_module(view).divide(p.grad, self.comm.size, out=view)
         p.grad = view  # gradient as bucket view: the fresh array is freed
         self.arrived.add(id(p))
