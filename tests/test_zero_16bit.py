@@ -13,7 +13,7 @@ import pytest
 
 from minipar.testing import run_on_ranks
 
-DTYPES = ("float16",)
+DTYPES = ("float16", "bfloat16")
 STEPS, BATCH = 3, 6  # the global batch divides among 2 and 3 ranks
 KINDS = ("zero1", "zero2", "zero3")
 
@@ -116,13 +116,20 @@ def memory(kind, dtype, comm):
     # ZeRO pads each bucket (ZeRO-1/2) or segment (ZeRO-3) to a multiple of N, at most N - 1
     # elements each: ``padded`` is Ψ plus that padding, held in pieces of padded / N (and ZeRO-1/2
     # hold the padded flat vectors of the parameters whole)
-    cut = {"zero1": "flats", "zero2": "flats", "zero3": "segments"}.get(kind)
-    pieces = [] if cut is None else getattr(app, cut)
-    padded = sum(int(a.size) if cut == "flats" else a.numel for a in pieces) or psi
-    assert padded - psi <= (N - 1) * max(1, len(pieces))
-    shard = padded // N
     a = 2 if dtype != "float32" else 4  # bytes of a parameter and of its gradient
     master = 4 if dtype != "float32" else 0  # the float32 copy of a 16-bit parameter
+    cut = {"zero1": "flats", "zero2": "flats", "zero3": "segments"}.get(kind)
+    pieces = [] if cut is None else getattr(app, cut)
+    padded = sum(int(x.size) if cut == "flats" else x.numel for x in pieces) or psi
+    assert padded - psi <= (N - 1) * max(1, len(pieces))
+    if cut is not None:  # 16 bits stay 16 bits: flat parameters and shards, their gradients
+        shards = app.shards if cut == "flats" else [s.shard for s in pieces]
+        arrays = [s.data for s in shards] + [s.grad for s in shards if s.grad is not None]
+        assert {str(x.dtype) for x in arrays} == {dtype}, kind
+        # the float32 copies are the optimizer's state, one per shard, and nowhere else
+        assert [str(st["master"].dtype) for st in app.optimizer.state.values()
+                if "master" in st] == ["float32"] * (len(shards) if master else 0), kind
+    shard = padded // N
     # the paper's table: what each stage divides by N (parameters, gradients, optimizer state)
     sharded = {"dp": (0, 0, 0), "zero1": (0, 0, 1), "zero2": (0, 1, 1), "zero3": (1, 1, 1)}[kind]
     want = {"parameters": a * (shard if sharded[0] else padded),
@@ -149,9 +156,30 @@ def reduced_gradient(dtype, comm, algorithm="ring"):
     return [whole[id(p)] for p in model.parameters()]
 
 
+def resume(kind, dtype, comm, path):
+    """Step 2 of a run resumed from its checkpoint of step 1 (the scaler's state kept beside),
+    and the dtypes of the optimizer state loaded."""
+    from minipar.distributed import checkpoint as dcp
+
+    scales = {}
+
+    def save(app, scaler):
+        dcp.save({"app": app}, checkpoint_id=path)
+        scales.update(scaler.state_dict() if scaler else {})
+
+    train(kind, dtype, comm, save=save)
+    app = wrap(kind, build(dtype, seed=9), comm)
+    dcp.load({"app": app}, checkpoint_id=path)
+    scaler = make_scaler(dtype)
+    if scaler:
+        scaler.load_state_dict(scales)
+    dtypes = {str(v.dtype) for s in app.optimizer.state.values() for v in s.values()
+              if hasattr(v, "dtype")}
+    return train(kind, dtype, comm, steps=1, app=app, start=2, scaler=scaler), sorted(dtypes)
+
+
 def ranks_body(folder):
     from minipar import comm
-    from minipar.distributed import checkpoint as dcp
 
     world = comm.world()
     out = {"memory": {}, "train": {}}
@@ -163,22 +191,9 @@ def ranks_body(folder):
         for kind in KINDS:
             out["train"][f"{kind} {dtype}"] = train(kind, dtype, world)
     if world.size == 2:  # a 16-bit checkpoint, saved after step 1, resumes bit for bit
-        for kind in ("zero2", "zero3"):
-            path, scales = f"{folder}/{kind}", {}
-
-            def save(app, scaler):
-                dcp.save({"app": app}, checkpoint_id=path)
-                scales.update(scaler.state_dict())
-
-            train(kind, "float16", world, save=save)
-            app = wrap(kind, build("float16", seed=9), world)
-            dcp.load({"app": app}, checkpoint_id=path)
-            scaler = make_scaler("float16")
-            scaler.load_state_dict(scales)
-            dtypes = {str(v.dtype) for s in app.optimizer.state.values() for v in s.values()
-                      if hasattr(v, "dtype")}
-            out[f"resumed {kind}"] = (train(kind, "float16", world, steps=1, app=app, start=2,
-                                            scaler=scaler), sorted(dtypes))
+        for dtype in DTYPES:
+            for kind in ("zero2", "zero3"):
+                out[f"resumed {kind} {dtype}"] = resume(kind, dtype, world, f"{folder}/{kind}{dtype}")
     return out
 
 
@@ -252,6 +267,7 @@ def test_zero_mixed_precision(N, tmp_path):
     if N == 2:
         for got in results:
             for kind in ("zero2", "zero3"):
-                resumed, state_dtypes = got[f"resumed {kind}"]
-                assert resumed == got["train"][f"{kind} float16"], kind
-                assert state_dtypes == ["float32"], kind  # masters and moments stay float32
+                for dtype in DTYPES:
+                    resumed, state_dtypes = got[f"resumed {kind} {dtype}"]
+                    assert resumed == got["train"][f"{kind} {dtype}"], (kind, dtype)
+                    assert state_dtypes == ["float32"], kind  # masters and moments: float32
