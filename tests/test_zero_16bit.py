@@ -5,9 +5,9 @@ serial twin with the same rounding points; a 16-bit checkpoint resumes bit for b
 
 The twin's rounding points, those of ZeRO: each rank's 16-bit gradient g_r divided by N and
 rounded to 16 bits; their sum added in float32, rounded to 16 bits once (the ring rounds once
-per hop: once on 2 ranks, so bit for bit; twice on 3, so within a 16-bit unit a step); AdamW
-updates the float32 master and rounds it once into the 16-bit parameter; GradScaler (float16)
-unscales the reduced gradient in float32."""
+per hop: once on 2 ranks, so bit for bit; twice on 3, within Higham's bound; the pairwise
+reduce-scatter once on any N, bit for bit); AdamW updates the float32 master and rounds it
+once into the 16-bit parameter; GradScaler (float16) unscales the reduced gradient in float32."""
 import numpy as np
 import pytest
 
@@ -188,6 +188,7 @@ def ranks_body(folder):
             out["memory"][f"{kind} {dtype}"] = memory(kind, dtype, world)
     for dtype in DTYPES:
         out[f"gradient {dtype}"] = reduced_gradient(dtype, world)
+        out[f"pairwise {dtype}"] = reduced_gradient(dtype, world, "pairwise")
         for kind in KINDS:
             out["train"][f"{kind} {dtype}"] = train(kind, dtype, world)
     if world.size == 2:  # a 16-bit checkpoint, saved after step 1, resumes bit for bit
@@ -253,6 +254,9 @@ def test_zero_mixed_precision(N, tmp_path):
             for g, w, a in zip(got[f"gradient {dtype}"], twin, size):
                 bound = 0 if N == 2 else eps * a + tiny
                 assert np.all(np.abs(np.array(g, "float32") - w) <= bound), (rank, dtype)
+            # the pairwise reduce-scatter folds its N - 1 chunks in float32, rounds once: exact
+            for g, w in zip(got[f"pairwise {dtype}"], twin):
+                np.testing.assert_array_equal(np.array(g, "float32"), w, err_msg=dtype)
         twin = serial_twin(dtype, N)
         for kind in KINDS:
             for rank, got in enumerate(results):
