@@ -16,10 +16,10 @@ holds after backward, by kind, for N = 1 .. world size (groups carved out with `
 beside the paper's formulas, (2+2+12)Ψ, (2+2+12/N)Ψ, (2+(2+12)/N)Ψ, 16Ψ/N: exact to the byte,
 padding counted. Part 2 trains a tiny GPT with DDP and ZeRO-1, 2, 3: one loss curve. Part 3
 counts the bytes a rank sends per step: stages 1 and 2 send plain DP's 2 (N-1)/N of the
-parameters (reduce-scatter + all-gather = all-reduce); stage 3 gathers twice: 3 (N-1)/N, 1.5x.
+parameters (reduce-scatter + all-gather = all-reduce); stage 3 gathers twice, 1.5x; 16 bits: half.
 
-Read next: minipar/parallel/data/zero.py, then zero3.py; proved by tests/test_zero.py and
-tests/test_zero3.py.
+Read next: minipar/parallel/data/zero.py, then zero3.py; proved by tests/test_zero.py,
+tests/test_zero3.py and tests/test_zero_16bit.py.
 """
 import numpy as np
 
@@ -103,9 +103,11 @@ def part1_memory(world, data, vocab):
         group = world.split(0 if world.rank < k else 1)
         if world.rank < k:
             for kind in KINDS:  # state after one step; a 16-bit model: one sequence per rank
-                held["float32", k, kind] = train_steps(kind, group, data, vocab, steps=2)[1]
-                held["mixed", k, kind] = train_steps(kind, group, data, vocab, steps=2,
-                                                     dtype=MIXED, batch=k)[1]
+                for precision, dtype, batch in (("float32", "float32", GLOBAL_BATCH),
+                                                ("mixed", MIXED, k)):
+                    _, memory, sent = train_steps(kind, group, data, vocab, steps=2,
+                                                  dtype=dtype, batch=batch)
+                    held[precision, k, kind] = dict(memory, sent=sent)  # and bytes sent
         world.barrier()
     psi = held["float32", world.size, "DP"]["padded"]  # Ψ: the model's parameters
     say("Part 1: bytes per parameter one rank holds after backward, measured from its arrays, "
@@ -179,22 +181,26 @@ def largest_gap(curves):
     return max(abs(a - b) for k in KINDS[1:] for a, b in zip(curves["DP"], curves[k]))
 
 
-def part3_traffic(world, sent, parameters):
-    """Bytes this rank sent in one step, measured, against c (N-1)/N of the parameters' bytes."""
+def part3_traffic(world, sent, parameters, held):
+    """Bytes this rank sent in one step, measured, against c (N-1)/N of the parameters' bytes;
+    in mixed precision (``held``: part 1's runs) against float32's."""
     N = world.size
     if N == 1:
         return say("\nPart 3: one rank sends nothing; run it on 2 or more ranks to see traffic")
     say(f"\nPart 3: kB one rank sends per step on {N} ranks (the comm counters), parameters "
         f"{parameters / 1e3:.0f} kB")
-    say(f"  {'':8s} {'measured':>9s} {'theory':>9s} {'x DP':>6s}")
+    say(f"  {'':8s} {'measured':>9s} {'theory':>9s} {'x DP':>6s} {'16-bit':>9s} {'x fp32':>6s}")
     for kind in KINDS:
         theory = COPIES[kind] * (N - 1) / N * parameters
+        mixed = held["mixed", N, kind]["sent"]
         say(f"  {kind:8s} {sent[kind] / 1e3:9.1f} {theory / 1e3:9.1f} "
-            f"{sent[kind] / sent['DP']:6.3f}")
+            f"{sent[kind] / sent['DP']:6.3f} {mixed / 1e3:9.1f} "
+            f"{mixed / held['float32', N, kind]['sent']:6.3f}")
     say("  DP: all-reduce = reduce-scatter + all-gather, 2 (N-1)/N; ZeRO-1/2 use the two "
         "halves, the same bytes;",
         "  ZeRO-3 gathers every layer twice (forward, backward) and reduce-scatters once: "
-        "3 (N-1)/N, 1.5x.")
+        "3 (N-1)/N, 1.5x.",
+        "  A 16-bit model's gradients and parameters travel as 16-bit messages: half the bytes.")
 
 
 def draw_figures(directory, held, curves, N):
@@ -222,7 +228,7 @@ def main():
     gap, curves, sent = part2_same_curve(world, data, tok.vocab_size,
                                          steps=4 if args.quick else 40)
     parameters = held["float32", world.size, "DP"]["parameters"]  # DP's whole parameters
-    part3_traffic(world, sent, parameters)
+    part3_traffic(world, sent, parameters, held)
     N = world.size
     if world.rank == 0:  # it holds the memory of every N
         draw_figures(args.plot, held, curves, N)
@@ -243,6 +249,10 @@ def main():
         want, ratio = COPIES[kind] / COPIES["DP"], sent[kind] / sent["DP"]
         check(f"{kind} sends {want:.1f}x DP's bytes per step (± 0.02)", abs(ratio - want) <= 0.02,
               f"{want:.2f} ± 0.02", f"{ratio:.4f}")
+    for kind in KINDS if N > 1 else ():
+        ratio = held["mixed", N, kind]["sent"] / held["float32", N, kind]["sent"]
+        check(f"{kind} in mixed precision sends half float32's bytes (± 0.002)",
+              abs(ratio - 0.5) <= 0.002, "0.500 ± 0.002", f"{ratio:.4f}")
     check("ZeRO-1, 2 and 3 follow plain DP's loss curve (float32, |diff| < 1e-5)", gap < 1e-5,
           "< 1e-5", f"{gap:.1e}")
     return finish(f"ZeRO keeps 1/{N} of the optimizer state (stage 2: and of the gradients, "

@@ -38,9 +38,11 @@ def test_lesson_06_zero():
         assert z3[4] == pytest.approx((2 * a + state) / 2, abs=1e-3), out
         assert all(row[4] == pytest.approx(row[5], abs=1e-3) for row in (dp, z1, z2, z3)), out
         assert f"ok: {precision} AdamW: the bytes a rank holds equal the paper's formulas" in out
-    sent = dict(re.findall(r"^\s+(DP|ZeRO-\d)\s+\S+\s+\S+\s+(\S+)$", out, re.M))
-    ratios = [float(sent[k]) for k in ("ZeRO-1", "ZeRO-2", "ZeRO-3")]
+    sent = {kind: (float(dp), float(fp32)) for kind, dp, fp32 in re.findall(
+        r"^\s+(DP|ZeRO-\d)\s+\S+\s+\S+\s+(\S+)\s+\S+\s+(\S+)$", out, re.M)}
+    ratios = [sent[k][0] for k in ("ZeRO-1", "ZeRO-2", "ZeRO-3")]
     assert ratios == pytest.approx([1.0, 1.0, 1.5], abs=0.005), out  # traffic: x DP's
+    assert [sent[k][1] for k in sent] == pytest.approx([0.5] * 4, abs=0.002), out  # 16 bits
     gap = float(re.search(r"largest loss difference from plain DP over \d+ steps: (\S+)", out)
                 .group(1))
     assert gap < 1e-5, out

@@ -194,7 +194,8 @@ def ranks_body(folder):
     if world.size == 2:  # a 16-bit checkpoint, saved after step 1, resumes bit for bit
         for dtype in DTYPES:
             for kind in ("zero2", "zero3"):
-                out[f"resumed {kind} {dtype}"] = resume(kind, dtype, world, f"{folder}/{kind}{dtype}")
+                path = f"{folder}/{kind}-{dtype}"
+                out[f"resumed {kind} {dtype}"] = resume(kind, dtype, world, path)
     return out
 
 
