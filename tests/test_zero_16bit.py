@@ -178,6 +178,20 @@ def resume(kind, dtype, comm, path):
     return train(kind, dtype, comm, steps=1, app=app, start=2, scaler=scaler), sorted(dtypes)
 
 
+def near_the_top(comm):
+    """The distinct values of ZeRO's averaged gradient shards (padding: 0) where every rank's
+    float16 gradient is 40000 (float16 ends at 65504): divided first, the sum cannot overflow
+    where the mean does not."""
+    import minipar
+
+    model = build("float16")
+    app = wrap("zero1", model, comm)
+    for p in model.parameters():
+        p.grad = np.full(p.shape, 40000, "float16")
+    app.step()  # stage 1 reduce-scatters in step()
+    return sorted({float(v) for s in app.shards for v in np.unique(minipar.to_numpy(s.grad))})
+
+
 def ranks_body(folder):
     from minipar import comm
 
@@ -186,6 +200,7 @@ def ranks_body(folder):
     for dtype in DTYPES + ("float32",):
         for kind in ("dp",) + KINDS:
             out["memory"][f"{kind} {dtype}"] = memory(kind, dtype, world)
+    out["near the top"] = near_the_top(world)
     for dtype in DTYPES:
         out[f"gradient {dtype}"] = reduced_gradient(dtype, world)
         out[f"pairwise {dtype}"] = reduced_gradient(dtype, world, "pairwise")
@@ -244,6 +259,8 @@ def test_zero_mixed_precision(N, tmp_path):
                 assert held["optimizer_state"] == held["master"] + held["moments"]
             if dtype != "float32":  # 16-bit messages: half float32's bytes, by the counters
                 assert 2 * sent == got["memory"][f"{kind} float32"][1], (rank, key)
+    for got in results:
+        assert got["near the top"][-1] == 40000.0, got["near the top"]  # not inf (0: padding)
     for dtype in DTYPES:
         eps = float(ml_dtypes.finfo(getattr(ml_dtypes, dtype, np.float16)).eps)
         # the averaged gradient: bit for bit on 2 ranks (one rounding, as the twin's); on 3 the
