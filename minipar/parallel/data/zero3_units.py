@@ -2,7 +2,9 @@
 its segments (one per param group, each padded to a multiple of N, rank r keeping chunk r) and
 the placeholder a parameter holds between its uses.
 
-    units = [Unit(name, m, params, comm, group_of) for name, (m, params) in ...]
+    unit = Unit(name, module, params, comm, group_of)  # group_of: id(p) -> its param group
+    unit.point(slot[:unit.numel])  # parameters: views of the gathered copy; then
+    unit.release()                 # back to placeholders
 """
 from ... import backend
 from ...comm import chunk_bounds
