@@ -26,14 +26,23 @@ def test_lesson_05_data_parallel(nprocs):
 
 def test_lesson_06_zero():
     out = run_lesson("06_zero.py", 2)
-    cell = r"\s+(\d+)/(\d+)/(\d+)"
-    row = [int(v) for v in re.findall(r"^\s+2" + cell * 4 + r"\s+(\S+)", out, re.M)[0][:12]]
-    dp, z1, z2, z3 = row[0:3], row[3:6], row[6:9], row[9:12]
-    assert abs(z1[2] - dp[2] / 2) <= 1 and abs(z2[1] - dp[1] / 2) <= 1, out
-    assert all(abs(z - d / 2) <= 1 for z, d in zip(z3, dp)), out  # ZeRO-3: half of everything
-    sent = dict(re.findall(r"^\s+(DP|ZeRO-\d)\s+\S+\s+\S+\s+(\S+)$", out, re.M))
-    ratios = [float(sent[k]) for k in ("ZeRO-1", "ZeRO-2", "ZeRO-3")]
+    rows = {(m[0], m[1]): [float(v) for v in m[2:]] for m in re.findall(
+        r"^\s+(float32|mixed)\s+2 (DP|ZeRO-\d)" + r"\s+(\S+)" * 5 + r"\s+\S+\s+(\S+)\s+\d+$",
+        out, re.M)}
+    # bytes per parameter: parameters, gradients, master, moments, total; the paper's total
+    for precision, a, state in (("float32", 4, 8), ("mixed", 2, 12)):
+        dp, z1, z2, z3 = (rows[precision, kind] for kind in ("DP", "ZeRO-1", "ZeRO-2", "ZeRO-3"))
+        assert dp[:2] == [a, a] and dp[2] + dp[3] == state and dp[4] == 2 * a + state, out
+        assert z1[4] == pytest.approx(2 * a + state / 2, abs=1e-3), out  # padding aside
+        assert z2[4] == pytest.approx(a + (a + state) / 2, abs=1e-3), out
+        assert z3[4] == pytest.approx((2 * a + state) / 2, abs=1e-3), out
+        assert all(row[4] == pytest.approx(row[5], abs=1e-3) for row in (dp, z1, z2, z3)), out
+        assert f"ok: {precision} AdamW: the bytes a rank holds equal the paper's formulas" in out
+    sent = {kind: (float(dp), float(fp32)) for kind, dp, fp32 in re.findall(
+        r"^\s+(DP|ZeRO-\d)\s+\S+\s+\S+\s+(\S+)\s+\S+\s+(\S+)$", out, re.M)}
+    ratios = [sent[k][0] for k in ("ZeRO-1", "ZeRO-2", "ZeRO-3")]
     assert ratios == pytest.approx([1.0, 1.0, 1.5], abs=0.005), out  # traffic: x DP's
+    assert [sent[k][1] for k in sent] == pytest.approx([0.5] * 4, abs=0.002), out  # 16 bits
     gap = float(re.search(r"largest loss difference from plain DP over \d+ steps: (\S+)", out)
                 .group(1))
     assert gap < 1e-5, out

@@ -121,6 +121,7 @@ def test_zero3_memory_traffic_and_prefetch(nprocs):
     for r, m in enumerate(run_on_ranks(measure_body, nprocs, timeout=120)):
         shard = m["padded"] // N * item  # each unit's padded vector / N, summed
         assert m["held"] == {"parameters": shard, "gradients": shard, "optimizer_state": 2 * shard,
+                             "master": 0, "moments": 2 * shard,  # float64: no master copies
                              "gathered": 0}, (r, m["held"], shard)  # after backward: slots dropped
         assert shard <= (m["psi"] / N + m["units"]) * item  # ~1/N: at most 1 padding element/unit
         assert 0 < m["peak"] <= 2 * m["largest"] * item  # two units whole at most

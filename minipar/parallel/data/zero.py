@@ -65,6 +65,25 @@ def optimizer_over_shards(make_optimizer, probe, shards, owner):
                         f"the flat shards so, from its defaults") from err
 
 
+def mean_op(grad, comm):
+    """The reduce-scatter op that averages ``grad`` over ``comm``: "avg", or for a 16-bit
+    gradient "sum" after dividing it in place, as DDP does: float16 ends at 65504 and a sum of N
+    gradients can overflow where their mean does not (the reduction adds in float32, rounds to
+    16 bits once per hop: docs/zero.md)."""
+    if not backend.is_low_precision(grad.dtype):
+        return "avg"
+    grad /= comm.size
+    return "sum"
+
+
+def optimizer_memory(optimizer):
+    """The optimizer state's bytes by kind: "master" (float32 copies of 16-bit parameters),
+    "moments" (every other state array) and "optimizer_state", their sum."""
+    held = optimizer.memory_bytes()
+    return {"optimizer_state": held["master"] + held["moments"], "master": held["master"],
+            "moments": held["moments"]}
+
+
 class ZeRO:
     """Sharded data-parallel training; ``step()`` after ``backward()`` replaces optimizer.step()."""
 
@@ -115,7 +134,8 @@ class ZeRO:
         """Average bucket i's gradients, keep this rank's chunk, drop the full gradients."""
         grad = flatten_grads(self.buckets[i], backend.get_array_module(self.flats[i]).zeros_like(
             self.flats[i]))
-        self.shards[i].grad = self.comm.reduce_scatter(grad, op="avg", algorithm=self.algorithm)
+        op = mean_op(grad, self.comm)
+        self.shards[i].grad = self.comm.reduce_scatter(grad, op=op, algorithm=self.algorithm)
         for p in self.buckets[i]:
             p.grad = None  # stage 2 frees the full gradient as soon as its bucket is reduced
 
@@ -141,10 +161,12 @@ class ZeRO:
 
     def memory_bytes(self):
         """Bytes this rank holds now: parameters, gradients (full ones and owned shards) and
-        optimizer state. Call it after backward to see stage 2's saving."""
+        optimizer state (= master + moments, ``optimizer_memory``). Call it after backward to
+        see stage 2's saving; in mixed precision with Adam: 2 + 2 + 12/N per parameter (stage
+        1), 2 + 14/N (stage 2), plus each bucket's padding (docs/zero.md)."""
         return {"parameters": sum(int(f.nbytes) for f in self.flats),
                 "gradients": gradient_bytes(self.params) + gradient_bytes(self.shards),
-                "optimizer_state": self.optimizer.state_bytes()}
+                **optimizer_memory(self.optimizer)}
 
     # --- checkpoints: serial names, this rank's pieces (distributed/flat_state.py) ---------------
     def state_dict(self):

@@ -12,83 +12,19 @@ import contextlib
 
 from ... import backend
 from ...autograd import Tensor, is_grad_enabled
-from ...comm import Request, chunk_bounds, world
+from ...comm import Request, world
 from ...comm.nonblocking import iall_gather, ireduce_scatter
 from ...distributed.flat_state import ZeRO3State
-from ...flat import flatten_grads, flatten_parameters, offsets
-from ...nn.module import Parameter
+from ...flat import flatten_grads
 from .buckets import broadcast_parameters
-from .zero import ALL_GATHER_TWIN, optimizer_over_shards, read_param_groups
+from .zero import (ALL_GATHER_TWIN, mean_op, optimizer_memory, optimizer_over_shards,
+                   read_param_groups)
+from .zero3_units import Unit, layer_units
 
 # A layer's backward closures keep views of the arrays it read, so its gathered copy cannot be
 # dropped and made anew for backward: unit i is gathered into slot i mod 2, always the same
 # memory, and a rank holds two units whole at most (docs/zero.md, "where free is real").
 SLOTS = 2  # gathered copies a rank holds at once: the unit computing and the one prefetched
-
-
-def layer_units(module):
-    """(module, its own trainable parameters) for each module holding some (Linear, LayerNorm,
-    Embedding); ``units=[...]`` names coarser ones (a GPT Block), taking every parameter below."""
-    pairs = [(m, [v for _, v in m._members() if isinstance(v, Parameter) and v.requires_grad])
-             for m in module.modules()]
-    return [(m, params) for m, params in pairs if params]
-
-
-def placeholder(p):
-    """A read-only array of p's shape and dtype holding one element: p between its uses."""
-    xp = backend.get_array_module(p.data)
-    return xp.broadcast_to(xp.zeros((), p.dtype), p.shape)
-
-
-class _Segment:
-    """The parameters of one param group in a unit, end to end in one flat vector padded to a
-    multiple of N, at ``start`` in the unit's; rank r keeps chunk r as a Parameter (``shard``),
-    the only one the optimizer sees, in group ``group`` (updates are elementwise)."""
-
-    def __init__(self, group, params, start, comm):
-        self.group, self.params, self.start = group, params, start
-        self.offsets, n = offsets(params)
-        self.numel = -(-n // comm.size) * comm.size
-        flat = flatten_parameters(params, self.numel)
-        lo, hi = chunk_bounds(self.numel, comm.size)[comm.rank:comm.rank + 2]
-        self.shard = Parameter(flat[lo:hi].copy())
-
-
-class _Unit:
-    """One layer: its parameters, their place in the flat vector, this rank's shards."""
-
-    def __init__(self, name, module, params, comm, group_of):
-        self.name, self.module, self.params = name, module, params
-        # one segment per param group among its parameters (a Linear's weight decayed, its
-        # bias not: two), end to end in the unit's flat vector; each is gathered and
-        # reduce-scattered whole, so each shard holds one group's elements only
-        self.segments = []
-        self.numel = 0
-        for g in sorted({group_of[id(p)] for p in params}):
-            segment = _Segment(g, [p for p in params if group_of[id(p)] == g], self.numel, comm)
-            self.segments.append(segment)
-            self.numel += segment.numel
-        self.starts = {id(p): segment.start + o for segment in self.segments
-                       for p, o in zip(segment.params, segment.offsets)}
-        self.slot = None  # its gathered copy's slot, from the first forward on
-        self.work = None  # the all-gathers under way, one per segment
-        self.grad_work = None  # the reduce-scatters under way, one per segment
-        self.state = "sharded"  # -> gathered (forward) -> resharded -> backward -> done
-        self.missing = len(params)  # gradients backward has still to produce
-        self.reduced = False  # its gradient was reduce-scattered since the last step
-        self.release()
-
-    def point(self, flat):
-        """Every parameter a view of its place in ``flat``, the unit's whole flat vector."""
-        for p in self.params:
-            o = self.starts[id(p)]
-            p.data = flat[o:o + p.size].reshape(p.shape)
-
-    def release(self):
-        """Every parameter back to its placeholder: between uses ``.data`` is a zero-stride
-        array of its shape."""
-        for p in self.params:
-            p.data = placeholder(p)
 
 
 class ZeRO3:
@@ -132,7 +68,7 @@ class ZeRO3:
         module.register_forward_hook(self._end_forward)
 
     def _make_units(self, module, pairs, group_of):
-        """One _Unit per (module, parameters); every trainable parameter in exactly one."""
+        """One Unit per (module, parameters); every trainable parameter in exactly one."""
         names = {id(m): name or type(m).__name__ for name, m in module.named_modules()}
         owner = {}
         for m, params in pairs:
@@ -148,7 +84,7 @@ class ZeRO3:
         if left:
             raise ValueError(f"ZeRO3: parameters in no unit: {', '.join(left)}; list their "
                              f"modules in units=")
-        return [_Unit(names[id(m)], m, ps, self.comm, group_of) for m, ps in pairs if ps]
+        return [Unit(names[id(m)], m, ps, self.comm, group_of) for m, ps in pairs if ps]
 
     # --- gathering into the slots ----------------------------------------------------------------
     def _gather(self, u):
@@ -271,8 +207,8 @@ class ZeRO3:
                  for seg in u.segments]
         for p in u.params:
             p.grad = None
-        u.grad_work = [ireduce_scatter(self.comm, grad, op="avg", algorithm=self.algorithm)
-                       for grad in grads]
+        u.grad_work = [ireduce_scatter(self.comm, grad, op=mean_op(grad, self.comm),
+                                       algorithm=self.algorithm) for grad in grads]
         u.release()
         u.state = "done"
         u.reduced = True
@@ -324,13 +260,14 @@ class ZeRO3:
 
     def memory_bytes(self):
         """Bytes this rank holds now: parameter shards, gradients (shards and any whole ones),
-        optimizer state, and the gathered copies (the slots; none between steps)."""
+        optimizer state (= master + moments, ``optimizer_memory``), and the gathered copies (the
+        slots; none between steps). In mixed precision with Adam: 16/N per parameter."""
         shards = [seg.shard for seg in self.segments]
         grads = [s.grad for s in shards] + [p.grad for u in self.units for p in u.params]
         kept = shards + [p for p in self.module.parameters() if not p.requires_grad]  # frozen
         return {"parameters": sum(int(p.data.nbytes) for p in kept),
                 "gradients": sum(int(g.nbytes) for g in grads if g is not None),
-                "optimizer_state": self.optimizer.state_bytes(),
+                **optimizer_memory(self.optimizer),
                 "gathered": sum(int(s.nbytes) for s in self.slots if s is not None)}
 
     # --- checkpoints: ZeRO's format, the parameters in pieces too (distributed/flat_state.py) --
