@@ -106,7 +106,11 @@ def to_bytes(obj):
     tree = _encode(obj, arrays, "obj")
     names = [f"a{i}" for i in range(len(arrays))]
     structure = {"format": FORMAT, "version": VERSION, "tree": tree,
-                 "entries": {n: _sha(a) for n, a in zip(names, arrays)}}
+                 "entries": {n: _sha(a) for n, a in zip(names, arrays)},
+                 # .npz keeps bfloat16 as 2 raw bytes (NumPy has no such type): its name, so
+                 # load reads the bytes back as bfloat16
+                 "dtypes": {n: a.dtype.name for n, a in zip(names, arrays)
+                            if a.dtype == backend.bfloat16}}
     blob = numpy.frombuffer(json.dumps(structure, allow_nan=False).encode(), dtype=numpy.uint8)
     buffer = io.BytesIO()
     numpy.savez(buffer, structure=blob, **dict(zip(names, arrays)))
@@ -216,6 +220,8 @@ def _open(payload, path):
                 if _sha(array) != digest:
                     raise CheckpointError(f"{path} is damaged: entry {name!r} does not match "
                                           f"its SHA-256")
+                if name in structure.get("dtypes", {}):
+                    array = array.view(backend.dtype(structure["dtypes"][name]))
                 arrays.append(array)
     except CheckpointError:
         raise

@@ -209,3 +209,19 @@ def test_cupy_goes_to_the_host_and_comes_back_on_the_device(tmp_path):
         assert cp.array_equal(other_opt.state[0]["exp_avg"], opt.state[0]["exp_avg"])
     finally:
         backend.set_device(previous)
+
+
+def test_a_bfloat16_tensor_comes_back_bfloat16(tmp_path):
+    """.npz has no bfloat16 type: the file names it, so load reads the 2 bytes back as it."""
+    import minipar
+    from minipar import backend
+
+    if backend.device() != "cpu":
+        pytest.skip("bfloat16 lives on the CPU only")
+    x = minipar.randn(3, 4, dtype="bfloat16", requires_grad=True)
+    half = minipar.randn(5, dtype="float16")
+    minipar.save({"x": x, "half": half, "raw": x.data}, tmp_path / "c.mp")
+    back = minipar.load(tmp_path / "c.mp")
+    assert back["x"].dtype == minipar.bfloat16 and back["raw"].dtype == minipar.bfloat16
+    assert back["half"].dtype == minipar.float16
+    assert (back["x"].data.view("uint16") == x.data.view("uint16")).all()
