@@ -111,10 +111,7 @@ def assemble(shape, dtype, pieces, name):
     covered = numpy.zeros(shape, dtype=bool)
     for index, array in pieces:
         target = view(out, index)
-        array = backend.to_numpy(array)
-        if array.dtype.kind == "V" and array.dtype.itemsize == out.dtype.itemsize:
-            array = array.view(out.dtype)  # bfloat16 read back from .npz is 2-byte void
-        target[...] = array.reshape(target.shape)
+        target[...] = backend.to_numpy(array).reshape(target.shape)
         view(covered, index)[...] = True  # reshape(-1) of a fresh array is a view
     if not covered.all():
         raise ValueError(f"{name}: the checkpoint holds only {int(covered.sum())} of its "
