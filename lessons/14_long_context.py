@@ -38,7 +38,7 @@ TOL = 1e-10
 MARKS = {"full": "F", "diagonal": "D", "skipped": "."}
 
 
-def draw(T, seed=0):
+def sequence(T, seed=0):
     """q, k, v and an output weight w (the loss is Σ out ⊙ w) of the whole sequence, the same on
     every rank: (B, H, T, D) NumPy arrays."""
     rng = np.random.default_rng(seed)
@@ -53,14 +53,14 @@ def local(arrays, group, layout="balanced"):
 
 def ring_memory(group, T):
     """Bytes the ring's forward keeps for backward on this rank (q, k, v are leaves, uncounted)."""
-    q, k, v = local(draw(T)[:3], group)
+    q, k, v = local(sequence(T)[:3], group)
     with ActivationMemory() as memory:
         ring_attention(q, k, v, group)
     return memory.peak_bytes
 
 
 def serial_memory(T):
-    q, k, v = (Tensor(a, requires_grad=True) for a in draw(T)[:3])
+    q, k, v = (Tensor(a, requires_grad=True) for a in sequence(T)[:3])
     with ActivationMemory() as memory:
         causal_self_attention(q, k, v)
     return memory.peak_bytes
@@ -107,7 +107,7 @@ def serial_formula(T):
 
 def part2_timeline(group, T):
     """Each rank's forward steps (RingLog) in the balanced layout, on the group's rank 0."""
-    q, k, v = local(draw(T)[:3], group)
+    q, k, v = local(sequence(T)[:3], group)
     with RingLog() as log:
         ring_attention(q, k, v, group)
     steps = group.gather_object(log.steps("forward"))
@@ -140,7 +140,7 @@ def part2_timeline(group, T):
 
 def work(group, T, layout):
     """RingLog's forward totals on this rank for ``layout``."""
-    q, k, v = local(draw(T)[:3], group, layout)
+    q, k, v = local(sequence(T)[:3], group, layout)
     with RingLog() as log:
         ring_attention(q, k, v, group, layout=layout)
     return log.work("forward")
@@ -191,11 +191,12 @@ def part3_work(group, T):
 
 
 def part4_bytes(groups, T):
-    """{cp: (messages and bytes in the forward, bytes in the backward, k + v bytes)} here."""
+    """Per cp, this rank's forward messages and bytes, backward bytes, and its k + v bytes."""
     sent = {}
     for cp, group in groups.items():
-        q, k, v = local(draw(T)[:3], group)
-        w = split_sequence(draw(T)[3], group, dim=2)
+        *qkv, w = sequence(T)
+        q, k, v = local(qkv, group)
+        w = split_sequence(w, group, dim=2)
         group.counters.reset()
         out = ring_attention(q, k, v, group)
         forward = group.counters.snapshot()
@@ -230,7 +231,7 @@ def part4_bytes(groups, T):
 
 def part5_equal(groups, T):
     """{(cp, layout): largest |ring − serial| over out, dq, dk, dv} on this rank."""
-    arrays = draw(T, seed=1)
+    arrays = sequence(T, seed=1)
     leaves = [Tensor(a, requires_grad=True) for a in arrays[:3]]
     out = causal_self_attention(*leaves)
     (out * arrays[3]).sum().backward()
@@ -265,8 +266,8 @@ def draw_figures(directory, lengths, held, serial, steps, found, cp):
         ylabel="bytes kept for backward per rank", byte_ticks=True))
     figure(directory, "14_ring", lambda figures: figures.ring_chart(
         steps, [rank_chunks(r, cp) for r in range(cp)],
-        title=f"The ring at cp = {cp}, balanced layout: whose k/v chunks each rank holds at "
-              f"each step, and its four blocks"))
+        title=f"Ring attention at cp = {cp}, zig-zag layout: each rank's four blocks at each "
+              f"step"))
     ratio = {layout: w[-1]["causal"] / w[0]["causal"] for layout, w in found.items()}
     figure(directory, "14_work", lambda figures: figures.bar_chart(
         [f"rank {r}" for r in range(cp)],
