@@ -1,6 +1,7 @@
 """minipar.figures: each chart built under Agg and read back through matplotlib's own objects
 (title, axis labels, legend entries, bars, lines); no pixel comparisons. And without matplotlib:
 every command still runs and says how to get the pictures."""
+import collections
 import struct
 import subprocess
 import sys
@@ -176,6 +177,48 @@ def test_magnitude_chart_counts_every_nonzero_entry_and_marks_thresholds():
     assert sum(b.get_height() for b in ax.patches) == 6  # the zero is left out
     assert legend(ax) == ["fp32 (4 nonzero)", "scaled (2 nonzero)", "fp16 smallest normal 6.1e-05"]
     assert ax.get_xscale() == "log" and ax.get_title()
+
+
+@needs_matplotlib
+def test_scaling_chart_marks_the_measured_values_on_the_dashed_formula():
+    curves = {"cp = 1": ([64, 128, 256, 1024], [10, 20, 40, 160], [10, 20, 40, 160]),
+              "cp = 2": ([64, 128, 256, 1024], [5, 10, 20, 80], None)}
+    ax = figures.scaling_chart(curves, xlabel="T", ylabel="bytes", byte_ticks=True).axes[0]
+    assert legend(ax) == ["cp = 1 formula", "cp = 1 measured", "cp = 2 measured"]
+    formula, measured, alone = ax.lines
+    assert formula.get_linestyle() == "--" and measured.get_linestyle() == "None"
+    assert measured.get_marker() not in (None, "None", "") and alone.get_linestyle() == "-"
+    assert formula.get_color() == measured.get_color() != alone.get_color()
+    assert list(measured.get_ydata()) == [10, 20, 40, 160]
+    assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")  # 16x both ways
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("T", "bytes") and ax.get_title()
+    assert ax.yaxis.get_major_formatter()(2048) == "2K"
+
+
+@needs_matplotlib
+def test_ring_chart_has_a_block_per_rank_step_and_pair_coloured_by_kind():
+    from minipar.figures.context import BLOCK_COLOURS
+    # cp = 2, balanced: RingLog.steps() of ranks 0 and 1 (tests/test_context_parallel.py)
+    steps = [[[(0, 0, "diagonal"), (0, 3, "skipped"), (3, 0, "full"), (3, 3, "diagonal")],
+              [(0, 1, "skipped"), (0, 2, "skipped"), (3, 1, "full"), (3, 2, "full")]],
+             [[(1, 1, "diagonal"), (1, 2, "skipped"), (2, 1, "full"), (2, 2, "diagonal")],
+              [(1, 0, "full"), (1, 3, "skipped"), (2, 0, "full"), (2, 3, "skipped")]]]
+    ax = figures.ring_chart(steps, [(0, 3), (1, 2)], title="ring").axes[0]
+    assert len(ax.patches) == 16 and ax.get_title() == "ring"
+    texts = {t.get_text(): t for t in ax.texts}
+    assert sorted(texts) == sorted(f"q{i}·k{j}" for rows in steps for blocks in rows
+                                   for i, j, _ in blocks)
+    # each block in its rank's row and its step's column: (rank, step, colour) -> blocks
+    kinds = collections.Counter((round(p.get_y() + p.get_height() / 2),
+                                 round(p.get_x() + p.get_width() / 2), colour(p))
+                                for p in ax.patches)
+    assert kinds[0, 1, BLOCK_COLOURS["skipped"]] == 2 and kinds[1, 0, BLOCK_COLOURS["full"]] == 1
+    assert kinds[0, 0, BLOCK_COLOURS["diagonal"]] == 2
+    assert legend(ax) == ["whole: k chunk before q's", "diagonal: causal mask",
+                          "skipped: k chunk after q's"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0\nq chunks 0, 3",
+                                                           "rank 1\nq chunks 1, 2"]
+    assert ax.get_ylim()[0] > ax.get_ylim()[1]  # rank 0 on top
 
 
 @needs_matplotlib

@@ -5,12 +5,12 @@
     write_figures(directory, draw)  what every --plot does: save, print each path, or say MISSING
 
     schedule_chart(events, ...)     ranks as rows, one labelled bar per F/B/W/R/optimizer step
-    bubble_chart(points, ...)       bubble against micro-batches m per schedule, beside theory
-    speedup_chart(grid, ...)        GPipe speed-up over K x M beside K*M/(M+K-1)
+    bubble_chart, speedup_chart     bubble against m per schedule; GPipe's speed-up over K x M
+    ring_chart(steps, chunks)       ring attention's blocks, a row per rank, a column per step
     busbw_chart(rows, p, ...)       bus bandwidth against message size per algorithm, with the model
     loss_chart(curves, ...)         loss curves, the serial reference thick and grey underneath
-    bar_chart(categories, series)   grouped bars with their values written on them
-    memory_chart(bars, ...)         memory per rank, measured beside theory
+    bar_chart, memory_chart         grouped bars with their values on them; memory beside theory
+    scaling_chart(curves, ...)      a quantity against a size: measured markers, the formula dashed
     magnitude_chart(values, lines)  histograms of |value| on a log axis against thresholds
 """
 import sys
@@ -23,12 +23,13 @@ import sys
 from minipar.figures.base import (MISSING, FiguresUnavailable, available, figure_path, require,
                                   save)
 from minipar.figures.charts import (bar_chart, busbw_chart, loss_chart, magnitude_chart,
-                                    memory_chart)
+                                    memory_chart, scaling_chart)
+from minipar.figures.context import ring_chart
 from minipar.figures.pipeline import bubble_chart, schedule_chart, speedup_chart
 
 __all__ = ["MISSING", "FiguresUnavailable", "available", "bar_chart", "bubble_chart", "busbw_chart",
-           "figure_path", "loss_chart", "magnitude_chart", "memory_chart", "require", "save",
-           "schedule_chart", "speedup_chart", "write_figures"]
+           "figure_path", "loss_chart", "magnitude_chart", "memory_chart", "require", "ring_chart",
+           "save", "scaling_chart", "schedule_chart", "speedup_chart", "write_figures"]
 
 
 def write_figures(directory, draw, stream=None):

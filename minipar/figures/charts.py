@@ -6,6 +6,7 @@
     bar_chart(categories, series)  grouped bars, each with its value written on top
     memory_chart(bars)             (label, measured bytes, theory bytes) as bars in MiB
     magnitude_chart(values, lines) histograms of |value| on a log axis, thresholds marked
+    scaling_chart(curves)          label -> (x, measured, formula): markers, the formula dashed
 """
 from minipar.figures.style import MARKERS, colour, drawing, log2_axis, new_figure
 
@@ -176,4 +177,33 @@ def magnitude_chart(values, lines, title=None, xlabel="|value|"):
     ax.set_ylabel("entries")
     ax.set_title(title or "magnitudes against the thresholds", wrap=True)
     ax.legend(loc="upper left")
+    return fig
+
+
+@drawing
+def scaling_chart(curves, title=None, xlabel="size", ylabel="value", byte_ticks=False):
+    """A quantity against a size, one colour per label: ``curves`` maps a label to ``(xs,
+    measured, formula)``, the measured values markers, the formula a dashed line through them
+    (None: the markers joined by a solid line). Both axes logarithmic when the values span a
+    factor of 8 or more; ``byte_ticks`` labels the y axis 4K, 1M."""
+    fig, ax = new_figure()
+    xs, ys = [], []
+    for i, (label, (x, measured, formula)) in enumerate(curves.items()):
+        if formula is not None:
+            ax.plot(x, formula, color=colour(i), linestyle="--", linewidth=1.6,
+                    label=f"{label} formula")
+        ax.plot(x, measured, color=colour(i), marker=MARKERS[i % len(MARKERS)], markersize=9,
+                linestyle="none" if formula is not None else "-", linewidth=1.8,
+                label=f"{label} measured")
+        xs += list(x)
+        ys += [v for v in measured if v and v > 0]
+    log2_axis(ax, xs)
+    if ys and max(ys) >= 8 * min(ys):
+        ax.set_yscale("log", base=2)
+    if byte_ticks:
+        ax.yaxis.set_major_formatter(_bytes)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title or "measured beside the formula", wrap=True)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
