@@ -10,21 +10,11 @@
 the causal mask keeps (j ≤ i), the work of a kernel that skips masked entries; ``wait_s`` the
 seconds spent waiting for the next k/v block (the communication compute did not hide).
 """
-_logs = []  # the active RingLogs
+from ...recording import Recorder
 
 
-class RingLog:
+class RingLog(Recorder):
     """Context: records each block the ring attention runs on this rank (``events``, dicts)."""
-
-    def __init__(self):
-        self.events = []
-
-    def __enter__(self):
-        _logs.append(self)
-        return self
-
-    def __exit__(self, *exc):
-        _logs.remove(self)
 
     def steps(self, direction="forward"):
         """[[(q chunk, k chunk, kind), ...] for each step]; kind: full, diagonal or skipped."""
@@ -47,7 +37,7 @@ class RingLog:
 
 def note_block(direction, step, i, j, kind, shape):
     """A block of q chunk i against k chunk j; ``shape`` that of its scores (..., c, c)."""
-    if not _logs:
+    if not RingLog.recording():
         return
     c_q, c_k = shape[-2], shape[-1]
     rows = 1
@@ -55,12 +45,10 @@ def note_block(direction, step, i, j, kind, shape):
         rows *= n
     scores = 0 if kind == "skipped" else rows * c_q * c_k
     causal = rows * c_q * (c_q + 1) // 2 if kind == "diagonal" else scores
-    for log in _logs:
-        log.events.append({"direction": direction, "step": step, "q_chunk": i, "k_chunk": j,
-                           "kind": kind, "scores": scores, "causal": causal})
+    RingLog.record({"direction": direction, "step": step, "q_chunk": i, "k_chunk": j,
+                    "kind": kind, "scores": scores, "causal": causal})
 
 
 def note_wait(direction, step, seconds):
     """Seconds this rank waited at ``step`` for a block still on the wire."""
-    for log in _logs:
-        log.events.append({"direction": direction, "step": step, "wait_s": seconds})
+    RingLog.record({"direction": direction, "step": step, "wait_s": seconds})

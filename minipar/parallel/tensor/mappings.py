@@ -16,6 +16,7 @@ its conjugate's forward (why: docs/tensor_parallel.md):
 from ... import backend
 from ...amp.autocast_mode import to_lower_precision
 from ...autograd import as_tensor, make_result
+from ...recording import Recorder
 from .shard import divide, split_specs
 
 SEQ = 1  # the sequence axis of (B, T, C) activations
@@ -27,32 +28,18 @@ SEQ = 1  # the sequence axis of (B, T, C) activations
 
 # Every collective below is also written to the active CollectiveLogs, so a lesson or a test can
 # count what a layer moved (report.py tabulates it).
-_logs = []  # the active CollectiveLogs
-
-
-class CollectiveLog:
+class CollectiveLog(Recorder):
     """Context: records every collective the operators below run, as dicts with ``op``,
     ``where`` (the module's name), ``direction`` (forward/backward), ``bytes`` (the whole tensor:
     an all-reduce's input, an all-gather's output, a reduce-scatter's input) and ``sent`` (this
     rank's bytes on the wire, from the group's counters)."""
 
-    def __init__(self):
-        self.events = []
-
-    def __enter__(self):
-        _logs.append(self)
-        return self
-
-    def __exit__(self, *exc):
-        _logs.remove(self)
-
 
 def _logged(op, group, note, nbytes, run):
     before = group.counters.bytes_sent
     out = run()
-    for log in _logs:
-        log.events.append({"op": op, "where": note[0], "direction": note[1], "bytes": int(nbytes),
-                           "sent": group.counters.bytes_sent - before})
+    CollectiveLog.record({"op": op, "where": note[0], "direction": note[1], "bytes": int(nbytes),
+                          "sent": group.counters.bytes_sent - before})
     return out
 
 
