@@ -5,8 +5,8 @@ task stripped scores 0 on each stripped task, a tree with one task stripped lose
 task's points, and the stripped tree imports and runs a lesson that does not need the stripped
 code. The graded runs launch pytest and MPI ranks (marked ``mpi``); they grade a few tasks each
 so the file stays within a couple of minutes, and the reference once in full. The loss-scale
-task (issue 23) has a quick round trip of its own, and its check's hand-made table is replayed
-on torch.amp.GradScaler.
+task (issue 23) and the online-softmax merge (issue 24) have quick round trips of their own;
+the loss-scale check's hand-made table is replayed on torch.amp.GradScaler.
 """
 import json
 import os
@@ -185,15 +185,34 @@ def test_a_hanging_ring_is_stopped_and_reports_who_waits_on_whom(tmp_path, monke
     assert "waits in recv from rank" in output, output
 
 
-# --- the loss scaler's update() rule (issue 23) -------------------------------------------------
+# --- the single-process tasks of issues 23 and 24: listed, and a quick round trip each ----------
 LOSS_SCALE = assignments.BY_ID["loss-scale-update"]
+MERGE = assignments.BY_ID["online-softmax-merge"]
 
 
-def test_the_loss_scale_task_is_listed_with_lesson_13(capsys):
+@pytest.mark.parametrize("task, lesson, file", [
+    (LOSS_SCALE, "13", "minipar/amp/grad_scaler.py"),
+    (MERGE, "14", "minipar/parallel/context/ring.py")], ids=lambda x: getattr(x, "id", None))
+def test_the_new_tasks_are_listed_with_their_lesson(task, lesson, file, capsys):
     assert main(["assignment", "list"]) == 0
-    [line] = [l for l in capsys.readouterr().out.splitlines() if l.startswith(LOSS_SCALE.id)]
-    assert line.split()[1] == "5" and line.endswith("(lesson 13)")
-    assert LOSS_SCALE.files == ("minipar/amp/grad_scaler.py",)
+    [line] = [l for l in capsys.readouterr().out.splitlines() if l.startswith(task.id)]
+    assert line.split()[1] == "5" and line.endswith(f"(lesson {lesson})")
+    assert task.files == (file,)
+
+
+def _stub_fails_reference_passes(task, tree):
+    """Make ``tree`` with only ``task`` stripped; its grade: 0 with the stub's message, and
+    rank-grid beside it keeps its points; the reference scores the task's points."""
+    assignments.make(tree, [task.id])
+    results = {r["task"]: r for r in assignments.grade(tree, [task.id, "rank-grid"])}
+    assert {name: r["score"] for name, r in results.items()} == {
+        task.id: 0, "rank-grid": assignments.BY_ID["rank-grid"].points}
+    output = results[task.id]["output"]
+    assert output.startswith(f"first failing check: {task.tests[0]}"), output
+    assert f"raised NotImplementedError: Task {task.id}:" in output, output
+    assert f"(see lesson {task.lesson})" in output, output
+    [reference] = assignments.grade(ROOT, [task.id])
+    assert reference["score"] == reference["max_score"] == task.points, reference
 
 
 @requires_torch
@@ -222,17 +241,10 @@ def test_the_loss_scale_round_trip_stub_fails_reference_passes(tmp_path):
     rank-grid beside it keeps its points; in that tree GradScaler works up to update(), which
     names the task; the reference scores the task's points."""
     tree = tmp_path / "student"
-    assignments.make(tree, [LOSS_SCALE.id])
+    _stub_fails_reference_passes(LOSS_SCALE, tree)
     source = (tree / LOSS_SCALE.files[0]).read_text()
     assert LOSS_SCALE.stub() in source and "def _update_scale(self, found_inf):" in source
     assert "growth_interval, scale·growth_factor" in source  # the docstring stays
-    results = {r["task"]: r for r in assignments.grade(tree, [LOSS_SCALE.id, "rank-grid"])}
-    assert {task: r["score"] for task, r in results.items()} == {
-        LOSS_SCALE.id: 0, "rank-grid": assignments.BY_ID["rank-grid"].points}
-    output = results[LOSS_SCALE.id]["output"]
-    assert output.startswith("first failing check: test_loss_scale_update_follows_the_rule")
-    assert f"raised NotImplementedError: Task {LOSS_SCALE.id}:" in output, output
-    assert "(see lesson 13)" in output, output
     code = """
 import numpy, minipar
 from minipar import optim
@@ -252,5 +264,16 @@ scaler.update()
                           capture_output=True, text=True, timeout=120)
     assert proc.stdout.splitlines() == ["4.0 [0.0, 0.0, 0.0]"], proc.stdout + proc.stderr
     assert f'NotImplementedError: Task {LOSS_SCALE.id}: ' in proc.stderr, proc.stderr
-    [reference] = assignments.grade(ROOT, [LOSS_SCALE.id])
-    assert reference["score"] == reference["max_score"] == LOSS_SCALE.points, reference
+
+
+def test_the_online_softmax_merge_round_trip_stub_fails_reference_passes(tmp_path):
+    """A tree with only online-softmax-merge stripped: the task scores 0 with its stub's message
+    and rank-grid keeps its points; in that tree _fold keeps its signature, its docstring and
+    the backend line before the region, and stops at the stub; the reference scores 5."""
+    tree = tmp_path / "student"
+    _stub_fails_reference_passes(MERGE, tree)
+    source = (tree / MERGE.files[0]).read_text()
+    head = ('def _fold(s, v, m, l, acc):\n    """The online softmax: fold one block of scores')
+    stubbed = f"    xp = backend.get_array_module(s)\n    {MERGE.stub()}\n\n\ndef _forward("
+    assert head in source and "keeps m = −inf, l = 0 and acc = 0." in source
+    assert stubbed in source and "m_new" not in source

@@ -60,7 +60,7 @@ TASKS = (
        ["test_recursive_halving_all_reduce_equals_the_sum"], "minipar/comm/patterns.py"),
     _t("ddp-buckets", 5, "DDP's gradient buckets, in reverse order, capped in bytes", "05",
        ["test_ddp_buckets_follow_pytorchs_rule"], "minipar/parallel/data/buckets.py"),
-    _t("zero-sharded-step", 10, "ZeRO's step: each rank updates its shard, then all-gather",
+    _t("zero-sharded-step", 5, "ZeRO's step: each rank updates its shard, then all-gather",
        "06", ["test_zero_sharded_step_equals_a_plain_step"], "minipar/parallel/data/zero.py"),
     _t("one-f-one-b", 5, "one rank's 1F1B order: warm-up, steady state, drain", "09",
        ["test_one_f_one_b_order_and_in_flight"], "minipar/parallel/pipeline/schedules.py"),
@@ -77,6 +77,9 @@ TASKS = (
        ["test_moe_top_k_gates_and_capacity_drops"], "minipar/nn/moe.py"),
     _t("loss-scale-update", 5, "the dynamic loss scale: back off on inf or NaN, grow when clean",
        "13", ["test_loss_scale_update_follows_the_rule"], "minipar/amp/grad_scaler.py"),
+    _t("online-softmax-merge", 5, "merge a block of attention into the running max, sum, output",
+       "14", ["test_online_softmax_merge_equals_softmax_at_once"],
+       "minipar/parallel/context/ring.py"),
 )
 BY_ID = {t.id: t for t in TASKS}
 

@@ -410,3 +410,30 @@ def test_loss_scale_update_follows_the_rule(case):
             "in a row, unless that overflows float32")
     _expect(task, f"{steps}: the growth tracker after each step", trackers, want_trackers,
             "one more per clean step; 0 after a backoff or a growth")
+
+
+def test_online_softmax_merge_equals_softmax_at_once():
+    """_fold of the key blocks one at a time, then acc / l and m + log l: the softmax(s) v and the
+    log-sum-exp of all keys at once, in float64 (2 heads, 4 queries, 9 keys)."""
+    from minipar.parallel.context.ring import _fold
+    task, data = "online-softmax-merge", np.random.default_rng(14)
+    s, v = data.standard_normal((2, 4, 9)), data.standard_normal((2, 9, 3))
+    s[:, 0, :3] = s[:, 3, 4:] = -np.inf  # a block of row 0 (the first) and of row 3 all masked
+    s[:, 1, :3] += 1000.0  # exp overflows unless taken from the running max
+    s[:, 2, 4:] += 9.0  # the max grows a lot in a later block
+    e = np.exp(s - s.max(-1, keepdims=True))
+    want, lse = e @ v / e.sum(-1)[..., None], s.max(-1) + np.log(e.sum(-1))
+    hint = ("m, l and acc change in place; when the max grows, both l and acc are multiplied by "
+            "exp(m_old − m_new); acc stays unnormalised (divided by l once, after the last "
+            "block); a row that has seen only −inf keys has no max to subtract (exp(−inf − "
+            "(−inf)) is NaN)")
+    for cuts in ((0, 9), (0, 3, 4, 9), (0, 3, 5, 6, 9)):
+        m, l, acc = np.full((2, 4), -np.inf), np.zeros((2, 4)), np.zeros((2, 4, 3))
+        call = f"_fold of the scores' key columns {list(zip(cuts, cuts[1:]))}, one at a time"
+        for lo, hi in zip(cuts, cuts[1:]):
+            _attempt(task, f"{call}: columns {lo}..{hi - 1}", lambda: _fold(
+                s[..., lo:hi], v[..., lo:hi, :], m, l, acc), "minipar/parallel/context/ring.py")
+        _expect(task, f"{call}: acc / l equals softmax(s) v of all keys at once",
+                acc / l[..., None], want, hint)
+        _expect(task, f"{call}: m + log l equals the log-sum-exp of all keys at once",
+                m + np.log(l), lse, hint)

@@ -68,16 +68,21 @@ def _scores(q, k, kind, scale):
 
 def _fold(s, v, m, l, acc):
     """The online softmax: fold one block of scores ``s`` and its values ``v`` into the running
-    max ``m``, sum ``l`` and output ``acc`` (unnormalised), in place."""
+    max ``m``, sum ``l`` and output ``acc`` (unnormalised), in place. A row whose keys so far
+    are all masked (−inf) keeps m = −inf, l = 0 and acc = 0."""
     xp = backend.get_array_module(s)
-    m_new = xp.maximum(m, s.max(axis=-1))  # finite: every row met its diagonal at step 0
-    alpha = xp.exp(m - m_new)  # what was summed under the old max, rescaled to the new one
-    p = xp.exp(s - m_new[..., None])
+    ### BEGIN SOLUTION online-softmax-merge
+    m_new = xp.maximum(m, s.max(axis=-1))
+    # a row that has seen only masked keys (−inf) subtracts 0: exp(−inf − 0) = 0, not NaN
+    shift = xp.where(m_new == -xp.inf, 0.0, m_new)
+    alpha = xp.exp(m - shift)  # what was summed under the old max, rescaled to the new one
+    p = xp.exp(s - shift[..., None])
     l *= alpha
     l += p.sum(axis=-1)
     acc *= alpha[..., None]
     acc += p @ v
     m[...] = m_new
+    ### END SOLUTION
 
 
 def _forward(q, k, v, group, causal, layout, overlap):
