@@ -136,6 +136,51 @@ if self._growth_tracker == self._growth_interval:
     self._scale = float(self._scale) * self._growth_factor  # float64: grows past float32's top
     self._growth_tracker = 0
 """
+MERGE_STEP = """
+m_new = xp.maximum(m, s.max(axis=-1))
+shift = xp.where(m_new == -xp.inf, 0.0, m_new)
+alpha = xp.exp(m - shift)
+p = xp.exp(s - shift[..., None])
+"""
+MERGE_NO_RESCALE = MERGE_STEP + """
+l += p.sum(axis=-1)  # the old sum and output stay under the old max
+acc += p @ v
+m[...] = m_new
+"""
+MERGE_SUM_NOT_OUTPUT = MERGE_STEP + """
+l *= alpha
+l += p.sum(axis=-1)
+acc += p @ v  # the output not rescaled
+m[...] = m_new
+"""
+MERGE_BLOCK_MAX_ONLY = """
+m_new = s.max(axis=-1)  # the new block's max, not the running one
+alpha = xp.exp(m - m_new)
+p = xp.exp(s - m_new[..., None])
+l *= alpha
+l += p.sum(axis=-1)
+acc *= alpha[..., None]
+acc += p @ v
+m[...] = m_new
+"""
+MERGE_DIVIDES_EACH_STEP = MERGE_STEP + """
+l *= alpha
+l += p.sum(axis=-1)
+acc *= alpha[..., None]
+acc += p @ v
+acc /= l[..., None]  # normalised at every block, and again at the end
+m[...] = m_new
+"""
+MERGE_MASKED_ROW_NAN = """
+m_new = xp.maximum(m, s.max(axis=-1))
+alpha = xp.exp(m - m_new)  # -inf - (-inf): NaN for a row that has seen only masked keys
+p = xp.exp(s - m_new[..., None])
+l *= alpha
+l += p.sum(axis=-1)
+acc *= alpha[..., None]
+acc += p @ v
+m[...] = m_new
+"""
 
 HANG = ["the ranks hung", "minipar watchdog: no progress", "waits in"]
 WRONG = {  # name: (task, code for its region, words its grade's output must contain)
@@ -190,6 +235,19 @@ WRONG = {  # name: (task, code for its region, words its grade's output must con
                                                             SCALE_A_PYTHON_FLOAT, [
         "growth_factor=4.0", "the scale after each step",
         f"expected {2.0**127!r} at index 6, got {2.0**129!r}"]),
+    "merge: nothing rescaled by exp(m_old - m_new)": ("online-softmax-merge", MERGE_NO_RESCALE, [
+        "key columns [(0, 3), (3, 4), (4, 9)], one at a time: acc / l equals softmax(s) v",
+        "expected -0.38428930109", "both l and acc are multiplied by exp(m_old − m_new)"]),
+    "merge: the sum rescaled, not the output": ("online-softmax-merge", MERGE_SUM_NOT_OUTPUT, [
+        "key columns [(0, 3), (3, 4), (4, 9)]", "acc / l equals softmax(s) v",
+        "expected -0.38428930109"]),
+    "merge: the new block's max only": ("online-softmax-merge", MERGE_BLOCK_MAX_ONLY, [
+        "key columns [(0, 3), (3, 4), (4, 9)]", "got nan"]),
+    "merge: divides by l at every block": ("online-softmax-merge", MERGE_DIVIDES_EACH_STEP, [
+        "key columns [(0, 9)], one at a time: acc / l", "divided by l once"]),
+    "merge: a masked row's NaN": ("online-softmax-merge", MERGE_MASKED_ROW_NAN, [
+        "key columns [(0, 3), (3, 4), (4, 9)]", "got nan (the first of 6 differing",
+        "exp(−inf − (−inf)) is NaN"]),
 }
 NEW_TASKS = ["zero-sharded-step", "zero-bubble-w", "vocab-cross-entropy", "moe-top-k"]
 
