@@ -142,6 +142,13 @@ shift = xp.where(m_new == -xp.inf, 0.0, m_new)
 alpha = xp.exp(m - shift)
 p = xp.exp(s - shift[..., None])
 """
+MERGE_UPDATE = """
+l *= alpha
+l += p.sum(axis=-1)
+acc *= alpha[..., None]
+acc += p @ v
+m[...] = m_new
+"""
 MERGE_NO_RESCALE = MERGE_STEP + """
 l += p.sum(axis=-1)  # the old sum and output stay under the old max
 acc += p @ v
@@ -157,30 +164,15 @@ MERGE_BLOCK_MAX_ONLY = """
 m_new = s.max(axis=-1)  # the new block's max, not the running one
 alpha = xp.exp(m - m_new)
 p = xp.exp(s - m_new[..., None])
-l *= alpha
-l += p.sum(axis=-1)
-acc *= alpha[..., None]
-acc += p @ v
-m[...] = m_new
-"""
-MERGE_DIVIDES_EACH_STEP = MERGE_STEP + """
-l *= alpha
-l += p.sum(axis=-1)
-acc *= alpha[..., None]
-acc += p @ v
+""" + MERGE_UPDATE
+MERGE_DIVIDES_EACH_STEP = MERGE_STEP + MERGE_UPDATE + """
 acc /= l[..., None]  # normalised at every block, and again at the end
-m[...] = m_new
 """
 MERGE_MASKED_ROW_NAN = """
 m_new = xp.maximum(m, s.max(axis=-1))
 alpha = xp.exp(m - m_new)  # -inf - (-inf): NaN for a row that has seen only masked keys
 p = xp.exp(s - m_new[..., None])
-l *= alpha
-l += p.sum(axis=-1)
-acc *= alpha[..., None]
-acc += p @ v
-m[...] = m_new
-"""
+""" + MERGE_UPDATE
 
 HANG = ["the ranks hung", "minipar watchdog: no progress", "waits in"]
 WRONG = {  # name: (task, code for its region, words its grade's output must contain)
