@@ -113,6 +113,11 @@ def test_cp2_equals_serial_with_ignored_tokens_and_loads_into_serial(tmp_path):
     results = run_on_ranks(layouts_body, 2, args=([(1, 2, 1, 1, False)], 3, True, folder),
                            timeout=240)
     check(results)
+    # each parameter written once: by context rank 0 (the cp ranks hold whole copies)
+    from minipar import io
+    records = dict(io.load(os.path.join(folder, "manifest.npz"))["records"])
+    weights = [r for path, r in records.items() if "model" in str(path)]
+    assert weights and all({c[0] for c in r["chunks"]} == {0} for r in weights), weights[0]
     after = serial_after_load(folder, 3)
     np.testing.assert_allclose(after, results[0]["dp1 cp2 tp1 pp1 sp=False"]["losses"][1:],
                                rtol=0, atol=TOLERANCE)
