@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from minipar.testing import run_on_ranks
+from test_hybrid import value_errors
+from test_sequence_parallel import grad_error
 
 TOLERANCE = 1e-10  # float64: the layouts only reorder sums
 T = 16  # a multiple of 2·cp for cp up to 8
@@ -29,11 +31,6 @@ def batches(steps, n=4, ignored=False, seed=3):
     return [(ids, targets)] * steps
 
 
-def held(trainer):
-    names = {id(p): name for name, p in trainer.model.named_parameters()}
-    return {names[id(p)]: p for p in trainer.pipe.params}
-
-
 def layouts_body(layouts, steps, ignored=False, folder=None):
     """On every rank: each (dp, cp, tp, pp, sequence_parallel) layout beside the serial GPT;
     losses, serial losses and the largest gradient difference. ``folder``: the first layout
@@ -43,7 +40,7 @@ def layouts_body(layouts, steps, ignored=False, folder=None):
     from minipar.distributed import checkpoint as dcp
     from minipar.parallel.groups import ParallelGroups
     from minipar.parallel.hybrid import Trainer3D, default_optimizer
-    from minipar.parallel.tensor import local_slices
+    from minipar.testing import train_serial
 
     world = comm.world()
     results = {}
@@ -58,16 +55,10 @@ def layouts_body(layouts, steps, ignored=False, folder=None):
         losses, reference, error = [], [], 0.0
         sent = groups.context.counters.bytes_sent
         for ids, targets in batches(steps, ignored=ignored):
-            serial.zero_grad()
-            _, loss = serial(ids, targets)
-            loss.backward()
-            optimizer.step()
-            reference.append(loss.item())
+            reference += train_serial(serial, optimizer, [(ids, targets)])
             losses.append(float(trainer.step(ids, targets)))
             full = {name: to_numpy(p.grad) for name, p in serial.named_parameters()}
-            expected = local_slices(trainer.model, full, groups.tensor)
-            error = max(error, max(float(np.abs(to_numpy(p.grad) - expected[name]).max())
-                                   for name, p in held(trainer).items()))
+            error = max(error, grad_error(trainer, full))
             if folder and not results and len(losses) == 1:
                 dcp.save({"trainer": trainer, "step": 1}, checkpoint_id=folder)
         results[f"dp{dp} cp{cp} tp{tp} pp{pp} sp={sp}"] = {
@@ -142,16 +133,9 @@ def bad_input_body():
     world = comm.world()
     groups = ParallelGroups(world, cp=2)
     ids = np.zeros((2, 10), dtype=np.int64)
-    errors = []
-    for make in (lambda: Trainer3D(config(), groups).step(ids, ids),
-                 lambda: Trainer3D(config(dropout=0.1), groups),
-                 lambda: Trainer4D(config(), MoEConfig(n_experts=2), groups)):
-        try:
-            make()
-            errors.append("no error")
-        except ValueError as e:
-            errors.append(str(e))
-    return errors
+    return value_errors(lambda: Trainer3D(config(), groups).step(ids, ids),
+                        lambda: Trainer3D(config(dropout=0.1), groups),
+                        lambda: Trainer4D(config(), MoEConfig(n_experts=2), groups))
 
 
 @pytest.mark.mpi

@@ -9,6 +9,7 @@ are not positions 0..T/cp−1, and its mean loss covers only its T/cp tokens of 
 The trainer with cp (parallel/hybrid.py) and why: docs/context_parallel.md.
 """
 from ... import backend
+from ...autograd import Tensor
 from .layout import split_sequence
 
 
@@ -25,7 +26,7 @@ def loss_share(targets, context, ignore_index=-100):
     """cp · n_local / n_total: the weight that makes this rank's mean loss over its n_local
     counted tokens, once averaged over the cp ranks (as the gradients are, over dp × cp), the
     mean over the n_total counted tokens of the whole sequences. 1 when no token is ignored."""
-    t = targets.data if hasattr(targets, "data") else targets
+    t = targets.data if isinstance(targets, Tensor) else backend.asarray(targets)
     xp = backend.get_array_module(t)
     kept = xp.asarray([(t != ignore_index).sum()], dtype="float64")
     # one number a micro-batch over the context group: the ranks' counts differ only where
