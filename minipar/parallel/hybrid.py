@@ -1,13 +1,13 @@
-"""3D parallelism: data × tensor × pipeline (× context) on Megatron's rank grid (Narayanan 2021).
+"""3D parallelism, data × tensor × pipeline, with context: Megatron's grid (Narayanan et al. 2021).
 
 Each rank has coordinates (tp, cp, dp, pp) in the grid of ``groups.RankGrid`` and belongs to one
 group of each kind; the strategies nest, each using only its own group. The gradients that reach
 the optimizer are those of the mean loss over the whole global batch: the serial model's
 (``tests/test_hybrid.py`` checks the losses step by step).
 
-    groups = ParallelGroups(world, tp=2, pp=2)      # dp = world.size / (tp·pp)
+    groups = ParallelGroups(world, tp=2, cp=2, pp=2)    # dp = world.size / (tp·cp·pp)
     trainer = Trainer3D(config, groups, schedule="1f1b", microbatches=4, sequence_parallel=True)
-    loss = trainer.step(ids, targets)               # the global batch, the same on every rank
+    loss = trainer.step(ids, targets)                   # the global batch, the same on every rank
 
 Checkpoints: the serial GPT's names and shapes, so a checkpoint of one (tp, pp) layout loads into
 another or into the serial GPT (distributed/hybrid_state.py; docs/checkpoints.md). Sequence

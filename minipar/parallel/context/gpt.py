@@ -18,8 +18,7 @@ def local_positions(length, context):
     (None: no split, 0..length−1), on the device."""
     if context is None or context.size == 1:
         return backend.xp().arange(length)
-    whole = backend.numpy.arange(length * context.size)
-    return backend.asarray(split_sequence(whole, context, dim=0))
+    return split_sequence(backend.xp().arange(length * context.size), context, dim=0)
 
 
 def loss_share(targets, context, ignore_index=-100):
