@@ -97,9 +97,10 @@ def serial_after_load(folder, steps):
 
 @pytest.mark.mpi
 def test_cp2_equals_serial_with_ignored_tokens_and_loads_into_serial(tmp_path):
-    """cp = 2 on 2 ranks: the ignored targets of row 0 fall 7 on one cp rank, 0 on the other,
-    and the loss is still the mean over the counted tokens of the whole sequences. The
-    checkpoint of step 1 loads into the serial GPT, which then takes steps 2 and 3 as cp did."""
+    """cp = 2 on 2 ranks: the 7 ignored targets of row 0 fall 4 on one cp rank, 3 on the
+    other (the zig-zag chunks), and the loss is still the mean over the counted tokens of the
+    whole sequences. The checkpoint of step 1 loads into the serial GPT, which then takes steps
+    2 and 3 as cp did."""
     folder = os.path.join(str(tmp_path), "cp2")
     results = run_on_ranks(layouts_body, 2, args=([(1, 2, 1, 1, False)], 3, True, folder),
                            timeout=240)
@@ -116,10 +117,11 @@ def test_cp2_equals_serial_with_ignored_tokens_and_loads_into_serial(tmp_path):
 
 @pytest.mark.mpi
 def test_eight_ranks_dp_cp_tp_pp_equal_serial():
-    """cp = 2 with tp = 2 and pp = 2; cp = 2 with tp = 2 under sequence parallelism and dp = 2;
-    cp = 4 with pp = 2; cp = 8 alone (one token a chunk)."""
-    layouts = [(1, 2, 2, 2, False), (2, 2, 2, 1, True), (1, 4, 1, 2, False),
-               (1, 8, 1, 1, False)]
+    """cp = 2 with tp = 2 and pp = 2, without and with sequence parallelism; cp = 2 with tp = 2
+    under sequence parallelism and dp = 2; cp = 4 with dp = 2, and with pp = 2; cp = 8 alone
+    (one token a chunk)."""
+    layouts = [(1, 2, 2, 2, False), (1, 2, 2, 2, True), (2, 2, 2, 1, True), (2, 4, 1, 1, False),
+               (1, 4, 1, 2, False), (1, 8, 1, 1, False)]
     check(run_on_ranks(layouts_body, 8, args=(layouts, 2), timeout=400, heavy_yield=True))
 
 
