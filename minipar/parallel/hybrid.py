@@ -14,9 +14,9 @@ another or into the serial GPT (distributed/hybrid_state.py; docs/checkpoints.md
 parallelism: docs/tensor_parallel.md; context parallelism: docs/context_parallel.md.
 """
 from .. import backend, random
-from .context.layout import split_sequence
 from ..distributed.hybrid_state import Trainer3DState
 from ..optim import AdamW
+from .context.layout import split_sequence
 from .data.allreduce_optimizer import AllReduceOptimizer
 from .pipeline.runtime import Pipeline
 from .pipeline.schedules import build

@@ -14,9 +14,9 @@ Each parameter is this rank's slice of the serial parameter of the same name:
     loss.backward(); model.finalize_grads()         # sequence parallelism's extra sum
 """
 from ... import nn, random
-from ..context.gpt import local_positions, loss_share
 from ...distributed.sharded import ShardedStateDict
 from ...nn import Module, Sequential
+from ..context.gpt import local_positions, loss_share
 from .embedding import VocabParallelEmbedding, vocab_parallel_cross_entropy
 from .layers import ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, dropout_layer
 from .mappings import allreduce_replicated_grads
