@@ -30,8 +30,10 @@ class Trainer3DState:
         return [(names[id(p)], p, specs.get(names[id(p)])) for p in self.pipe.params]
 
     def writes(self, p):
-        """Whether this rank writes ``p`` among the ranks holding copies of it: data rank 0."""
-        return self.groups.coords["dp"] == 0
+        """Whether this rank writes ``p`` among the ranks holding copies of it: rank 0 of the
+        data-context group (data rank 0; with cp, its context rank 0: cp ranks hold whole
+        parameters too)."""
+        return self.groups.data_context.rank == 0
 
     def sharded(self, local, spec, dp0):
         """``local`` (this rank's slice) as a piece of the serial tensor; ``dp0``: this rank

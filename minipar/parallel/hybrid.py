@@ -1,21 +1,22 @@
-"""3D parallelism: data × tensor × pipeline on Megatron's rank grid (Narayanan et al. 2021).
+"""3D parallelism, data × tensor × pipeline, with context: Megatron's grid (Narayanan et al. 2021).
 
-Each rank has coordinates (tp, dp, pp) in the grid of ``groups.RankGrid`` and belongs to one group
-of each kind; the three strategies nest, each using only its own group. The gradients that reach
+Each rank has coordinates (tp, cp, dp, pp) in the grid of ``groups.RankGrid`` and belongs to one
+group of each kind; the strategies nest, each using only its own group. The gradients that reach
 the optimizer are those of the mean loss over the whole global batch: the serial model's
 (``tests/test_hybrid.py`` checks the losses step by step).
 
-    groups = ParallelGroups(world, tp=2, pp=2)      # dp = world.size / (tp·pp)
+    groups = ParallelGroups(world, tp=2, cp=2, pp=2)    # dp = world.size / (tp·cp·pp)
     trainer = Trainer3D(config, groups, schedule="1f1b", microbatches=4, sequence_parallel=True)
-    loss = trainer.step(ids, targets)               # the global batch, the same on every rank
+    loss = trainer.step(ids, targets)                   # the global batch, the same on every rank
 
 Checkpoints: the serial GPT's names and shapes, so a checkpoint of one (tp, pp) layout loads into
 another or into the serial GPT (distributed/hybrid_state.py; docs/checkpoints.md). Sequence
-parallelism: docs/tensor_parallel.md.
+parallelism: docs/tensor_parallel.md; context parallelism: docs/context_parallel.md.
 """
 from .. import backend, random
 from ..distributed.hybrid_state import Trainer3DState
 from ..optim import AdamW
+from .context.layout import split_sequence
 from .data.allreduce_optimizer import AllReduceOptimizer
 from .pipeline.runtime import Pipeline
 from .pipeline.schedules import build
@@ -67,6 +68,12 @@ class Trainer3D:
                              f"blocks, final LayerNorm, LM head), fewer than the {stages} stages "
                              f"of {schedule!r} on pp={groups.grid.pp}")
         self.config, self.groups = config, groups
+        # context: each rank of the cp group holds two chunks of every sequence of its shard
+        # (the balanced layout); attention is the ring over it, and each cp rank's gradients
+        # are those of other tokens of the same samples, so they average over dp × cp
+        cp = groups.grid.cp
+        self.context = groups.context if cp > 1 else None
+        self.gradients = groups.data_context if cp > 1 else groups.data
         random.manual_seed(seed)
         # tensor: the GPT's layers split over the tensor group (tensor/), two all-reduces per
         # transformer layer forward and two backward; under sequence parallelism each is an
@@ -85,18 +92,20 @@ class Trainer3D:
 
     def build_model(self, config, groups):
         """This rank's tensor slices of the serial GPT drawn from the random stream."""
-        return TensorParallelGPT(config, groups.tensor, self.sequence_parallel)
+        return TensorParallelGPT(config, groups.tensor, self.sequence_parallel,
+                                 context=self.context)
 
     def finalizing(self, reducer):
         """``reducer``, first summing over tp the gradients sequence parallelism left partial."""
         return SequenceParallelGrads(reducer, self.model) if self.sequence_parallel else reducer
 
     def reducer(self, params, make_optimizer, algorithm):
-        """The optimizer of this rank's stages, stepping on gradients averaged over dp."""
-        return AllReduceOptimizer(params, make_optimizer, self.groups.data, algorithm)
+        """The optimizer of this rank's stages, stepping on gradients averaged over dp (× cp)."""
+        return AllReduceOptimizer(params, make_optimizer, self.gradients, algorithm)
 
     def local_shard(self, array):
-        """This rank's rows of the global batch: the dp-th of dp equal shards."""
+        """This rank's rows of the global batch, the dp-th of dp equal shards; with cp, its two
+        chunks of each row (``split_sequence``: T a multiple of 2·cp, or a clear error)."""
         # rank (tp, dp, pp) takes the dp-th shard of N/dp sequences, the same for every tp and pp
         # coordinate; the pipeline splits it into m micro-batches
         dp = self.groups.grid.dp
@@ -105,7 +114,8 @@ class Trainer3D:
             raise ValueError(f"the global batch of {n} sequences does not divide among the "
                              f"{dp} data-parallel ranks")
         i = self.groups.coords["dp"]
-        return array[i * n // dp:(i + 1) * n // dp]
+        rows = array[i * n // dp:(i + 1) * n // dp]
+        return rows if self.context is None else split_sequence(rows, self.context, dim=1)
 
     def step(self, ids, targets):
         """One training step on the global batch (the same arrays on every rank). Returns the
@@ -113,12 +123,13 @@ class Trainer3D:
         reads it; on NumPy it already is a float)."""
         loss = self.pipe.step(self.local_shard(ids), self.local_shard(targets))
         last = self.schedule.rank_of(self.schedule.n_stages - 1)  # pp - 1; 0 in zb-v's V
-        # the loss lives on the last stage: average it over the data group, hand it to everyone
+        # the loss lives on the last stage: average it over the data group (× cp: each rank's
+        # share of its sequences' mean, context/gpt.py), hand it to everyone
         value = backend.xp().zeros(1, dtype="float64")
         if loss is not None:
             value[0] = loss  # device to device: no host read
         if self.groups.pipeline.rank == last:
-            self.groups.data.all_reduce(value, op="avg", algorithm="mpi", out=value)
+            self.gradients.all_reduce(value, op="avg", algorithm="mpi", out=value)
         self.groups.pipeline.broadcast(value, root=last, out=value)
         return value[0]
 

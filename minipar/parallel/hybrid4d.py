@@ -65,6 +65,12 @@ class Trainer4D(Trainer3D):
                  sequence_parallel=False):
         # on every rank, not only within an expert group: data ranks route their own tokens
         same_everywhere(groups.world, "Trainer4D", **vars(moe))
+        # Routing capacity and the load-balancing loss are per group of tokens: with cp a rank
+        # would route only its chunks of each sequence, a grouping no serial twin has
+        if groups.grid.cp > 1:
+            raise ValueError(f"Trainer4D does not take context parallelism (cp = "
+                             f"{groups.grid.cp}): the experts route each rank's tokens alone; "
+                             f"use Trainer3D for cp > 1")
         # Megatron-core refuses experts with tp > 1 without sequence parallelism: every tensor
         # rank would send the same tokens, tp times the all-to-all bytes. minipar warns and runs
         # it, so that the two can be measured side by side (tests/test_sequence_parallel.py).

@@ -163,7 +163,10 @@ def ring_attention(q, k, v, group, causal=True, layout="balanced", overlap=True)
                          f"rank holds two equal chunks of the 2·cp = {2 * group.size} (the "
                          f"whole length must be a multiple of 2·cp: split_sequence)")
     rank_chunks(0, 1, layout)  # a clear error for an unknown layout
-    qd, kd, vd = q.data, k.data, v.data
+    # C order: the k/v blocks and their gradients are sent as they are (q, k, v of a model
+    # are often permuted views of one qkv projection)
+    xp = backend.get_array_module(q.data)
+    qd, kd, vd = (xp.ascontiguousarray(t.data) for t in (q, k, v))
     out, lse = _forward(qd, kd, vd, group, causal, layout, overlap)
 
     def backward(g):

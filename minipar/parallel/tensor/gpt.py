@@ -13,9 +13,10 @@ Each parameter is this rank's slice of the serial parameter of the same name:
     local_logits, loss = model(ids, targets)        # logits: this rank's V/p; loss: whole
     loss.backward(); model.finalize_grads()         # sequence parallelism's extra sum
 """
-from ... import backend, nn, random
+from ... import nn, random
 from ...distributed.sharded import ShardedStateDict
 from ...nn import Module, Sequential
+from ..context.gpt import local_positions, loss_share
 from .embedding import VocabParallelEmbedding, vocab_parallel_cross_entropy
 from .layers import ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, dropout_layer
 from .mappings import allreduce_replicated_grads
@@ -24,13 +25,16 @@ from .shard import copy_serial_slices, divide
 
 class ParallelGPTEmbedding(ShardedStateDict, Module):
     """nn.GPTEmbedding with a vocab-parallel token table. Under sequence parallelism the sum is
-    a reduce-scatter, and each rank adds the positions of its own T slice."""
+    a reduce-scatter, and each rank adds the positions of its own T slice. Under context
+    parallelism (``context``: the cp group) the ids are this rank's chunks of each sequence,
+    and so are the positions (the slice of sequence parallelism is then one of those)."""
 
-    def __init__(self, config, group, sequence_parallel=False):
+    def __init__(self, config, group, sequence_parallel=False, context=None):
         super().__init__()
         self.block_size = config.block_size
         self.group = group
         self.sequence_parallel = sequence_parallel
+        self.context = context
         self.wte = VocabParallelEmbedding(config.vocab_size, config.n_embd, group,
                                           sequence_parallel)
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
@@ -39,9 +43,11 @@ class ParallelGPTEmbedding(ShardedStateDict, Module):
 
     def forward(self, ids):
         T = ids.shape[-1]
-        if T > self.block_size:
-            raise ValueError(f"sequence of length {T} is longer than block_size={self.block_size}")
-        pos = backend.xp().arange(T)
+        whole = T * (self.context.size if self.context is not None else 1)
+        if whole > self.block_size:
+            raise ValueError(f"sequence of length {whole} is longer than "
+                             f"block_size={self.block_size}")
+        pos = local_positions(T, self.context)
         if self.sequence_parallel:
             n = divide(T, self.group.size, "sequence length")
             pos = pos[self.group.rank * n:(self.group.rank + 1) * n]
@@ -51,10 +57,12 @@ class ParallelGPTEmbedding(ShardedStateDict, Module):
 class ParallelBlock(ShardedStateDict, Module):
     """nn.Block with parallel attention and MLP: x + attn(ln_1(x)); x + mlp(ln_2(x))."""
 
-    def __init__(self, n_embd, n_head, group, dropout=0.0, sequence_parallel=False, mlp=None):
+    def __init__(self, n_embd, n_head, group, dropout=0.0, sequence_parallel=False, mlp=None,
+                 context=None):
         super().__init__()
         self.ln_1 = nn.LayerNorm(n_embd)
-        self.attn = ParallelSelfAttention(n_embd, n_head, group, dropout, sequence_parallel)
+        self.attn = ParallelSelfAttention(n_embd, n_head, group, dropout, sequence_parallel,
+                                          context=context)
         self.ln_2 = nn.LayerNorm(n_embd)
         if mlp is None:  # a mixture of experts passes its own (tensor/moe.py)
             mlp = ParallelMLP(n_embd, group, dropout, sequence_parallel=sequence_parallel)
@@ -83,21 +91,24 @@ class TensorParallelGPT(ShardedStateDict, Module):
 
     ``TensorParallelGPT(config, group)`` holds the slices of ``serial_twin()`` (``nn.GPT(config)``
     drawn with the same seed), and leaves the random stream where the serial model does; pass
-    ``serial`` to slice a model already built instead.
+    ``serial`` to slice a model already built instead. With ``context`` (a cp group) ids and
+    targets are this rank's chunks of each sequence (``split_sequence``), attention is the ring,
+    and ``loss`` is this rank's share of the whole sequences' mean (context/gpt.py).
     """
 
-    def __init__(self, config, group, sequence_parallel=False, serial=None):
+    def __init__(self, config, group, sequence_parallel=False, serial=None, context=None):
         super().__init__()
         check_config(config, group.size)
         self.config = config
         self.group = group
         self.sequence_parallel = sequence_parallel
+        self.context = context if context is not None and context.size > 1 else None
         # Megatron's CPU initialisation: every rank draws the whole serial model from the same
         # seed (the only draws the stream keeps) and keeps its slices of it.
         if serial is None:
             serial = self.serial_twin()
         with random.fork_rng():  # the layers' own draws are overwritten by the slices below
-            self.embed = ParallelGPTEmbedding(config, group, sequence_parallel)
+            self.embed = ParallelGPTEmbedding(config, group, sequence_parallel, self.context)
             self.blocks = Sequential(*[self.block() for _ in range(config.n_layer)])
             self.ln_f = nn.LayerNorm(config.n_embd)
             self.lm_head = ColumnParallelLinear(config.n_embd, config.vocab_size, group,
@@ -115,7 +126,7 @@ class TensorParallelGPT(ShardedStateDict, Module):
     def block(self):
         """One transformer block over the tensor group."""
         return ParallelBlock(self.config.n_embd, self.config.n_head, self.group,
-                             self.config.dropout, self.sequence_parallel)
+                             self.config.dropout, self.sequence_parallel, context=self.context)
 
     def serial_twin_names(self):
         """{parameter name: the serial twin's name} where they differ (None: nowhere)."""
@@ -128,7 +139,11 @@ class TensorParallelGPT(ShardedStateDict, Module):
         return Sequential(self.embed, *self.blocks, self.ln_f, self.lm_head)
 
     def loss(self, local_logits, targets):
-        return vocab_parallel_cross_entropy(local_logits, targets, self.group)
+        loss = vocab_parallel_cross_entropy(local_logits, targets, self.group)
+        if self.context is None:
+            return loss
+        # the mean of this rank's tokens, weighted so the average over cp is the whole mean
+        return loss * loss_share(targets, self.context).astype(loss.dtype)
 
     def forward(self, ids, targets=None):
         logits = self.lm_head(self.ln_f(self.blocks(self.embed(ids))))

@@ -14,6 +14,7 @@ from ... import functional as F
 from ...autograd import Tensor
 from ...distributed.sharded import ShardedStateDict
 from ...nn import Module, Parameter
+from ..context.ring import ring_attention
 from .mappings import (copy_to_tensor_region, gather_from_sequence_region,
                        gather_from_tensor_region, reduce_from_tensor_region,
                        reduce_scatter_to_sequence_region, scatter_to_tensor_region)
@@ -132,13 +133,21 @@ class ParallelSelfAttention(ShardedStateDict, Module):
 
     Attention dropout draws this rank's mask for its own heads. That is correct training, but it
     is not the serial model's mask sliced, so equivalence with the serial model needs
-    dropout = 0. Megatron keeps a separate random stream per tensor rank for this."""
+    dropout = 0. Megatron keeps a separate random stream per tensor rank for this.
+
+    With ``context`` (a cp group) x holds this rank's chunks of each sequence and its heads
+    attend by ring attention over the cp ranks: tp splits the heads, cp the sequence."""
 
     def __init__(self, n_embd, n_head, group, dropout=0.0, sequence_parallel=False,
-                 dtype="float32"):
+                 dtype="float32", context=None):
         super().__init__()
         if n_embd % n_head:
             raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}")
+        if context is not None and context.size > 1 and dropout:
+            raise ValueError(f"ParallelSelfAttention with context parallelism (cp = "
+                             f"{context.size}) takes dropout = 0, got {dropout}: ring attention "
+                             f"has no attention dropout")
+        self.context = context if context is not None and context.size > 1 else None
         self.n_head = n_head
         self.head_dim = n_embd // n_head
         self.p = dropout
@@ -154,6 +163,9 @@ class ParallelSelfAttention(ShardedStateDict, Module):
         B, T, _ = qkv.shape
         H, d = self.local_heads, self.head_dim
         qkv = qkv.reshape(B, T, 3, H, d).permute(2, 0, 3, 1, 4)  # (3, B, H/p, T, d)
-        y = F.causal_self_attention(qkv[0], qkv[1], qkv[2], dropout_p=self.p,
-                                    training=self.training)
+        if self.context is not None:  # the k/v of the other chunks come round the ring
+            y = ring_attention(qkv[0], qkv[1], qkv[2], self.context)
+        else:
+            y = F.causal_self_attention(qkv[0], qkv[1], qkv[2], dropout_p=self.p,
+                                        training=self.training)
         return self.resid_dropout(self.c_proj(y.permute(0, 2, 1, 3).reshape(B, T, H * d)))
