@@ -353,7 +353,7 @@ def _rank_main(folder, name, args_json, grace):
 
 def serial_losses(config, batches, make_optimizer=None, seed=0, dtype="float32"):
     """The serial GPT trained on the same global batches with the same seed: the losses a
-    ``minipar.parallel.hybrid.Trainer3D`` run of any (dp, tp, pp) layout must reproduce."""
+    ``minipar.parallel.hybrid.Trainer3D`` run of any (dp, cp, tp, pp) layout must reproduce."""
     from minipar import nn, random  # here, not at the top: the launching process of
     from minipar.parallel.hybrid import default_optimizer  # run_on_ranks never loads MPI
 
