@@ -19,26 +19,9 @@ import numpy as np
 import pytest
 
 from minipar.testing import run_job, run_on_ranks
+from test_dp_16bit import GLOBAL_BATCH, STEPS, local_loss, model_and_data  # the MLP, its data
 
-STEPS, GLOBAL_BATCH, CAP_MB = 3, 12, 0.0003  # the cap cuts the MLP in two buckets
-
-
-def model_and_data(dtype="float32"):
-    import minipar
-    import minipar.nn as nn
-
-    minipar.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 4)).to(dtype)
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal((STEPS * GLOBAL_BATCH, 6)).astype(np.float32)
-    return model, minipar.tensor(x).to(dtype).data, rng.integers(0, 4, len(x))
-
-
-def local_loss(model, x, y):
-    import minipar
-    from minipar import functional as F
-
-    return F.cross_entropy(model(minipar.tensor(x)), y)
+CAP_MB = 0.0003  # cuts the MLP in two buckets
 
 
 def make_hook(name):
@@ -57,11 +40,12 @@ def make_hook(name):
 
 def train(comm, name, overlap, algorithm="auto"):
     """The parameters after each of STEPS steps of DDP with the named hook (one flat vector a
-    step); raises if the ranks ever hold different parameters."""
+    step) and the bytes this rank sent averaging them; raises if the ranks ever hold different
+    parameters."""
     from minipar import optim
     from minipar.parallel.data import DistributedDataParallel, DistributedSampler
 
-    model, x, y = model_and_data()
+    model, x, y = model_and_data("float32")
     ddp = DistributedDataParallel(model, comm, bucket_cap_mb=CAP_MB, algorithm=algorithm,
                                   overlap=overlap)
     assert len(ddp.buckets) == 2, ddp.buckets
@@ -70,10 +54,12 @@ def train(comm, name, overlap, algorithm="auto"):
         ddp.register_comm_hook(state, hook)
     opt = optim.SGD(model.parameters(), lr=0.1)
     batches = DistributedSampler(len(x), comm.size, comm.rank, seed=5).batches(GLOBAL_BATCH)
-    after = []
+    after, sent = [], 0
     for step, idx in enumerate(batches[:STEPS]):
         opt.zero_grad()
+        before = comm.counters.bytes_sent
         local_loss(ddp, x[idx], y[idx]).backward()
+        sent += comm.counters.bytes_sent - before
         opt.step()
         flat = np.concatenate([q.data.ravel() for q in model.parameters()])
         everyone = comm.all_gather(flat)
@@ -81,7 +67,7 @@ def train(comm, name, overlap, algorithm="auto"):
             raise AssertionError(f"{name}, overlap={overlap}: the ranks' parameters differ "
                                  f"after step {step}")
         after.append(flat)
-    return after
+    return after, sent
 
 
 def rank_arrays(p, shapes, seed, dtype=np.float64):
@@ -204,7 +190,7 @@ def registration_cases(comm):
     from minipar.parallel.data import DistributedDataParallel, hooks
 
     failures = []
-    model, x, y = model_and_data()
+    model, x, y = model_and_data("float32")
     ddp = DistributedDataParallel(model, comm, bucket_cap_mb=CAP_MB)
     ddp.register_comm_hook(None, hooks.allreduce_hook)
     for state, hook, words in ((None, hooks.fp16_compress_hook, "can only be called once"),
@@ -215,7 +201,7 @@ def registration_cases(comm):
         except (RuntimeError, TypeError) as error:
             if words not in str(error):
                 failures.append(f"rank {comm.rank}: {error}")
-    model, x, y = model_and_data()
+    model, x, y = model_and_data("float32")
     ddp = DistributedDataParallel(model, comm, bucket_cap_mb=CAP_MB)
     local_loss(ddp, x[:4], y[:4]).backward()
     try:
@@ -232,11 +218,11 @@ def hooks_body():
 
     world = comm.world()
     failures = []
-    own = train(world, "none", overlap=False)
+    own, _ = train(world, "none", overlap=False)
     for name in ("none", "allreduce", "fp16", "bf16", "powersgd", "powersgd-no-ef"):
         for overlap in (False, True):
             try:
-                after = train(world, name, overlap)
+                after, _ = train(world, name, overlap)
             except AssertionError as error:
                 failures.append(f"rank {world.rank}: {error}")
                 continue
@@ -245,6 +231,9 @@ def hooks_body():
                                 f"DDP's own all-reduce")
             if name == "powersgd" and not np.array_equal(after[0], own[0]):
                 failures.append(f"rank {world.rank}: PowerSGD's first (plain) step differs")
+    full, half = (train(world, name, False, "ring")[1] for name in ("none", "fp16"))
+    if 2 * half != full:
+        failures.append(f"rank {world.rank}: fp16_compress_hook sent {half} bytes, float32 {full}")
     return failures + compress_cases(world) + powersgd_cases(world) + registration_cases(world)
 
 

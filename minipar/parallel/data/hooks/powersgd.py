@@ -28,9 +28,9 @@ class PowerSGDState:
                  min_compression_rate=2, use_error_feedback=True, warm_start=True,
                  orthogonalization_epsilon=0, random_seed=0,
                  compression_stats_logging_frequency=10_000, batch_tensors_with_same_shape=False):
-        if int(matrix_approximation_rank) != matrix_approximation_rank or matrix_approximation_rank < 1:
-            raise ValueError(f"matrix_approximation_rank must be an integer >= 1, got "
-                             f"{matrix_approximation_rank!r}")
+        rank = matrix_approximation_rank
+        if isinstance(rank, bool) or int(rank) != rank or rank < 1:
+            raise ValueError(f"matrix_approximation_rank must be an integer >= 1, got {rank!r}")
         if start_powerSGD_iter < 0 or min_compression_rate < 0 or orthogonalization_epsilon < 0:
             raise ValueError(f"start_powerSGD_iter, min_compression_rate and "
                              f"orthogonalization_epsilon must be >= 0, got {start_powerSGD_iter!r},"
