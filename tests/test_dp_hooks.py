@@ -216,6 +216,14 @@ def registration_cases(comm):
         except (RuntimeError, TypeError) as error:
             if words not in str(error):
                 failures.append(f"rank {comm.rank}: {error}")
+    if not has_bfloat16():  # refused when registered, by name, as torch does
+        try:
+            ddp = DistributedDataParallel(model_and_data("float32")[0], comm)
+            ddp.register_comm_hook(None, hooks.bf16_compress_hook)
+            failures.append(f"rank {comm.rank}: bf16_compress_hook taken without bfloat16")
+        except TypeError as error:
+            if "bfloat16" not in str(error):
+                failures.append(f"rank {comm.rank}: {error}")
     model, x, y = model_and_data("float32")
     ddp = DistributedDataParallel(model, comm, bucket_cap_mb=CAP_MB)
     local_loss(ddp, x[:4], y[:4]).backward()

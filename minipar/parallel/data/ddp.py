@@ -86,6 +86,10 @@ class DistributedDataParallel(Module):
             raise RuntimeError("register_comm_hook must be called before the first backward: "
                                "the gradients already in the buckets were divided by N for the "
                                "built-in all-reduce, and a hook expects them undivided")
+        if getattr(hook, "__name__", None) == "bf16_compress_hook":
+            # torch refuses this hook here where its backend has no bfloat16; CuPy has none:
+            # a TypeError now, not at the first backward
+            backend.check_dtype("bfloat16")
         self.comm_hook = (hook, state)
         self.grad_buckets = [GradBucket(i, buf, b, self.comm, self.algorithm,
                                         last=i == len(self.buckets) - 1)
