@@ -54,34 +54,46 @@ def current_gpu():
     return backend.xp().cuda.Device() if backend.device() == "gpu" else None
 
 
-class AsyncWorker:
-    """One background thread running queued collectives in call order on a duplicate of
-    ``comm`` that shares its counters (the bytes still count as this communicator's), each on
-    the GPU its caller was using."""
+class JobThread:
+    """One background thread running ``fn(*args, **options)`` jobs in the order they were
+    started, each on the GPU its caller was using; ``start`` returns a ``Work`` whose ``wait()``
+    gives the job's return value (or raises its error). A daemon: a rank that failed must not
+    wait at exit for a job blocked on a peer."""
 
-    def __init__(self, comm):
-        self.comm = comm.dup(share_counters=True)
-        self.queue = queue.Queue()
-        threading.Thread(target=self._loop, daemon=True, name="minipar-iall_reduce").start()
+    def __init__(self, name):
+        self.jobs = queue.Queue()
+        threading.Thread(target=self._loop, daemon=True, name=name).start()
 
-    def start(self, collective, x, **options):
-        """Queue ``comm.<collective>(x, **options)``; its ``Work`` returns the result."""
+    def start(self, fn, *args, **options):
         work = Work()
-        self.queue.put((work, current_gpu(), collective, x, options))
+        self.jobs.put((work, current_gpu(), fn, args, options))
         return work
 
     def _loop(self):
         while True:
-            work, gpu, collective, x, options = self.queue.get()
+            work, gpu, fn, args, options = self.jobs.get()
             try:
                 # CuPy's current device is per thread, and a new thread starts on GPU 0:
                 # without this, every rank but those on GPU 0 would run the reduction's kernels
                 # (and its copies) on the wrong GPU
                 if gpu is not None:
                     gpu.use()
-                work.set(getattr(self.comm, collective)(x, **options))
+                work.set(fn(*args, **options))
             except BaseException as error:  # handed to the waiting caller
                 work.set(error=error)
+
+
+class AsyncWorker(JobThread):
+    """The queued collectives of one communicator, in call order, on a duplicate of ``comm``
+    that shares its counters (the bytes still count as this communicator's)."""
+
+    def __init__(self, comm):
+        self.comm = comm.dup(share_counters=True)
+        super().__init__("minipar-iall_reduce")
+
+    def start(self, collective, x, **options):
+        """Queue ``comm.<collective>(x, **options)``; its ``Work`` returns the result."""
+        return super().start(getattr(self.comm, collective), x, **options)
 
 
 def worker(comm):

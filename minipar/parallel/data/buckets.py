@@ -11,15 +11,12 @@ flat layout of ``minipar.flat``.
     queue = ReadyQueue(buckets, launch=lambda i: ..., finish=lambda: ...)
 
 ``GradBucket`` is what a communication hook sees of a bucket (torch's interface);
-``HookThread`` runs the hooks in the background, in bucket order.
+``comm.nonblocking.JobThread`` runs the hooks in the background, in bucket order.
 """
-import queue
-import threading
 import warnings
 
 from ... import backend
 from ...comm import node, shm
-from ...comm.nonblocking import Work, current_gpu
 from ...flat import flatten_grads, offsets, views
 
 
@@ -206,29 +203,3 @@ class GradBucket:
     def __repr__(self):
         return (f"GradBucket(index={self._index}, {len(self._params)} parameters, "
                 f"{self._buffer.size} {self._buffer.dtype} elements)")
-
-
-class HookThread:
-    """One background thread running ``fn(*args)`` jobs in the order they were started, each on
-    its caller's GPU; ``start`` returns a ``Work`` whose ``wait()`` gives the job's return value
-    (or raises its error). A daemon, as the communicator's own worker: a rank that failed must
-    not wait at exit for a hook blocked on a peer."""
-
-    def __init__(self):
-        self.jobs = queue.Queue()
-        threading.Thread(target=self._loop, daemon=True, name="minipar-comm-hook").start()
-
-    def start(self, fn, *args):
-        work = Work()
-        self.jobs.put((work, current_gpu(), fn, args))
-        return work
-
-    def _loop(self):
-        while True:
-            work, gpu, fn, args = self.jobs.get()
-            try:
-                if gpu is not None:  # CuPy's device is per thread (see comm/nonblocking.py)
-                    gpu.use()
-                work.set(fn(*args))
-            except BaseException as error:  # handed to the waiting caller
-                work.set(error=error)

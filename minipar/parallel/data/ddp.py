@@ -18,9 +18,10 @@ from ... import backend
 from ...autograd import Tensor, is_grad_enabled
 from ...comm import node, world
 from ...comm.mpi import refuse_bfloat16
+from ...comm.nonblocking import JobThread
 from ...flat import views
 from ...nn.module import Module
-from .buckets import (GradBucket, HookThread, ReadyQueue, broadcast_parameters, bucket_buffers,
+from .buckets import (GradBucket, ReadyQueue, broadcast_parameters, bucket_buffers,
                       make_buckets)
 
 
@@ -94,7 +95,7 @@ class DistributedDataParallel(Module):
         self.grad_buckets = [GradBucket(i, buf, b, self.comm, self.algorithm,
                                         last=i == len(self.buckets) - 1)
                              for i, (b, buf) in enumerate(zip(self.buckets, self.grad_buffers))]
-        self.hook_thread = HookThread() if self.overlap else None
+        self.hook_thread = JobThread("minipar-comm-hook") if self.overlap else None
 
     def forward(self, *args, **kwargs):
         out = self.module(*args, **kwargs)
