@@ -10,6 +10,7 @@ Bytes per rank per step (ring all-gather): (p-1) k (s + 4), s the gradient's ite
 4 the int32 index (int64, 8 bytes, from n = 2**31 on); plain all-reduce: 2 (p-1)/p n s.
 """
 from .... import backend
+from ....comm.agreement import same_everywhere
 
 
 class TopKState:
@@ -26,15 +27,21 @@ class TopKState:
         self.ratio, self.k = ratio, k
         self.use_error_feedback = use_error_feedback
         self.error_dict = {}
-        self.agreed = {}  # bucket index -> the k every rank was found to use
+        self.agreed = False
+
+    def check_agreement(self, comm):
+        """Ranks sending different k would gather arrays of different sizes (an error on some
+        rank only, or a wait): at the first use, the same CommError on every rank, naming the
+        settings, unless every rank has the same ratio and k (one all_gather_object)."""
+        if not self.agreed:
+            same_everywhere(comm, "TopKState", ratio=self.ratio if self.k is None else None,
+                            k=self.k)
+            self.agreed = True
 
     def k_for(self, n):
         """Entries sent from a bucket of n: ``k``, or round(ratio n), at least 1, at most n."""
         k = self.k if self.k is not None else round(self.ratio * n)
         return min(max(k, 1), n)
-
-    def setting(self):
-        return f"k={self.k}" if self.k is not None else f"ratio={self.ratio}"
 
 
 def topk_hook(state, bucket):
@@ -43,8 +50,8 @@ def topk_hook(state, bucket):
     g = bucket.buffer()
     xp = backend.get_array_module(g)
     n, index = g.size, bucket.index()
+    state.check_agreement(comm)
     k = state.k_for(n)
-    check_same_k(comm, state, index, k, n)
     # error feedback: what earlier steps left out is added back before choosing
     p = g + state.error_dict[index] if index in state.error_dict else g.copy()
     # the k largest |p|; a stable sort breaks ties by the lower index
@@ -64,17 +71,3 @@ def topk_hook(state, bucket):
         total[all_indices[r]] += all_values[r]
     g[...] = total / comm.size
     return g
-
-
-def check_same_k(comm, state, index, k, n):
-    """Ranks sending different k would gather arrays of different sizes (a CommError on some
-    rank, or a wait): the first time a bucket is seen, one small gather of every rank's (k, n)
-    (pickled, not counted), and a ValueError naming the setting on every rank if they differ."""
-    if state.agreed.get(index) == k:
-        return
-    seen = comm.all_gather_object((k, n, state.setting()))
-    if any(s[:2] != seen[0][:2] for s in seen):
-        table = ", ".join(f"rank {r}: k={s[0]} of n={s[1]} ({s[2]})" for r, s in enumerate(seen))
-        raise ValueError(f"topk_hook: the ranks disagree on k for bucket {index} ({table}); give "
-                         f"every rank's TopKState the same ratio or k")
-    state.agreed[index] = k
