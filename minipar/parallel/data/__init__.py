@@ -3,8 +3,9 @@
 ddp.py (all-reduce of bucketed gradients, overlapped with backward), sampler.py (each rank's
 shard of the data), zero.py (optimizer state and gradients sharded), zero3.py (parameters
 too: fully sharded, each layer gathered while it computes), param_server.py (push,
-update, pull), allreduce_optimizer.py (the 3D trainer's data-parallel step), and buckets.py,
-the pieces they share (with the flat layout of ``minipar.flat``).
+update, pull), allreduce_optimizer.py (the 3D trainer's data-parallel step), buckets.py,
+the pieces they share (with the flat layout of ``minipar.flat``), and hooks/, DDP's
+communication hooks (compressed averaging: ``model.register_comm_hook(state, hook)``).
 
 DDP wraps the module, as torch's does: ``DistributedDataParallel(module, comm, bucket_cap_mb=...)``,
 then backward and the plain optimizer. The others wrap the optimizer and share one shape,
@@ -13,7 +14,7 @@ then backward and the plain optimizer. The others wrap the optimizer and share o
 """
 from ...flat import flatten_grads, flatten_parameters, offsets
 from .allreduce_optimizer import AllReduceOptimizer, average_grads
-from .buckets import ReadyQueue, broadcast_parameters, gradient_bytes, make_buckets
+from .buckets import GradBucket, ReadyQueue, broadcast_parameters, gradient_bytes, make_buckets
 from .ddp import DistributedDataParallel
 from .param_server import ParameterServer, busiest_link
 from .sampler import DistributedSampler, local_batch_size
@@ -24,4 +25,4 @@ __all__ = ["DistributedDataParallel", "DistributedSampler", "local_batch_size", 
            "ParameterServer", "busiest_link", "AllReduceOptimizer", "average_grads",
            # the shared pieces (buckets.py, and the flat layout of minipar.flat)
            "broadcast_parameters", "make_buckets", "offsets", "flatten_parameters",
-           "flatten_grads", "gradient_bytes", "ReadyQueue"]
+           "flatten_grads", "gradient_bytes", "ReadyQueue", "GradBucket"]

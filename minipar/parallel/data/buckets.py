@@ -9,12 +9,18 @@ flat layout of ``minipar.flat``.
     buckets = make_buckets(params, 25 * 2**20)
     buffers = bucket_buffers(buckets, comm)
     queue = ReadyQueue(buckets, launch=lambda i: ..., finish=lambda: ...)
+
+``GradBucket`` is what a communication hook sees of a bucket (torch's interface);
+``HookThread`` runs the hooks in the background, in bucket order.
 """
+import queue
+import threading
 import warnings
 
 from ... import backend
 from ...comm import node, shm
-from ...flat import flatten_grads, offsets
+from ...comm.nonblocking import Work, current_gpu
+from ...flat import flatten_grads, offsets, views
 
 
 def broadcast_parameters(module, comm, on_mismatch="warn"):
@@ -169,3 +175,60 @@ class ReadyQueue:
             self.next += 1
         self.finish()
         self.reset()
+
+
+class GradBucket:
+    """One bucket as a communication hook sees it, with torch's methods: ``buffer()`` (this
+    rank's flat gradient, not yet reduced), ``index()``, ``parameters()``, ``gradients()`` (views
+    of the buffer, one per parameter, in its shape) and ``is_last()``. Two attributes are
+    minipar's own: ``comm``, the DDP's communicator (a hook whose state names none uses it), and
+    ``algorithm``, the DDP's all-reduce algorithm."""
+
+    def __init__(self, index, buffer, params, comm, algorithm="auto", last=True):
+        self._index, self._buffer, self._params, self._last = index, buffer, list(params), last
+        self.comm, self.algorithm = comm, algorithm
+
+    def buffer(self):
+        return self._buffer
+
+    def index(self):
+        return self._index
+
+    def parameters(self):
+        return list(self._params)
+
+    def gradients(self):
+        return views(self._buffer, self._params)
+
+    def is_last(self):
+        return self._last
+
+    def __repr__(self):
+        return (f"GradBucket(index={self._index}, {len(self._params)} parameters, "
+                f"{self._buffer.size} {self._buffer.dtype} elements)")
+
+
+class HookThread:
+    """One background thread running ``fn(*args)`` jobs in the order they were started, each on
+    its caller's GPU; ``start`` returns a ``Work`` whose ``wait()`` gives the job's return value
+    (or raises its error). A daemon, as the communicator's own worker: a rank that failed must
+    not wait at exit for a hook blocked on a peer."""
+
+    def __init__(self):
+        self.jobs = queue.Queue()
+        threading.Thread(target=self._loop, daemon=True, name="minipar-comm-hook").start()
+
+    def start(self, fn, *args):
+        work = Work()
+        self.jobs.put((work, current_gpu(), fn, args))
+        return work
+
+    def _loop(self):
+        while True:
+            work, gpu, fn, args = self.jobs.get()
+            try:
+                if gpu is not None:  # CuPy's device is per thread (see comm/nonblocking.py)
+                    gpu.use()
+                work.set(fn(*args))
+            except BaseException as error:  # handed to the waiting caller
+                work.set(error=error)

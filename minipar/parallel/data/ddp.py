@@ -7,8 +7,10 @@ the ranks average their gradients before each step (Li et al. 2020, "PyTorch Dis
     optimizer.step()                          # every rank applies the same averaged gradient
 
 Gradients are grouped in buckets, each all-reduced on the communicator's background thread as
-soon as backward has filled it (``overlap``, decided by ``comm.node.choose_overlap``). Why
-averaging equals serial training, and when overlap pays: docs/data_parallel.md.
+soon as backward has filled it (``overlap``, decided by ``comm.node.choose_overlap``), or
+handed to a communication hook (``model.register_comm_hook(state, hook)``, torch's: compressed
+averaging, ``parallel/data/hooks``). Why averaging equals serial training, when overlap pays,
+and the hooks: docs/data_parallel.md.
 """
 import contextlib
 
@@ -18,7 +20,8 @@ from ...comm import node, world
 from ...comm.mpi import refuse_bfloat16
 from ...flat import views
 from ...nn.module import Module
-from .buckets import ReadyQueue, broadcast_parameters, bucket_buffers, make_buckets
+from .buckets import (GradBucket, HookThread, ReadyQueue, broadcast_parameters, bucket_buffers,
+                      make_buckets)
 
 
 class DistributedDataParallel(Module):
@@ -62,6 +65,36 @@ class DistributedDataParallel(Module):
             p.register_post_accumulate_grad_hook(self._arrive)
         self.works = [None] * len(self.buckets)
         self.queue = ReadyQueue(self.buckets, self._launch, self._finish)
+        self.comm_hook, self.started = None, False  # (hook, state); a backward has run
+
+    def register_comm_hook(self, state, hook):
+        """Average each bucket with ``hook(state, bucket)`` instead of the all-reduce (torch's
+        interface): ``bucket`` is a ``GradBucket`` whose ``buffer()`` holds this rank's gradient
+        *not* divided by N (the hook divides, as torch's do); the hook returns the averaged flat
+        gradient, or an object whose ``wait()`` gives it. ``state`` is the hook's own (a
+        Communicator or None for the default hooks: None means ``bucket.comm``, this model's).
+        Once, before the first backward. The hooks run in bucket order, on a background thread
+        when ``overlap``, so every rank calls the same collectives in the same order."""
+        if not callable(hook):
+            raise TypeError("Communication hook must be callable.")
+        # torch's two rules, with its message for the first (a second hook would silently
+        # replace the first one's state, its error feedback with it)
+        if self.comm_hook is not None:
+            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be "
+                               "called once.")
+        if self.started:
+            raise RuntimeError("register_comm_hook must be called before the first backward: "
+                               "the gradients already in the buckets were divided by N for the "
+                               "built-in all-reduce, and a hook expects them undivided")
+        if getattr(hook, "__name__", None) == "bf16_compress_hook":
+            # torch refuses this hook here where its backend has no bfloat16; CuPy has none:
+            # a TypeError now, not at the first backward
+            backend.check_dtype("bfloat16")
+        self.comm_hook = (hook, state)
+        self.grad_buckets = [GradBucket(i, buf, b, self.comm, self.algorithm,
+                                        last=i == len(self.buckets) - 1)
+                             for i, (b, buf) in enumerate(zip(self.buckets, self.grad_buffers))]
+        self.hook_thread = HookThread() if self.overlap else None
 
     def forward(self, *args, **kwargs):
         out = self.module(*args, **kwargs)
@@ -109,6 +142,7 @@ class DistributedDataParallel(Module):
 
     def _arrive(self, p):
         """Post-accumulate hook: g/N into p's slice of its bucket, which becomes ``p.grad``."""
+        self.started = True
         if self.queue.enabled:
             self._mark_unused()
             self._into_bucket(p)
@@ -125,6 +159,8 @@ class DistributedDataParallel(Module):
         view = self.views[id(p)]
         if p.grad is None:
             view[...] = 0  # no gradient this step counts as zero
+        elif self.comm_hook is not None:
+            view[...] = p.grad  # a hook gets the gradient undivided (torch's rule) and divides
         else:
             # Why averaging is right: with equal local batches, the gradient of the global mean
             # loss is the average over ranks of each rank's local-mean gradient, so N ranks take
@@ -143,7 +179,12 @@ class DistributedDataParallel(Module):
         for p in self.buckets[i]:
             if id(p) not in self.arrived:  # got no gradient this step (only via flush)
                 self._into_bucket(p)
-        if self.overlap:
+        if self.overlap and self.comm_hook is not None:
+            # the hook's own thread, in bucket order: its collectives (on this model's
+            # communicator, idle in the main thread until backward ends) go in the same order
+            # on every rank
+            self.works[i] = self.hook_thread.start(self._run_hook, i)
+        elif self.overlap:
             # on the communicator's background thread while backward computes the next layers
             # (NumPy and MPI drop the GIL, so the two really run together, given a free core);
             # the queue launches strictly in bucket order, so every rank issues the same
@@ -155,13 +196,34 @@ class DistributedDataParallel(Module):
         # After the last bucket's launch: once loss.backward() returns, every p.grad holds the
         # average. Without overlap the buckets are reduced here, one after another (the
         # benchmark's baseline).
+        self.arrived.clear()
+        works, self.works = self.works, [None] * len(self.buckets)
         for i, buf in enumerate(self.grad_buffers):
             if self.overlap:
-                self.works[i].wait()
-                self.works[i] = None
+                # a hook's error is raised here at once: the hook thread goes on with the next
+                # buckets, whose messages then meet a peer still in this one (a CommError there
+                # too, rather than a hang)
+                works[i].wait()
+            elif self.comm_hook is not None:
+                self._run_hook(i)
             else:
                 self.comm.all_reduce(buf, op="sum", algorithm=self.algorithm, out=buf)
-        self.arrived.clear()
+
+    def _run_hook(self, i):
+        """Bucket i averaged by the registered hook, the result left in its buffer."""
+        hook, state = self.comm_hook
+        result = hook(state, self.grad_buckets[i])
+        if hasattr(result, "wait"):  # a Future or a Work, as torch's hooks return
+            result = result.wait()
+        buf = self.grad_buffers[i]
+        if result is not buf:
+            if getattr(result, "shape", None) != buf.shape:
+                raise ValueError(f"rank {self.comm.rank}: communication hook "
+                                 f"{getattr(hook, '__qualname__', hook)!r} returned "
+                                 f"{type(result).__name__} of shape "
+                                 f"{getattr(result, 'shape', None)} for bucket {i}; expected "
+                                 f"the bucket's flat gradient, shape {buf.shape}")
+            buf[...] = result  # cast back to the bucket's dtype where the hook compressed
 
     def gradient_bytes(self):
         """Bytes of gradient memory on this rank: the bucket buffers the gradients live in."""

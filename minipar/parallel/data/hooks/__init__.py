@@ -1,0 +1,15 @@
+"""Communication hooks for ``DistributedDataParallel.register_comm_hook`` (torch's interface):
+each averages a bucket its own way, most of them in fewer bytes (docs/data_parallel.md).
+
+    from minipar.parallel.data.hooks import PowerSGDState, powerSGD_hook
+    model.register_comm_hook(PowerSGDState(None, matrix_approximation_rank=2), powerSGD_hook)
+
+default.py (allreduce_hook; fp16_compress_hook and bf16_compress_hook: average in 16 bits),
+powersgd.py (low-rank gradients with error feedback: Vogels et al. 2019).
+"""
+from ..buckets import GradBucket
+from .default import allreduce_hook, bf16_compress_hook, fp16_compress_hook
+from .powersgd import PowerSGDState, powerSGD_hook
+
+__all__ = ["GradBucket", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
+           "PowerSGDState", "powerSGD_hook"]
