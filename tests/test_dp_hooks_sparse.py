@@ -18,6 +18,22 @@ import pytest
 from minipar.testing import run_on_ranks
 
 STEPS, SIZES = 6, (100, 13)  # two buckets: index 0 of 100 entries, index 1 of 13
+REFUSAL = "TopKState: the ranks disagree on ratio (rank 0: 0.1, rank 1: 0.2"  # and the others'
+
+
+def assert_no_failures(body, nprocs):
+    """Run ``body`` on nprocs ranks, a hang ended by the watchdog in 10 s; no failures."""
+    failures = sum(run_on_ranks(body, nprocs, timeout=300, env={"MINIPAR_TIMEOUT": "10"}), [])
+    assert not failures, "\n".join(failures)
+
+
+def refused(call, where):
+    """[] if ``call()`` raised the refusal of rank 1's other ratio, else what went wrong."""
+    try:
+        call()
+    except ValueError as error:  # CommError is one
+        return [] if REFUSAL in str(error) else [f"{where}: unclear refusal: {error}"]
+    return [f"{where}: another ratio on rank 1 was not refused"]
 
 
 def gradient(step, rank, index):
@@ -92,23 +108,16 @@ def sparse_body():
                     failures.append(f"{what}: bucket {i}: the identity is off by {gap:.3g}")
                 if not feedback and (state.error_dict or gap < 1e-3):
                     failures.append(f"{what}: bucket {i}: no feedback kept a residual")
-    # another k on one rank: the same ValueError on every rank, naming each rank's setting
-    try:
-        topk_hook(TopKState(ratio=0.2 if rank == 1 else 0.1),
-                  GradBucket(0, gradient(0, rank, 0), [], world))
-        failures.append(f"rank {rank}: ranks with different k were not refused")
-    except ValueError as error:
-        if "TopKState" not in str(error) or "ratio (rank 0: 0.1, rank 1: 0.2" not in str(error):
-            failures.append(f"rank {rank}: unclear refusal: {error}")
-    return failures
+    # another k on one rank: the same CommError on every rank, naming each rank's setting
+    bucket = GradBucket(0, gradient(0, rank, 0), [], world)
+    return failures + refused(
+        lambda: topk_hook(TopKState(ratio=0.2 if rank == 1 else 0.1), bucket), f"rank {rank}")
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
 def test_topk_and_sign_feed_back_errors_exactly_and_send_the_formula_bytes(nprocs):
-    results = run_on_ranks(sparse_body, nprocs, timeout=300, env={"MINIPAR_TIMEOUT": "10"})
-    failures = sum(results, [])
-    assert not failures, "\n".join(failures)
+    assert_no_failures(sparse_body, nprocs)
 
 
 def test_the_states_refuse_bad_settings():
@@ -167,18 +176,12 @@ def ddp_body():
         model = make_model("mlp", "float64")
         ddp = DistributedDataParallel(model, world, bucket_cap_mb=0.0005, overlap=overlap)
         ddp.register_comm_hook(TopKState(ratio=0.2 if rank == 1 else 0.1), topk_hook)
-        try:
-            loss_of("mlp", ddp, x[batches[0]], y[batches[0]]).backward()
-            failures.append(f"rank {rank}: overlap={overlap}: another ratio was not refused")
-        except ValueError as error:
-            if "ratio (rank 0: 0.1, rank 1: 0.2" not in str(error):
-                failures.append(f"rank {rank}: overlap={overlap}: unclear refusal: {error}")
+        failures += refused(lambda: loss_of("mlp", ddp, x[batches[0]], y[batches[0]]).backward(),
+                            f"rank {rank}: overlap={overlap}")
     return failures
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
 def test_ddp_with_topk_or_sign_keeps_every_rank_identical(nprocs):
-    results = run_on_ranks(ddp_body, nprocs, timeout=300, env={"MINIPAR_TIMEOUT": "10"})
-    failures = sum(results, [])
-    assert not failures, "\n".join(failures)
+    assert_no_failures(ddp_body, nprocs)
