@@ -12,11 +12,10 @@ where plain averaging sends n m. ``state.error_dict`` holds each bucket's residu
 import numpy as np
 
 from .... import backend
-from ....comm.agreement import same_everywhere
-from .default import allreduce_hook, communicator
+from .default import AgreedSettings, allreduce_hook, communicator
 
 
-class PowerSGDState:
+class PowerSGDState(AgreedSettings):
     """torch's ``PowerSGDState``: the settings, the step count ``iter`` (plain all-reduce while
     ``iter < start_powerSGD_iter``), and per bucket index the residuals (``error_dict``) and the
     P and Q memories (``p_memory_dict``, ``q_memory_dict``). ``process_group``: a Communicator,
@@ -52,7 +51,6 @@ class PowerSGDState:
         self.iter = 0
         self.total_numel_before_compression = 0
         self.total_numel_after_compression = 0
-        self.agreed = False
 
     def maybe_increase_iter(self, bucket):
         """One more step once the last bucket of the step is through."""
@@ -66,17 +64,13 @@ class PowerSGDState:
         return (before / after if after > 0 else 0, before, after)
 
     def check_agreement(self, comm):
-        """Ranks with other settings would send P and Q of other sizes: the same CommError on
-        every rank, at the first use (one all_gather_object), naming what differs."""
-        if not self.agreed:
-            same_everywhere(comm, "PowerSGDState",
-                            matrix_approximation_rank=self.matrix_approximation_rank,
-                            start_powerSGD_iter=self.start_powerSGD_iter,
-                            min_compression_rate=self.min_compression_rate,
-                            use_error_feedback=self.use_error_feedback,
-                            warm_start=self.warm_start, random_seed=self.random_seed,
-                            orthogonalization_epsilon=self.orthogonalization_epsilon)
-            self.agreed = True
+        """Ranks with other settings would send P and Q of other sizes (AgreedSettings)."""
+        self.agree(comm, matrix_approximation_rank=self.matrix_approximation_rank,
+                   start_powerSGD_iter=self.start_powerSGD_iter,
+                   min_compression_rate=self.min_compression_rate,
+                   use_error_feedback=self.use_error_feedback, warm_start=self.warm_start,
+                   random_seed=self.random_seed,
+                   orthogonalization_epsilon=self.orthogonalization_epsilon)
 
 
 def should_compress(n, m, rank, min_compression_rate):

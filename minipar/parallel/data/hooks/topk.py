@@ -10,12 +10,10 @@ Bytes per rank per step (ring all-gather): (p-1) k (s + 4), s the gradient's ite
 4 the int32 index (int64, 8 bytes, from n = 2**31 on); plain all-reduce: 2 (p-1)/p n s.
 """
 from .... import backend
-from ....comm.agreement import same_everywhere
-from ....comm.errors import CommError
-from .default import communicator
+from .default import AgreedSettings, communicator
 
 
-class TopKState:
+class TopKState(AgreedSettings):
     """What ``topk_hook`` keeps between steps: the communicator (``process_group``; None: the
     DDP's), k per bucket (``k`` entries, or ``ratio`` of the bucket's n), and each bucket's
     residual in ``error_dict`` by bucket index (torch's PowerSGDState name)."""
@@ -29,22 +27,11 @@ class TopKState:
         self.ratio, self.k = ratio, k
         self.use_error_feedback = use_error_feedback
         self.error_dict = {}
-        self.agreed, self.refusal = False, None
 
     def check_agreement(self, comm):
         """Ranks sending different k would gather arrays of different sizes (an error on some
-        rank only, or a wait): at the first use, the same CommError on every rank, naming the
-        settings, unless every rank has the same ratio and k (one all_gather_object)."""
-        if self.refusal:  # every rank refused: later buckets raise it again, sending nothing
-            raise CommError(self.refusal)
-        if not self.agreed:
-            try:
-                same_everywhere(comm, "TopKState", ratio=self.ratio if self.k is None else None,
-                                k=self.k)
-            except CommError as error:
-                self.refusal = str(error)
-                raise
-            self.agreed = True
+        rank only, or a wait): AgreedSettings compares ratio and k first."""
+        self.agree(comm, ratio=self.ratio if self.k is None else None, k=self.k)
 
     def k_for(self, n):
         """Entries sent from a bucket of n: ``k``, or round(ratio n), at least 1, at most n."""
