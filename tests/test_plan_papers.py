@@ -10,7 +10,8 @@ import pytest
 import minipar
 from minipar import nn, optim
 from minipar.plan import (PRESETS, GPTShape, bytes_per_parameter, flops_per_iteration,
-                          megatron_activation_bytes, model_state_bytes, preset)
+                          megatron_activation_bytes, model_state_bytes, preset,
+                          training_seconds)
 from minipar.plan.memory import GB, MEGATRON_LAYER
 
 
@@ -178,3 +179,12 @@ def test_the_planner_needs_no_mpi():
     import sys
     code = "import sys, minipar.plan; assert 'mpi4py' not in sys.modules, 'mpi4py imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("name, tokens, gpus, tflops, days", [
+    ("gpt3-175b", 300e9, 1024, 140, "34"), ("megatron-1008.0b", 450e9, 3072, 163, "84")])
+def test_training_time_estimates_as_the_paper_prints_them(name, tokens, gpus, tflops, days):
+    # Narayanan et al. 2021, §5.1: "about 34 days" and "about 84 days"
+    seconds = training_seconds(tokens, PRESETS[name].shape.parameters(), gpus, tflops * 1e12)
+    assert printed(seconds / 86400, days)
+    assert PRESETS["gpt3-175b"].dp is None and PRESETS[name].tp in (None, 8)

@@ -23,3 +23,9 @@ def flops_per_iteration(B, s, l, h, V, recompute=False):
     passes = 4 if recompute else 3
     return passes * l * layer_forward_flops(B, s, h) + 3 * 2 * B * s * h * V
 
+
+def training_seconds(tokens, params, gpus, flops_per_gpu, recompute=True):
+    """The paper's end-to-end estimate (§5.1): 8TP/(nX) seconds for T tokens, P parameters, n
+    GPUs at X FLOP/s each, the formula above with its small terms dropped (72 -> 6TP without
+    recomputation): GPT-3 175B on 300B tokens, 1024 GPUs at 140 TFLOP/s, 34 days."""
+    return (8 if recompute else 6) * tokens * params / (gpus * flops_per_gpu)

@@ -93,7 +93,8 @@ class Preset:
 
     @property
     def dp(self):
-        return self.gpus // (self.tp * self.pp)
+        """The data-parallel degree, gpus/(tp·pp); None where the paper gives no layout."""
+        return None if self.gpus is None else self.gpus // (self.tp * self.pp)
 
 
 NARAYANAN = "Narayanan et al. 2021 (arXiv:2104.04473), Table 1; V = 51200, s = 2048"
