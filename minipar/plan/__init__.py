@@ -5,6 +5,7 @@ optimizer's own rule (``model_state_bytes``); Megatron's activation bytes per la
 (``megatron_activation_bytes``); FLOPs per iteration and the Megatron-LM paper's training-time
 estimate (``flops_per_iteration``, ``training_seconds``). Not yet: the step time, the layout
 search, the ``minipar plan`` command. Pure Python, no MPI.
+
     from minipar.plan import PRESETS, flops_per_iteration, model_state_bytes
     gpt3 = PRESETS["gpt3-175b"].shape
     model_state_bytes(gpt3.parameters(), "bf16", zero=1, dp=64, tp=8, pp=8)
