@@ -10,7 +10,8 @@ function-local ones included), not a sentence in the README:
 - comm imports only backend and comm: collectives move arrays, not tensors;
 - parallel and distributed import anything below them, never the teaching layer: serial code
   has no parallel twin inside, and the strategies do not lean on the tools that teach them;
-- teaching (testing, trace, cli/, bench, console, figures, assignments, doctor) may import anything;
+- teaching (testing, trace, cli/, bench, console, figures, assignments, doctor, plan/) may import
+  anything;
 - no import cycle anywhere, no module sets attributes on a class defined elsewhere, and every
   module stays short enough to read in one sitting: its caps count code lines, not the
   docstrings and comments that explain it.
@@ -29,7 +30,7 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "minipar"
 TEACHING = {"minipar.testing", "minipar.cli", "minipar.bench", "minipar.console",
-            "minipar.assignments", "minipar.doctor", "minipar.figures",
+            "minipar.assignments", "minipar.doctor", "minipar.figures", "minipar.plan",
             "minipar.__main__"}  # python -m minipar: the command
 ORDER = ("backend", "engine", "comm", "parallel", "teaching")
 MAY_IMPORT = {  # layer -> the layers its modules may import

@@ -1,0 +1,31 @@
+"""FLOPs per training iteration of a GPT, counted from its matrix multiplications (Narayanan et
+al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM",
+§5.1 and Appendix): B sequences of s tokens, l layers of width h, vocabulary V.
+
+    F = 96·B·s·l·h²·(1 + s/6h + V/16lh)    with full activation recomputation
+    F = 72·B·s·l·h²·(1 + s/6h + V/12lh)    without
+
+    flops_per_iteration(B=1536, s=2048, l=96, h=12288, V=51200, recompute=True)
+"""
+
+
+def layer_forward_flops(B, s, h):
+    """One transformer layer's forward matmuls, 2 FLOPs per multiply-add (Appendix): QKV
+    (6Bsh²), QKᵀ (2Bs²h), attention over V (2Bs²h), output projection (2Bsh²), MLP h -> 4h
+    -> h (16Bsh²): 24Bsh² + 4Bs²h."""
+    return 24 * B * s * h * h + 4 * B * s * s * h
+
+
+def flops_per_iteration(B, s, l, h, V, recompute=False):
+    """Model FLOPs of one iteration, an exact integer: the backward pass costs two forwards,
+    full recomputation one more forward of every layer (not of the logits, computed once);
+    the logit layer, B·s tokens x h x V, is 2BshV forward and 6BshV in all."""
+    passes = 4 if recompute else 3
+    return passes * l * layer_forward_flops(B, s, h) + 3 * 2 * B * s * h * V
+
+
+def training_seconds(tokens, params, gpus, flops_per_gpu, recompute=True):
+    """The paper's end-to-end estimate (§5.1): 8TP/(nX) seconds for T tokens, P parameters, n
+    GPUs at X FLOP/s each, the formula above with its small terms dropped (72 -> 6TP without
+    recomputation): GPT-3 175B on 300B tokens, 1024 GPUs at 140 TFLOP/s, 34 days."""
+    return (8 if recompute else 6) * tokens * params / (gpus * flops_per_gpu)
