@@ -111,17 +111,21 @@ def formulas(model, p):
     the buckets: ring all-reduce 2 (p-1)/p n s; top-k (p-1) k (s + 4); signs (p-1) (ceil(n/8) + 4);
     PowerSGD the all-reduce of (n + m) r per compressed matrix plus every other element."""
     s = 4  # float32
-    ring = lambda elements, size=s: 2 * (p - 1) * elements * size / p  # noqa: E731
+
+    def ring(elements, size=s):
+        return 2 * (p - 1) * elements * size / p
+
     sizes = [buf.size for buf in model.grad_buffers]
     n = sum(sizes)
     out = {"all-reduce": ring(n), "fp16": ring(n, 2), "bf16": ring(n, 2)}
     for r in (1, 2):
-        elements = 0
+        state, elements = PowerSGDState(None, r), 0
         for param in model.parameters():
-            rows = param.shape[0] if param.ndim else 1
+            rows = param.shape[0] if param.ndim else 1  # the hook's matrix: rows by the rest
             cols = param.size // rows
             rank = min(rows, cols, r)
-            compress, numel, compressed = should_compress(rows, cols, rank, 2)
+            compress, numel, compressed = should_compress(rows, cols, rank,
+                                                          state.min_compression_rate)
             elements += compressed if compress else numel
         out[f"PowerSGD r{r}"] = out[f"PowerSGD r{r}, no EF"] = ring(elements)
     topk = sum((p - 1) * TopKState(ratio=RATIO).k_for(size) * (s + 4) for size in sizes)
@@ -148,18 +152,19 @@ def part2_time(runs):
     say("\nPart 2: time per step on this machine (median, ms; 2 ranks share its cores, the "
         "slowest rank's step)",
         "  " + ", ".join(f"{name} {ms:.1f}" for name, ms in median.items()),
-        "  On a CPU the compressors' own work (argsort, packbits, the power iteration) costs "
-        "about what",
-        "  they save: the bytes are the point where the network, not the core, is the limit.")
+        "  On one machine the bytes are memory copies, cheap: the compressors' own work "
+        "(argsort, casts, the",
+        "  power iteration) eats what they save, or more. They pay where a network, not the "
+        "core, is the limit.")
     return median
 
 
 def part3_loss(runs, steps):
     say(f"\nPart 3: the tiny GPT trained {steps} steps with each hook (SGD lr {LR} momentum "
         f"{MOMENTUM}, {BATCH} samples per rank, the same batches)",
-        f"  {'step':>4s} " + " ".join(f"{short(name):>13s}" for name in runs))
-    for s in list(range(0, steps, max(1, steps // 8))) + [steps - 1]:
-        say(f"  {s:4d} " + " ".join(f"{run['loss'][s]:13.4f}" for run in runs.values()))
+        f"  {'step':>4s} " + " ".join(f"{short(name):>14s}" for name in runs))
+    for s in sorted({*range(0, steps, max(1, steps // 8)), steps - 1}):
+        say(f"  {s:4d} " + " ".join(f"{run['loss'][s]:14.4f}" for run in runs.values()))
     final = {name: float(np.mean(run["final"])) for name, run in runs.items()}
     plain = final["all-reduce"]
     say(f"  final loss ({EVAL_BATCHES * 2} held-out batches, the same for every run) and the "
