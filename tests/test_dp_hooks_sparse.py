@@ -7,7 +7,9 @@
 since each rank's sent c_r^t = g_r^t + e_r^(t-1) - e_r^t telescopes (error feedback). Also: each
 step equals a serial twin of the hook, the bytes each rank sends by the counters equal
 (p-1) k (8 + 4) (top-k, int32 indices) and (p-1) (ceil(n/8) + 4) (signs), and a rank with another
-k is the same ValueError on every rank, naming the settings. One launch per rank count."""
+k is the same CommError on every rank, naming the settings. Inside DDP (overlapped and not):
+every rank holds the same parameters after each step, and another ratio on one rank is refused
+by every rank's backward, the communicator left clean. One launch per test and rank count."""
 import math
 
 import numpy as np
@@ -16,28 +18,22 @@ import pytest
 from minipar.testing import run_on_ranks
 
 STEPS, SIZES = 6, (100, 13)  # two buckets: index 0 of 100 entries, index 1 of 13
+REFUSAL = "TopKState: the ranks disagree on ratio (rank 0: 0.1, rank 1: 0.2"  # and the others'
 
 
-class Bucket:
-    """A stand-in for DDP's GradBucket: this rank's flat gradient, its index, its communicator."""
+def assert_no_failures(body, nprocs):
+    """Run ``body`` on nprocs ranks, a hang ended by the watchdog in 10 s; no failures."""
+    failures = sum(run_on_ranks(body, nprocs, timeout=300, env={"MINIPAR_TIMEOUT": "10"}), [])
+    assert not failures, "\n".join(failures)
 
-    def __init__(self, buffer, index, comm):
-        self._buffer, self._index, self.comm = buffer, index, comm
 
-    def buffer(self):
-        return self._buffer
-
-    def index(self):
-        return self._index
-
-    def parameters(self):
-        return []
-
-    def gradients(self):
-        return [self._buffer]
-
-    def is_last(self):
-        return self._index == len(SIZES) - 1
+def refused(call, where):
+    """[] if ``call()`` raised the refusal of rank 1's other ratio, else what went wrong."""
+    try:
+        call()
+    except ValueError as error:  # CommError is one
+        return [] if REFUSAL in str(error) else [f"{where}: unclear refusal: {error}"]
+    return [f"{where}: another ratio on rank 1 was not refused"]
 
 
 def gradient(step, rank, index):
@@ -62,6 +58,7 @@ def twin_sign(p_r):
 
 def sparse_body():
     from minipar import comm
+    from minipar.parallel.data import GradBucket
     from minipar.parallel.data.hooks.sign import SignState, sign_hook
     from minipar.parallel.data.hooks.topk import TopKState, topk_hook
 
@@ -82,7 +79,7 @@ def sparse_body():
             for step in range(STEPS):
                 for i, n in enumerate(SIZES):
                     before = world.counters.snapshot()
-                    got = hook(state, Bucket(gradient(step, rank, i), i, world))
+                    got = hook(state, GradBucket(i, gradient(step, rank, i), [], world))
                     sent = world.counters.bytes_sent - before["bytes_sent"]
                     k = state.k_for(n) if hasattr(state, "k_for") else None
                     want = (p - 1) * (k * (8 + 4) if k else math.ceil(n / 8) + 4)
@@ -111,23 +108,16 @@ def sparse_body():
                     failures.append(f"{what}: bucket {i}: the identity is off by {gap:.3g}")
                 if not feedback and (state.error_dict or gap < 1e-3):
                     failures.append(f"{what}: bucket {i}: no feedback kept a residual")
-    # another k on one rank: the same ValueError on every rank, naming each rank's setting
-    try:
-        topk_hook(TopKState(ratio=0.2 if rank == 1 else 0.1), Bucket(gradient(0, rank, 0), 0,
-                                                                      world))
-        failures.append(f"rank {rank}: ranks with different k were not refused")
-    except ValueError as error:
-        if "TopKState" not in str(error) or "ratio (rank 0: 0.1, rank 1: 0.2" not in str(error):
-            failures.append(f"rank {rank}: unclear refusal: {error}")
-    return failures
+    # another k on one rank: the same CommError on every rank, naming each rank's setting
+    bucket = GradBucket(0, gradient(0, rank, 0), [], world)
+    return failures + refused(
+        lambda: topk_hook(TopKState(ratio=0.2 if rank == 1 else 0.1), bucket), f"rank {rank}")
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
 def test_topk_and_sign_feed_back_errors_exactly_and_send_the_formula_bytes(nprocs):
-    results = run_on_ranks(sparse_body, nprocs, timeout=300, env={"MINIPAR_TIMEOUT": "10"})
-    failures = sum(results, [])
-    assert not failures, "\n".join(failures)
+    assert_no_failures(sparse_body, nprocs)
 
 
 def test_the_states_refuse_bad_settings():
@@ -138,3 +128,60 @@ def test_the_states_refuse_bad_settings():
             TopKState(**bad)
     assert TopKState(ratio=0.01).k_for(100) == 1 and TopKState(ratio=0.01).k_for(50) == 1
     assert TopKState(ratio=0.29).k_for(100) == 29 and TopKState(k=7).k_for(5) == 5
+
+
+def ddp_body():
+    """DDP with each hook: the same parameters on every rank after every step; and a rank with
+    another ratio the same CommError on every rank (raised by backward), not a hang."""
+    import minipar
+    from minipar import comm, optim
+    from minipar.parallel.data import DistributedDataParallel, DistributedSampler
+    from minipar.parallel.data.hooks.sign import SignState, sign_hook
+    from minipar.parallel.data.hooks.topk import TopKState, topk_hook
+    from test_dp_helpers import GLOBAL_BATCH, STEPS, loss_of, make_data, make_model
+
+    world = comm.world()
+    rank, failures = world.rank, []
+    x, y = make_data("mlp", "float64")
+    batches = DistributedSampler(len(x), world.size, rank, seed=5).batches(GLOBAL_BATCH)
+    cases = {"topk ratio=0.05": (lambda: TopKState(ratio=0.05), topk_hook),
+             "topk k=2 without feedback": (lambda: TopKState(k=2, use_error_feedback=False),
+                                           topk_hook),
+             "sign": (lambda: SignState(), sign_hook)}
+    for name, (make, hook) in cases.items():
+        for overlap in (True, False):
+            what = f"rank {rank}: {name} overlap={overlap}"
+            model = make_model("mlp", "float64")
+            ddp = DistributedDataParallel(model, world, bucket_cap_mb=0.0005, overlap=overlap)
+            state = make()
+            ddp.register_comm_hook(state, hook)
+            optimizer = optim.SGD(model.parameters(), lr=0.1)
+            start = [minipar.to_numpy(q.data).copy() for q in model.parameters()]
+            for step, idx in enumerate(batches[:STEPS]):
+                optimizer.zero_grad()
+                loss_of("mlp", ddp, x[idx], y[idx]).backward()
+                optimizer.step()
+                mine = b"".join(minipar.to_numpy(q.data).tobytes() for q in model.parameters())
+                if len(set(world.all_gather_object(mine))) != 1:
+                    failures.append(f"{what}: parameters differ across ranks after step {step}")
+            moved = [np.abs(minipar.to_numpy(q.data) - s).max() for q, s in
+                     zip(model.parameters(), start)]
+            # with 2 entries a bucket and no feedback some tensors never move: the point of it
+            if (min if state.use_error_feedback else max)(moved) == 0:
+                failures.append(f"{what}: a parameter never moved")
+            kept = len(state.error_dict)
+            if kept != (len(ddp.buckets) if state.use_error_feedback else 0):
+                failures.append(f"{what}: {kept} residuals for {len(ddp.buckets)} buckets")
+    for overlap in (True, False):  # another ratio on rank 1: refused by every rank
+        model = make_model("mlp", "float64")
+        ddp = DistributedDataParallel(model, world, bucket_cap_mb=0.0005, overlap=overlap)
+        ddp.register_comm_hook(TopKState(ratio=0.2 if rank == 1 else 0.1), topk_hook)
+        failures += refused(lambda: loss_of("mlp", ddp, x[batches[0]], y[batches[0]]).backward(),
+                            f"rank {rank}: overlap={overlap}")
+    return failures
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
+def test_ddp_with_topk_or_sign_keeps_every_rank_identical(nprocs):
+    assert_no_failures(ddp_body, nprocs)

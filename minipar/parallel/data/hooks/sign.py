@@ -9,6 +9,7 @@ Bytes per rank per step (one ring all-gather): (p-1) (ceil(n/8) + 4) for a bucke
 entries, the 4 a float32 scale; plain all-reduce: 2 (p-1)/p n s, s the item size.
 """
 from .... import backend
+from .default import communicator
 
 
 class SignState:
@@ -23,7 +24,7 @@ class SignState:
 
 def sign_hook(state, bucket):
     """Average the bucket's gradient over the ranks from each rank's signs and scale."""
-    comm = state.process_group or bucket.comm
+    comm = communicator(state.process_group, bucket)
     g = bucket.buffer()
     xp = backend.get_array_module(g)
     n, index = g.size, bucket.index()

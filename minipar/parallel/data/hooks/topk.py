@@ -11,6 +11,8 @@ Bytes per rank per step (ring all-gather): (p-1) k (s + 4), s the gradient's ite
 """
 from .... import backend
 from ....comm.agreement import same_everywhere
+from ....comm.errors import CommError
+from .default import communicator
 
 
 class TopKState:
@@ -27,15 +29,21 @@ class TopKState:
         self.ratio, self.k = ratio, k
         self.use_error_feedback = use_error_feedback
         self.error_dict = {}
-        self.agreed = False
+        self.agreed, self.refusal = False, None
 
     def check_agreement(self, comm):
         """Ranks sending different k would gather arrays of different sizes (an error on some
         rank only, or a wait): at the first use, the same CommError on every rank, naming the
         settings, unless every rank has the same ratio and k (one all_gather_object)."""
+        if self.refusal:  # every rank refused: later buckets raise it again, sending nothing
+            raise CommError(self.refusal)
         if not self.agreed:
-            same_everywhere(comm, "TopKState", ratio=self.ratio if self.k is None else None,
-                            k=self.k)
+            try:
+                same_everywhere(comm, "TopKState", ratio=self.ratio if self.k is None else None,
+                                k=self.k)
+            except CommError as error:
+                self.refusal = str(error)
+                raise
             self.agreed = True
 
     def k_for(self, n):
@@ -46,7 +54,7 @@ class TopKState:
 
 def topk_hook(state, bucket):
     """Average the bucket's gradient over the ranks from each rank's k largest entries."""
-    comm = state.process_group or bucket.comm
+    comm = communicator(state.process_group, bucket)
     g = bucket.buffer()
     xp = backend.get_array_module(g)
     n, index = g.size, bucket.index()
