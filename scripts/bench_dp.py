@@ -1,13 +1,14 @@
 """Data-parallel throughput: minipar DDP, overlap on and off, against torch DDP (gloo), 1-2 ranks.
 
-    python scripts/bench_dp.py              (about 40 s: 64 and 256 samples per rank)
+    python scripts/bench_dp.py              (about 80 s: 64 and 256 samples per rank)
     python scripts/bench_dp.py --repeat 3   (three launches per rank count, medians)
     python scripts/bench_dp.py --quick      (a smoke run)
 
 Weak scaling (``--batches`` samples per rank a step): no comm, overlap on, overlap off and
-torch DDP take turns in one launch per rank count; the closing lines give the goals (2-rank /
-1-rank throughput, minipar / torch) and where the time goes. What each run is, the goals and
-the summary: docs/benchmarks.md.
+torch DDP take turns in one launch per rank count, with the compressing communication hooks
+on 2 ranks at the largest batch (bytes per step by the counters); the closing lines give the
+goals (2-rank / 1-rank throughput, minipar / torch) and where the time goes. What each run is,
+the goals and the summary: docs/benchmarks.md.
 """
 import argparse
 import contextlib
@@ -41,8 +42,22 @@ def timed(world, steps, rounds, runs):
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def minipar_runs(world, batch, algorithm):
-    """Step functions: no comm, overlap on, overlap off (three models, the same start)."""
+def hook_runs():
+    """The compressing hooks (docs/data_parallel.md), each a fresh (state, hook) by run name."""
+    from minipar.parallel.data.hooks import PowerSGDState, fp16_compress_hook, powerSGD_hook
+    from minipar.parallel.data.hooks.sign import SignState, sign_hook
+    from minipar.parallel.data.hooks.topk import TopKState, topk_hook
+
+    return {"fp16 hook": lambda: (None, fp16_compress_hook),
+            "PowerSGD r1": lambda: (PowerSGDState(None, 1, start_powerSGD_iter=0),
+                                    powerSGD_hook),
+            "top-k 1%": lambda: (TopKState(ratio=0.01), topk_hook),
+            "signs": lambda: (SignState(), sign_hook)}
+
+
+def minipar_runs(world, batch, algorithm, hooks=False):
+    """Step functions: no comm, overlap on, overlap off (three models, the same start), then
+    with ``hooks`` (and more than one rank) overlap on with each compressing hook."""
     import numpy as np
 
     import minipar
@@ -55,7 +70,10 @@ def minipar_runs(world, batch, algorithm):
     x = minipar.tensor(rng.standard_normal((batch, SIZES[0])).astype("float32"))
     y = rng.integers(0, SIZES[-1], batch)
     runs = {}
-    for name, overlap in (("no comm", True), ("overlap on", True), ("overlap off", False)):
+    configs = [("no comm", True, None), ("overlap on", True, None), ("overlap off", False, None)]
+    if hooks and world.size > 1:  # one rank has nothing to send: no rows to compare
+        configs += [(name, True, make) for name, make in hook_runs().items()]
+    for name, overlap, make in configs:
         minipar.manual_seed(0)
         layers = []
         for i in range(len(SIZES) - 1):
@@ -63,6 +81,8 @@ def minipar_runs(world, batch, algorithm):
         model = nn.Sequential(*layers[:-1])
         ddp = DistributedDataParallel(model, world, bucket_cap_mb=BUCKET_MB, overlap=overlap,
                                       algorithm=algorithm)
+        if make is not None:
+            ddp.register_comm_hook(*make())
         opt = optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
 
         def step(ddp=ddp, opt=opt, sync=name != "no comm"):
@@ -103,7 +123,20 @@ def torch_runs(world, batch):
     return {"torch DDP": step}
 
 
-def worker(steps, rounds, batches, with_torch, algorithm):
+def bytes_sent(world, runs):
+    """Bytes rank 0 sends in the second step of each run (the counters; the first also carries
+    a hook's agreement check)."""
+    sent = {}
+    for name, step in runs.items():
+        step()
+        world.barrier()
+        world.counters.reset()
+        step()
+        sent[name] = world.counters.bytes_sent
+    return sent
+
+
+def worker(steps, rounds, batches, with_torch, algorithm, hooks):
     from minipar import comm
     from minipar.comm.node import overlap_default
 
@@ -111,12 +144,18 @@ def worker(steps, rounds, batches, with_torch, algorithm):
     default = overlap_default(world)  # what DDP(overlap="auto") chooses in this configuration
     results = {}
     for batch in batches:
-        runs = minipar_runs(world, batch, algorithm)
+        # the hooks at the largest batch only: their bytes and their own work do not depend on
+        # the batch, and each costs as much as a run (top-k's argsort of 2.6 M entries)
+        runs = minipar_runs(world, batch, algorithm, hooks and batch == max(batches))
         if with_torch:
             runs.update(torch_runs(world, batch))
         results[batch] = timed(world, steps, rounds, runs)
+    # counted over the ring all-reduce: "auto" on one node takes shared memory, whose copies
+    # the counters do not see (docs/comm.md); a network would carry the ring's bytes
+    sent = bytes_sent(world, minipar_runs(world, max(batches), "ring", hooks))
     if world.rank == 0:
         print("DEFAULT " + json.dumps(default), flush=True)
+        print("SENT " + json.dumps(sent), flush=True)
         print("RESULT " + json.dumps(results), flush=True)
 
 
@@ -130,9 +169,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(nprocs, args, defaults=None):
+def launch(nprocs, args, defaults=None, sent=None):
     """{batch: {run: seconds}} of one ``mpiexec -n nprocs`` launch; ``defaults``, a dict, gets
-    {nprocs: (overlap, why)}: DDP's overlap default in that configuration."""
+    {nprocs: (overlap, why)}: DDP's overlap default in that configuration; ``sent``, a dict,
+    gets {nprocs: {run: bytes rank 0 sends in one step over the ring}} (minipar's runs)."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from minipar.testing import RANK_ENV, mpiexec
 
@@ -141,7 +181,8 @@ def launch(nprocs, args, defaults=None):
     command = [mpiexec(), "-n", str(nprocs), sys.executable, os.path.abspath(__file__),
                "--worker", "--steps", str(args.steps), "--rounds", str(args.rounds),
                "--batches", args.batches, "--algorithm", args.algorithm] + (
-                   ["--no-torch"] if args.no_torch else [])
+                   ["--no-torch"] if args.no_torch else []) + (
+                   ["--no-hooks"] if getattr(args, "no_hooks", False) else [])
     out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     line = [s for s in out.stdout.splitlines() if s.startswith("RESULT ")]
     if out.returncode or not line:
@@ -149,6 +190,9 @@ def launch(nprocs, args, defaults=None):
     if defaults is not None:
         default = [s for s in out.stdout.splitlines() if s.startswith("DEFAULT ")]
         defaults[nprocs] = tuple(json.loads(default[0][len("DEFAULT "):]))
+    if sent is not None:
+        counted = [s for s in out.stdout.splitlines() if s.startswith("SENT ")]
+        sent[nprocs] = json.loads(counted[0][len("SENT "):])
     return {int(b): run for b, run in json.loads(line[0][len("RESULT "):]).items()}
 
 
@@ -156,6 +200,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 round of 3 steps")
     parser.add_argument("--no-torch", action="store_true", help="skip torch DDP")
+    parser.add_argument("--no-hooks", action="store_true",
+                        help="skip the compressing communication hooks' runs")
     parser.add_argument("--algorithm", default="auto",
                         help="minipar's all-reduce (default auto, DDP's default)")
     parser.add_argument("--batches", default="64,256", help="samples per rank (default 64,256)")
@@ -170,20 +216,20 @@ def main():
         args.steps, args.rounds, args.repeat = 3, 1, 1
     if args.worker:
         return worker(args.steps, args.rounds, [int(b) for b in args.batches.split(",")],
-                      not args.no_torch, args.algorithm)
+                      not args.no_torch, args.algorithm, not args.no_hooks)
     from minipar.console import note_load, progress
 
     note_load()
     load = [os.getloadavg()[0]]
     launches = [(i, n) for i in range(args.repeat) for n in (1, 2)]
-    repeats, defaults = [{} for _ in range(args.repeat)], {}
+    repeats, defaults, sent = [{} for _ in range(args.repeat)], {}, {}
     for i, n in progress(launches, "mpiexec launches"):
-        repeats[i][n] = launch(n, args, defaults)
+        repeats[i][n] = launch(n, args, defaults, sent)
         if n == 2:
             load.append(os.getloadavg()[0])
     per_batch = {batch: [{n: r[n][batch] for n in r} for r in repeats] for batch in repeats[0][1]}
     for batch, runs in per_batch.items():
-        report(batch, runs, args, load)
+        report(batch, runs, args, load, sent[2])
     summary(per_batch, defaults)
     if args.plot:
         draw(args.plot, per_batch)
@@ -206,22 +252,39 @@ def ratios(ms):
     return out
 
 
-def report(batch, repeats, args, load):
+def run_names(ms):
+    """The table's rows: every run on 1 rank, then those on 2 ranks only (the hooks)."""
+    return list(dict.fromkeys([*ms[1], *ms[2]]))
+
+
+def report(batch, repeats, args, load, sent=None):
+    """The table (``sent``: {run: bytes} of one 2-rank step over the ring, a last column), its
+    goals' lines, and with ``sent`` a line of each hook's bytes and samples/s against overlap
+    on's all-reduce."""
     ms = median_table(repeats)
     params = sum(a * b + b for a, b in zip(SIZES, SIZES[1:]))
     print(f"\nMLP {'-'.join(map(str, SIZES))}: {params / 1e6:.2f} M parameters, {batch} "
           f"samples per rank per step; median of {len(repeats)} launch(es) x {args.rounds} "
           f"rounds x {args.steps} steps; {os.cpu_count()} cores, load average "
           f"{' -> '.join(f'{x:.1f}' for x in load)}")
-    print(f"{'':14s}" + "".join(f"{f'{n} rank(s): ms/step  samples/s':>32s}" for n in ms))
-    for name in ms[1]:
-        cells = [f"{ms[n][name]:20.1f} {batch * n * 1e3 / ms[n][name]:11.0f}" for n in ms]
+    print(f"{'':14s}" + "".join(f"{f'{n} rank(s): ms/step  samples/s':>32s}" for n in ms)
+          + (f"{'2 ranks: bytes/step, ring':>28s}" if sent else ""))
+    for name in run_names(ms):
+        cells = [f"{ms[n][name]:20.1f} {batch * n * 1e3 / ms[n][name]:11.0f}" if name in ms[n]
+                 else f"{'-':>20s} {'-':>11s}" for n in ms]
+        if sent:
+            cells.append(f"{sent[name]:28d}" if name in sent else f"{'-':>28s}")
         print(f"{name:14s}" + "".join(cells))
     per_launch = [ratios(median_table([r])) for r in repeats]
     spread = {k: f" (launches: {min(r[k] for r in per_launch):.2f}-"
                  f"{max(r[k] for r in per_launch):.2f})" if len(repeats) > 1 else ""
               for k in per_launch[0]}
     got, one, two = ratios(ms), ms[1], ms[2]
+    hooks = [name for name in two if name not in one]
+    if sent and hooks:
+        print("hooks on 2 ranks against overlap on's all-reduce, bytes/step and samples/s: "
+              + ", ".join(f"{name} {sent[name] / sent['overlap on']:.3f} and "
+                          f"{two['overlap on'] / two[name]:.2f}" for name in hooks))
     print(f"2-rank / 1-rank throughput, overlap on: {got['scaling']:.2f}{spread['scaling']} "
           f"(goal >= 1.8; with free communication {got['scaling, free comm']:.2f})")
     if "minipar / torch" in got:
@@ -238,10 +301,10 @@ def report(batch, repeats, args, load):
     if len(repeats) > 1:
         from minipar.console import spread
         print(f"ms/step over the {len(repeats)} launches, median [min-max]:")
-        for name in ms[1]:
+        for name in run_names(ms):
             print(f"  {name:14s}" + "".join(
                 f"  {n} rank(s) {spread((1e3 * r[n][name] for r in repeats), '{:.1f}')}"
-                for n in ms))
+                for n in ms if name in ms[n]))
 
 
 def summary(per_batch, defaults):

@@ -148,15 +148,23 @@ def test_pipeline_figures_of_a_measured_run():
 @pytest.mark.mpi
 def test_dp_throughput_bars_and_spread_lines(tmp_path, capsys):
     """bench_dp.py on 1 and 2 ranks at a tiny size: a bar per run and rank count, each the
-    throughput in the report's table; with two launches the spread lines come after the
-    report's existing lines; --plot's path printed last."""
+    throughput in the report's table; the hooks' rows on 2 ranks with the bytes each sends;
+    with two launches the spread lines come after the report's existing lines; --plot's path
+    printed last."""
     pytest.importorskip("matplotlib")
     import argparse
     dp = script("bench_dp")
     args = argparse.Namespace(steps=1, rounds=1, batches="16", algorithm="ring", no_torch=True,
                               plot=str(tmp_path))
-    defaults = {}
-    launches = {n: dp.launch(n, args, defaults)[16] for n in (1, 2)}
+    defaults, sent = {}, {}
+    launches = {n: dp.launch(n, args, defaults, sent)[16] for n in (1, 2)}
+    hooks = ["fp16 hook", "PowerSGD r1", "top-k 1%", "signs"]
+    assert list(launches[2]) == ["no comm", "overlap on", "overlap off", *hooks]
+    assert set(sent[1].values()) == {0} and sent[2]["no comm"] == 0  # nothing to send
+    params = sum(a * b + b for a, b in zip(dp.SIZES, dp.SIZES[1:]))
+    assert sent[2]["overlap on"] == sent[2]["overlap off"] == 4 * params  # ring, 2 ranks: n s
+    assert 2 * sent[2]["fp16 hook"] == sent[2]["overlap on"]
+    assert all(sent[2][h] < 0.05 * sent[2]["overlap on"] for h in hooks[1:])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     assert [defaults[n][0] for n in (1, 2)] == [cores > 1, cores > 2]  # DDP's overlap="auto"
     repeats = [launches, launches]
@@ -169,12 +177,17 @@ def test_dp_throughput_bars_and_spread_lines(tmp_path, capsys):
                        for n in (1, 2) for name in ("no comm", "overlap on", "overlap off")]
 
     capsys.readouterr()
-    dp.report(16, repeats, args, [0.0, 0.0])
+    dp.report(16, repeats, args, [0.0, 0.0], sent[2])
     dp.draw(str(tmp_path), {16: repeats})
     lines = capsys.readouterr().out.splitlines()
-    assert lines[3].startswith("no comm") and lines[6].startswith("2-rank / 1-rank throughput")
-    assert lines[-5] == "ms/step over the 2 launches, median [min-max]:"
-    assert lines[-4].split()[:4] == ["no", "comm", "1", "rank(s)"]
+    assert lines[3].startswith("no comm") and lines[10].startswith("hooks on 2 ranks")
+    assert [line.split()[-1] for line in lines[3:10]] == [str(sent[2][name]) for name in
+                                                          launches[2]]
+    assert lines[6].split()[2:4] == ["-", "-"]  # a hook on 1 rank: nothing to compress
+    assert lines[11].startswith("2-rank / 1-rank throughput")
+    assert lines[-9] == "ms/step over the 2 launches, median [min-max]:"
+    assert lines[-8].split()[:4] == ["no", "comm", "1", "rank(s)"]
+    assert lines[-2].split()[:3] == ["signs", "2", "rank(s)"]  # a hook: 2 ranks only
     assert lines[-1] == f"figure: {tmp_path / 'dp_throughput_b16.png'}"
     assert (tmp_path / "dp_throughput_b16.png").exists()
 

@@ -21,7 +21,8 @@ SMALL = {"01_autograd.py": 1, "02_checkpointing.py": 1, "03_send_recv.py": 2,
          "07_model_parallel.py": 2, "08_gpipe.py": 4, "09_1f1b_interleaved.py": 4,
          "10_tensor_parallel.py": 2, "11_3d_parallel.py": 8, "12_expert_parallel.py": 2,
          "13_mixed_precision.py": 2,
-         "14_long_context.py": 4}
+         "14_long_context.py": 4,
+         "15_compressed_communication.py": 2}
 
 
 def has_lesson_command():
