@@ -27,11 +27,10 @@ import minipar.nn as nn
 from minipar import backend, optim
 from minipar.data import CharTokenizer, load_text
 from minipar.parallel.data import DistributedDataParallel
-from minipar.parallel.data.hooks import (PowerSGDState, bf16_compress_hook, fp16_compress_hook,
-                                         powerSGD_hook)
+from minipar.parallel.data.hooks import (PowerSGDState, SignState, TopKState,
+                                         bf16_compress_hook, fp16_compress_hook, powerSGD_hook,
+                                         sign_hook, topk_hook)
 from minipar.parallel.data.hooks.powersgd import should_compress
-from minipar.parallel.data.hooks.sign import SignState, sign_hook
-from minipar.parallel.data.hooks.topk import TopKState, topk_hook
 
 from _kit import arguments, check, figure, finish, mpi_world, note_load, progress, say
 

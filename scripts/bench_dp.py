@@ -44,9 +44,9 @@ def timed(world, steps, rounds, runs):
 
 def hook_runs():
     """The compressing hooks (docs/data_parallel.md), each a fresh (state, hook) by run name."""
-    from minipar.parallel.data.hooks import PowerSGDState, fp16_compress_hook, powerSGD_hook
-    from minipar.parallel.data.hooks.sign import SignState, sign_hook
-    from minipar.parallel.data.hooks.topk import TopKState, topk_hook
+    from minipar.parallel.data.hooks import (PowerSGDState, SignState, TopKState,
+                                             fp16_compress_hook, powerSGD_hook, sign_hook,
+                                             topk_hook)
 
     return {"fp16 hook": lambda: (None, fp16_compress_hook),
             "PowerSGD r1": lambda: (PowerSGDState(None, 1, start_powerSGD_iter=0),
