@@ -205,12 +205,15 @@ def part3_traffic(world, sent, parameters, held):
 
 def draw_figures(directory, held, curves, N):
     psi = held["float32", N, "DP"]["padded"]
-    bars = [(f"{kind} N={k}", total(held["mixed", k, kind]) / psi, paper("mixed", kind, k))
-            for k in range(1, N + 1) for kind in KINDS]
-    figure(directory, "06_memory", lambda figures: figures.memory_chart(
-        bars, title="ZeRO in mixed precision: bytes per parameter one rank holds after "
-                    "backward, beside the paper's (2+2+12, ...)", unit="B",
-        xlabel="layout on N ranks"))
+    labels = [f"{kind} N={k}" for k in range(1, N + 1) for kind in KINDS]
+    # the table's unit, bytes per parameter: measured beside the paper's formula
+    series = {"measured": [total(held["mixed", k, kind]) / psi for k in range(1, N + 1)
+                           for kind in KINDS],
+              "paper": [paper("mixed", kind, k) for k in range(1, N + 1) for kind in KINDS]}
+    figure(directory, "06_memory", lambda figures: figures.bar_chart(
+        labels, series, title="ZeRO in mixed precision: bytes per parameter one rank holds "
+                              "after backward, beside the paper's (2+2+12, ...)",
+        ylabel="bytes per parameter, one rank", xlabel="layout on N ranks"))
     gap = largest_gap(curves)
     figure(directory, "06_loss", lambda figures: figures.loss_chart(
         {"plain DP" if k == "DP" else k: curves[k] for k in KINDS},

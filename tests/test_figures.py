@@ -306,8 +306,8 @@ def figures_script():
 
 @needs_matplotlib
 def test_lesson06_figures_say_kb_as_its_table_does_and_mark_coinciding_curves(monkeypatch):
-    """Lesson 06's table prints kB (1000 bytes): its memory figure uses the same unit, and its
-    loss figure says that the four curves lie on one another."""
+    """Lesson 06's table prints bytes per parameter: its memory figure uses the same unit, and
+    its loss figure says that the four curves lie on one another."""
     import importlib.util
     import pathlib
     lessons = pathlib.Path(__file__).resolve().parent.parent / "lessons"
@@ -317,8 +317,10 @@ def test_lesson06_figures_say_kb_as_its_table_does_and_mark_coinciding_curves(mo
     spec.loader.exec_module(lesson)
     drawn = {}
     monkeypatch.setattr(lesson, "figure", lambda d, name, draw: drawn.update({name: draw(figures)}))
-    held = {(k, kind): dict.fromkeys(lesson.PARTS, 1000 * k) for k in (1, 2) for kind in lesson.KINDS}
+    held = {(precision, k, kind): dict(dict.fromkeys(lesson.PARTS, 1000 * k), padded=500)
+            for precision in lesson.PRECISIONS for k in (1, 2) for kind in lesson.KINDS}
     curves = {kind: [3.0, 2.5, 2.0] for kind in lesson.KINDS}
     lesson.draw_figures("figs", held, curves, 2)
-    assert drawn["06_memory"].axes[0].get_ylabel() == "memory per rank (kB)"
+    assert drawn["06_memory"].axes[0].get_ylabel() == "bytes per parameter, one rank"
+    assert "Part 1: bytes per parameter" in pathlib.Path(spec.origin).read_text()
     assert "lie on one another" in drawn["06_loss"].axes[0].get_title()
