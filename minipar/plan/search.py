@@ -37,13 +37,13 @@ def check(shape, layout, cluster, global_batch):
                          f"models {RECOMPUTE} and {SCHEDULES}")
     if shape.experts or L.ep > 1:
         raise ValueError("--experts/--ep: the planner does not model expert layers yet")
+    try:  # the rank grid's own rules: the GPUs tile into tp x cp x dp x pp, ep divides dp·cp
+        RankGrid(cluster.gpus, tp=L.tp, pp=L.pp, cp=L.cp, ep=L.ep)
+    except ValueError as err:
+        raise LayoutError("divisibility", str(err)) from None
     if L.gpus != cluster.gpus:
         raise LayoutError("divisibility", f"tp·cp·dp·pp = {L.tp}·{L.cp}·{L.dp}·{L.pp} = "
                                           f"{L.gpus} is not the {cluster.gpus} GPUs")
-    try:
-        RankGrid(L.gpus, tp=L.tp, pp=L.pp, cp=L.cp, ep=L.ep)
-    except ValueError as err:
-        raise LayoutError("divisibility", str(err)) from None
     if cluster.gpus_per_node % L.tp:
         raise LayoutError("tp beyond a node", f"tp={L.tp} does not fit in (divide) a node of "
                                               f"{cluster.gpus_per_node} GPUs")
