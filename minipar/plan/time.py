@@ -18,7 +18,7 @@ from minipar.parallel.pipeline import build, makespan, peak_inflight, simulate, 
 from minipar.parallel.pipeline.schedules import CHUNKED, chunks_of
 
 from .flops import flops_per_iteration
-from .memory import PRECISIONS, RECOMPUTE, megatron_activation_bytes, model_state_bytes
+from .memory import bytes_per_parameter, megatron_activation_bytes, model_state_bytes
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
 
@@ -44,10 +44,6 @@ class Layout:
     @property
     def v(self):
         return chunks_of(self.schedule, self.chunks)
-
-    def short(self):
-        """``tp8 pp8 dp16 cp1 z1``: the layout's sizes in one word each."""
-        return f"tp{self.tp} pp{self.pp} dp{self.dp} cp{self.cp} z{self.zero}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +88,7 @@ def predict(shape, layout, cluster, global_batch):
     --json``). The layout must be valid (search.check)."""
     L, hw = layout, cluster.profile
     s, b, h, layers = shape.seq, L.micro_batch, shape.hidden, shape.layers
-    width = {"fp32": 4, "bf16": 2, "fp16": 2}[L.precision]
+    width = bytes_per_parameter(L.precision)["params"]  # activations and gradients alike
     m = global_batch // (L.dp * b)  # micro-batches per step
     grid = RankGrid(L.gpus, tp=L.tp, pp=L.pp, cp=L.cp, ep=L.ep)
     link = {kind: hw.link(not spans_nodes(grid, kind, cluster.gpus_per_node))
@@ -150,7 +146,7 @@ def predict(shape, layout, cluster, global_batch):
     comm = m * (tp_per_mb + cp_time) + pp_time + dp_exposed
     total = compute + comm + bubble
 
-    memory = memory_bytes(shape, L, width, inflight, m)
+    memory = memory_bytes(shape, L, width, inflight)
     return {"layout": dataclasses.asdict(L) | {"v": L.v, "m": m},
             "memory_bytes": memory,
             "time_s": {"compute": compute, "tp": m * tp_per_mb, "cp": m * cp_time, "pp": pp_time,
@@ -162,7 +158,7 @@ def predict(shape, layout, cluster, global_batch):
             "fits": memory["total"] <= cluster.memory}
 
 
-def memory_bytes(shape, L, width, inflight, m):
+def memory_bytes(shape, L, width, inflight):
     """Per GPU by kind: model states (params, grads, optimizer = master + moments) sharded over
     dp x cp by ZeRO; activations of the micro-batch chunks in flight at the peak; buffers."""
     states = model_state_bytes(shape.parameters(), L.precision, L.zero, L.dp * L.cp, L.tp, L.pp)
