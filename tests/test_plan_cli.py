@@ -133,3 +133,12 @@ def test_the_profiles_and_here():
     assert gemm_rate(n=64, repeats=2) > 0
     mine = here()
     assert mine.link(True) is mine.link(False)  # one machine: the one fitted model
+
+
+def test_plot_draws_the_layouts_shown(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "plan.png"
+    code, out, _ = run(["plan", "--model", "gpt3-175b", "--gpus", "1024", "--top", "3",
+                        "--plot", str(path)], capsys)
+    assert code == 0 and f"wrote {path}" in out
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,7 +1,7 @@
 """``minipar plan``: predict the memory and step time of a layout, or rank every layout.
 
     minipar plan --model gpt3-175b --gpus 1024 --tp 8 --pp 8 --zero 1     one layout, by kind
-    minipar plan --model gpt3-175b --gpus 1024                            every layout, ranked
+    minipar plan --model gpt3-175b --gpus 1024 --plot plan.png            every layout, ranked
     minipar plan --layers 24 --hidden 1024 --heads 16 --seq 1024 --vocab 50257 \\
         --global-batch 512 --gpus 64 --profile a100 --json
 
@@ -48,6 +48,8 @@ def add_arguments(parser):
     layout.add_argument("--precision", default="bf16", help="fp32, bf16, fp16")
     parser.add_argument("--top", type=positive_int, default=10, help="layouts shown (ranking)")
     parser.add_argument("--json", action="store_true", help="print JSON only (docs/plan.md)")
+    parser.add_argument("--plot", metavar="FILE", help="memory and step time by kind as stacked "
+                        "bars, one per layout shown (needs minipar[plot])")
 
 
 def model_of(args):
@@ -104,7 +106,56 @@ def run(args):
         print(f"minipar plan: error: {message}", file=sys.stderr)
         return 2
     print(json.dumps(result) if args.json else describe(result))
+    if args.plot:
+        from minipar.figures import FiguresUnavailable, save
+        try:
+            save(stacked_bars(result), args.plot)
+        except FiguresUnavailable as err:  # everything else is out: say what is missing
+            print(f"minipar plan: --plot {args.plot} not written: {err}", file=sys.stderr)
+            return 1
+        except OSError as err:
+            print(f"minipar plan: error: --plot: cannot write {args.plot}: {err.strerror}",
+                  file=sys.stderr)
+            return 2
+        if not args.json:
+            print(f"wrote {args.plot}")
     return 0
+
+
+def stacked_bars(result):
+    """Two panels of stacked bars, a bar per layout (the ranking's, or the one): memory per GPU
+    by kind (GB), step time by kind (s), the kinds the table prints."""
+    from minipar.figures.style import colour, drawing, new_figure
+
+    @drawing
+    def draw():
+        shown = result.get("ranked") or [result]
+        names = [short(p["layout"]) for p in shown]
+        fig, _ = new_figure()
+        fig.clear()
+        for ax, key, kinds, unit in zip(
+                fig.subplots(1, 2), ("memory_bytes", "time_s"),
+                (("params", "grads", "optimizer", "activations", "buffers"),
+                 ("compute", "tp", "cp", "pp", "dp", "bubble")), (1e9, 1)):
+            bottom = [0.0] * len(shown)
+            for i, kind in enumerate(kinds):
+                values = [p[key][kind] / unit for p in shown]
+                ax.bar(names, values, bottom=bottom, color=colour(i), label=kind)
+                bottom = [b + v for b, v in zip(bottom, values)]
+            ax.set_ylabel("GB per GPU" if key == "memory_bytes" else "seconds per step")
+            ax.tick_params(axis="x", labelrotation=30)
+            for text in ax.get_xticklabels():
+                text.set_horizontalalignment("right")
+            ax.legend(fontsize=9)
+        fig.suptitle(f"{result['model']} on {result['gpus']} x {result['profile']}")
+        return fig
+    return draw()
+
+
+def short(layout):
+    """``tp8 pp8 dp16 cp1 zero1``."""
+    L = layout
+    return f"tp{L['tp']} pp{L['pp']} dp{L['dp']} cp{L['cp']} zero{L['zero']}"
 
 
 def gb(x):
@@ -123,13 +174,12 @@ def describe(r):
                      f"{'comm':>7} {'tokens/s':>10} {'MFU':>6}")
         for i, p in enumerate(r["ranked"], 1):
             L, t = p["layout"], p["time_s"]
-            short = f"tp{L['tp']} pp{L['pp']} dp{L['dp']} cp{L['cp']} zero{L['zero']}"
-            lines.append(f"{i:>4} {short:<24} {gb(p['memory_bytes']['total']):>7} "
+            lines.append(f"{i:>4} {short(L):<24} {gb(p['memory_bytes']['total']):>7} "
                          f"{t['total']:>8.3f} {t['bubble']:>7.3f} {t['comm']:>7.3f} "
                          f"{p['tokens_per_s']:>10,.0f} {p['mfu']:>6.1%}")
         return "\n".join(lines)
     L, mem, t = r["layout"], r["memory_bytes"], r["time_s"]
-    lines.append(f"layout tp{L['tp']} pp{L['pp']} dp{L['dp']} cp{L['cp']} zero{L['zero']}, "
+    lines.append(f"layout {short(L)}, "
                  f"{L['schedule']} (v={L['v']}, m={L['m']} micro-batches of {L['micro_batch']}), "
                  f"{L['recompute']} recompute, {L['precision']}")
     lines.append(f"{'memory per GPU':<16}{'GB':>8}    {'step time':<16}{'s':>9}")
