@@ -7,10 +7,10 @@ import pytest
 
 from minipar.cli import main
 from minipar.parallel.pipeline import build, makespan, peak_inflight, simulate, unit_cost
-from minipar.plan import PRESETS, model_state_bytes
+from minipar.plan import PRESETS, GPTShape, model_state_bytes
 from minipar.plan.hardware import PROFILES, gemm_rate, here
 from minipar.plan.search import LayoutError, check, reasons, search
-from minipar.plan.time import Cluster, Layout, pipeline_shape, predict
+from minipar.plan.time import Cluster, Layout, expert_parameters, pipeline_shape, predict
 
 GPT3 = PRESETS["gpt3-175b"].shape
 H100 = Cluster(1024, 8, PROFILES["h100"])
@@ -69,13 +69,34 @@ def test_an_impossible_request_is_one_line_and_exit_2(extra, says, capsys):
     assert err.count("\n") == 1 and err.startswith("minipar plan: error: ") and says in err
 
 
-def test_tp_not_dividing_heads_and_experts_are_refused(capsys):
-    shape = ["plan", "--layers", "4", "--hidden", "96", "--heads", "6", "--seq", "64",
-             "--vocab", "100", "--global-batch", "8", "--gpus", "8"]
-    code, _, err = run(shape + ["--tp", "4", "--pp", "1", "--zero", "0"], capsys)
-    assert code == 2 and "tp=4 does not divide heads=6" in err
-    code, _, err = run(shape + ["--experts", "4"], capsys)
-    assert code == 2 and "does not model expert layers" in err
+SMALL = ["plan", "--layers", "4", "--hidden", "96", "--heads", "6", "--seq", "64", "--vocab",
+         "100", "--global-batch", "8", "--gpus", "8"]
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--tp", "4", "--pp", "1", "--zero", "0"], "tp=4 does not divide heads=6"),
+    (["--ep", "2"], "--ep 2: expert parallelism needs --experts"),
+    (["--experts", "3", "--ep", "2", "--tp", "1", "--pp", "1", "--zero", "0"],
+     "ep=2 does not divide experts=3"),
+    (["--tp", "1", "--pp", "2", "--zero", "0", "--schedule", "interleaved", "--global-batch",
+      "12"], "m=3 must be a multiple of p=2"),
+])
+def test_a_small_model_is_refused_by_the_rule_it_breaks(extra, says, capsys):
+    code, _, err = run(SMALL + extra, capsys)
+    assert code == 2 and err.count("\n") == 1 and says in err
+
+
+def test_experts_are_split_over_ep_and_exchanged_all_to_all():
+    shape = GPTShape(8, 1024, 16, 1024, 32000, experts=8, top_k=2)
+    cluster = Cluster(32, 8, PROFILES["h100"])
+    p = predict(shape, Layout(tp=2, pp=2, dp=8, ep=4, zero=1), cluster, 256)
+    experts = expert_parameters(shape)
+    dense = model_state_bytes(shape.parameters() - experts, "bf16", 1, 8, 2, 2)
+    routed = model_state_bytes(experts / 4, "bf16", 1, 2, 2, 2)
+    assert p["memory_bytes"]["params"] == dense["params"] + routed["params"]
+    assert p["time_s"]["ep"] > 0
+    # the experts are the MLPs: 8 layers x 8 experts x (h·4h + 4h + 4h·h + h)
+    assert experts == 8 * 8 * (8 * 1024 * 1024 + 5 * 1024)
 
 
 def test_the_kinds_add_up():

@@ -153,9 +153,10 @@ def stacked_bars(result):
 
 
 def short(layout):
-    """``tp8 pp8 dp16 cp1 zero1``."""
+    """``tp8 pp8 dp16 cp1 zero1`` (and ``ep4`` before zero when experts are split)."""
     L = layout
-    return f"tp{L['tp']} pp{L['pp']} dp{L['dp']} cp{L['cp']} zero{L['zero']}"
+    ep = f" ep{L['ep']}" if L["ep"] > 1 else ""
+    return f"tp{L['tp']} pp{L['pp']} dp{L['dp']} cp{L['cp']}{ep} zero{L['zero']}"
 
 
 def gb(x):

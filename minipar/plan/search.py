@@ -1,4 +1,4 @@
-"""The layout search: every valid tp x pp x dp x cp x ZeRO layout of a cluster, predicted and
+"""The layout search: every valid tp x pp x dp x cp x ep x ZeRO layout of a cluster, predicted and
 ranked by step time among those that fit, each rejected one with its reason.
 
     ranked, rejected = search(PRESETS["gpt3-175b"].shape, cluster, global_batch=1536)
@@ -35,8 +35,8 @@ def check(shape, layout, cluster, global_batch):
     if L.recompute not in RECOMPUTE or L.schedule not in SCHEDULES:
         raise ValueError(f"--recompute {L.recompute} --schedule {L.schedule}: the planner "
                          f"models {RECOMPUTE} and {SCHEDULES}")
-    if shape.experts or L.ep > 1:
-        raise ValueError("--experts/--ep: the planner does not model expert layers yet")
+    if L.ep > 1 and not shape.experts:
+        raise ValueError(f"--ep {L.ep}: expert parallelism needs --experts")
     try:  # the rank grid's own rules: the GPUs tile into tp x cp x dp x pp, ep divides dp·cp
         RankGrid(cluster.gpus, tp=L.tp, pp=L.pp, cp=L.cp, ep=L.ep)
     except ValueError as err:
@@ -55,7 +55,8 @@ def check(shape, layout, cluster, global_batch):
               f"dp·micro-batch = {L.dp}·{L.micro_batch} does not divide the global batch "
               f"{global_batch}"),
              (L.cp > 1 and shape.seq % (2 * L.cp),
-              f"2·cp = {2 * L.cp} does not divide seq={shape.seq} (ring attention's halves)")]
+              f"2·cp = {2 * L.cp} does not divide seq={shape.seq} (ring attention's halves)"),
+             (shape.experts % L.ep, f"ep={L.ep} does not divide experts={shape.experts}")]
     for broken, why in rules:
         if broken:
             raise LayoutError("divisibility", why)
@@ -69,30 +70,34 @@ def divisors(n):
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def layouts(cluster, fixed):
-    """Every Layout whose tp, pp, cp, dp, zero are ``fixed``'s where given (not None), the others
-    each value that divides the GPUs (zero 0-3); dp is what the GPUs leave."""
+def layouts(cluster, fixed, experts=0):
+    """Every Layout whose tp, pp, cp, dp, ep, zero are ``fixed``'s where given (not None), the
+    others each value that divides the GPUs (zero 0-3; ep: each divisor of dp·cp and of the
+    ``experts``, 1 without); dp is what the GPUs leave."""
     n = cluster.gpus
     options = {k: [fixed[k]] if fixed.get(k) is not None else divisors(n)
                for k in ("tp", "pp", "cp")}
     zeros = [fixed["zero"]] if fixed.get("zero") is not None else [0, 1, 2, 3]
     rest = {k: v for k, v in fixed.items()
-            if k not in ("tp", "pp", "cp", "dp", "zero") and v is not None}
+            if k not in ("tp", "pp", "cp", "dp", "ep", "zero") and v is not None}
     for tp in options["tp"]:
         for pp in options["pp"]:
             for cp in options["cp"]:
                 dp = fixed.get("dp") or n // (tp * pp * cp)
                 if tp * pp * cp * dp != n:
                     continue  # not a layout of this cluster
-                for zero in zeros:
-                    yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, zero=zero, **rest)
+                eps = ([fixed["ep"]] if fixed.get("ep") is not None else
+                       [e for e in divisors(dp * cp) if experts % e == 0] if experts else [1])
+                for ep in eps:
+                    for zero in zeros:
+                        yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero, **rest)
 
 
 def search(shape, cluster, global_batch, fixed=None):
     """(predictions of the layouts that fit, fastest first; [(layout, reason, why)] of the
     others)."""
     ranked, rejected = [], []
-    for layout in layouts(cluster, fixed or {}):
+    for layout in layouts(cluster, fixed or {}, shape.experts):
         try:
             check(shape, layout, cluster, global_batch)
         except LayoutError as err:

@@ -17,7 +17,7 @@ from minipar.parallel.groups import RankGrid
 from minipar.parallel.pipeline import build, makespan, peak_inflight, simulate, unit_cost
 from minipar.parallel.pipeline.schedules import CHUNKED, chunks_of
 
-from .flops import flops_per_iteration
+from .flops import expert_flops_per_iteration, flops_per_iteration
 from .memory import bytes_per_parameter, megatron_activation_bytes, model_state_bytes
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
@@ -64,6 +64,16 @@ def spans_nodes(grid, kind, gpus_per_node):
     return len({rank // gpus_per_node for rank in grid.group_of(0, kind)}) > 1
 
 
+def expert_parameters(shape):
+    """The parameters of the expert MLPs (all layers, all E), which ep splits; the router and
+    the rest are replicated. One expert's MLP is what a second expert adds, less its router
+    column."""
+    if not shape.experts:
+        return 0
+    one, two = (dataclasses.replace(shape, experts=e, top_k=1).layer_parameters() for e in (1, 2))
+    return shape.layers * shape.experts * (two - one - shape.hidden)
+
+
 @functools.lru_cache(maxsize=None)
 def pipeline_shape(name, p, m, v, passes):
     """(bubble, peak in-flight) of schedule ``name`` in units of one micro-batch's stage time,
@@ -92,13 +102,15 @@ def predict(shape, layout, cluster, global_batch):
     m = global_batch // (L.dp * b)  # micro-batches per step
     grid = RankGrid(L.gpus, tp=L.tp, pp=L.pp, cp=L.cp, ep=L.ep)
     link = {kind: hw.link(not spans_nodes(grid, kind, cluster.gpus_per_node))
-            for kind in ("tp", "dp-cp", "pp", "cp")}
+            for kind in ("tp", "dp-cp", "pp", "cp", "ep", "edp")}
     full = L.recompute == "full"
     passes = 4 if full else 3  # forward, backward (2x), and the recomputed forward
 
     # compute: the FLOPs the GPUs execute (recompute included), a 1/GPUs share each
-    executed = flops_per_iteration(global_batch, s, layers, h, shape.vocab, recompute=full)
-    model_flops = flops_per_iteration(global_batch, s, layers, h, shape.vocab)
+    executed, model_flops = (
+        flops_per_iteration(global_batch, s, layers, h, shape.vocab, recompute=r)
+        + (expert_flops_per_iteration(global_batch, s, layers, h, shape.experts, shape.top_k, r)
+           if shape.experts else 0) for r in (full, False))
     rate = hw.peak(L.precision) * hw.efficiency
     compute = executed / L.gpus / rate
     # tensor parallel with sequence parallelism (Korthikanti et al.): per layer, 2 all-gathers
@@ -117,8 +129,16 @@ def predict(shape, layout, cluster, global_batch):
         gather = comm_time("all_gather", "ring", L.cp, kv, link["cp"])
         cp_time = (gather * (passes - 1) + comm_time("reduce_scatter", "ring", L.cp, kv,
                                                     link["cp"])) * layers / L.pp
+    # expert parallel: per MoE layer the tokens go to their top_k experts' ranks and come back
+    # (2 all-to-alls of the rank's s/cp x b tokens x top_k, split over tp by sp) in the forward,
+    # as many in the backward and in a recomputed forward; exposed
+    ep_time = 0
+    if L.ep > 1:
+        routed = act * shape.top_k // L.tp
+        ep_time = 2 * (passes - 1) * comm_time("all_to_all", "pairwise", L.ep, routed,
+                                               link["ep"]) * layers / L.pp
     # the stage time of one micro-batch, its compute and the communication inside it
-    stage = compute / m + tp_per_mb + cp_time
+    stage = compute / m + tp_per_mb + cp_time + ep_time
     # pipeline: each micro-batch's activation forward and its gradient back, one message each
     # (a broadcast to 2 ranks is one message: alpha + n beta(n)) per chunk, not overlapped
     p2p = act // (L.tp if L.tp > 1 else 1)
@@ -131,26 +151,31 @@ def predict(shape, layout, cluster, global_batch):
     # updated parameters, 2 reduce-scatters every micro-batch's, 3 also gathers the
     # parameters for each forward and backward. Stages 0-2 overlap it with the last
     # micro-batch's backward; stage 3 with all of the compute.
-    group = L.dp * L.cp
-    n_local = shape.parameters() / (L.tp * L.pp)
-    grads = n_local * width
+    # The expert MLPs' gradients go over the expert-data group (dp·cp/ep ranks), the rest
+    # over dp·cp.
+    experts = expert_parameters(shape)
     dp_time = 0
-    if group > 1:
+    for group, n, kind in ((L.dp * L.cp, shape.parameters() - experts, "dp-cp"),
+                           (L.dp * L.cp // L.ep, experts / L.ep, "edp")):
+        if group == 1 or n == 0:
+            continue
+        grads = n / (L.tp * L.pp) * width
+
         def c(collective):
-            return comm_time(collective, "ring", group, grads, link["dp-cp"])
-        dp_time = {0: c("all_reduce"), 1: c("reduce_scatter") + c("all_gather"),
-                   2: m * c("reduce_scatter") + c("all_gather"),
-                   3: m * (c("reduce_scatter") + 2 * c("all_gather"))}[L.zero]
+            return comm_time(collective, "ring", group, grads, link[kind])
+        dp_time += {0: c("all_reduce"), 1: c("reduce_scatter") + c("all_gather"),
+                    2: m * c("reduce_scatter") + c("all_gather"),
+                    3: m * (c("reduce_scatter") + 2 * c("all_gather"))}[L.zero]
     window = compute if L.zero == 3 else stage * (passes - 1) / passes
     dp_exposed = max(0.0, dp_time - window)
-    comm = m * (tp_per_mb + cp_time) + pp_time + dp_exposed
+    comm = m * (tp_per_mb + cp_time + ep_time) + pp_time + dp_exposed
     total = compute + comm + bubble
 
     memory = memory_bytes(shape, L, width, inflight)
     return {"layout": dataclasses.asdict(L) | {"v": L.v, "m": m},
             "memory_bytes": memory,
             "time_s": {"compute": compute, "tp": m * tp_per_mb, "cp": m * cp_time, "pp": pp_time,
-                       "dp": dp_exposed, "ep": 0.0, "comm": comm, "bubble": bubble,
+                       "dp": dp_exposed, "ep": m * ep_time, "comm": comm, "bubble": bubble,
                        "total": total},
             "flops_per_step": model_flops,
             "tokens_per_s": global_batch * s / total,
@@ -160,8 +185,15 @@ def predict(shape, layout, cluster, global_batch):
 
 def memory_bytes(shape, L, width, inflight):
     """Per GPU by kind: model states (params, grads, optimizer = master + moments) sharded over
-    dp x cp by ZeRO; activations of the micro-batch chunks in flight at the peak; buffers."""
-    states = model_state_bytes(shape.parameters(), L.precision, L.zero, L.dp * L.cp, L.tp, L.pp)
+    dp x cp by ZeRO (the experts' 1/ep over dp·cp/ep); activations of the micro-batch chunks in
+    flight at the peak (Megatron's dense layer: an MoE layer's top_k MLPs are not added);
+    buffers."""
+    experts = expert_parameters(shape)
+    dense = model_state_bytes(shape.parameters() - experts, L.precision, L.zero, L.dp * L.cp,
+                              L.tp, L.pp)
+    routed = model_state_bytes(experts / L.ep, L.precision, L.zero, L.dp * L.cp // L.ep, L.tp,
+                               L.pp)
+    states = {kind: dense[kind] + routed[kind] for kind in dense}
     per_layer = megatron_activation_bytes(shape.seq // L.cp, L.micro_batch, shape.hidden,
                                           shape.heads, L.tp, L.tp > 1, L.recompute)
     activations = float(per_layer) * shape.layers / (L.pp * L.v) * inflight
