@@ -8,6 +8,7 @@ import pytest
 from minipar.cli import main
 from minipar.parallel.pipeline import build, makespan, peak_inflight, simulate, unit_cost
 from minipar.plan import PRESETS, GPTShape, model_state_bytes
+from minipar.plan.flops import expert_flops_per_iteration
 from minipar.plan.hardware import PROFILES, gemm_rate, here
 from minipar.plan.search import LayoutError, check, reasons, search
 from minipar.plan.time import Cluster, Layout, expert_parameters, pipeline_shape, predict
@@ -163,3 +164,17 @@ def test_plot_draws_the_layouts_shown(tmp_path, capsys):
                         "--plot", str(path)], capsys)
     assert code == 0 and f"wrote {path}" in out
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_expert_flops_are_k_mlps_and_the_router():
+    B, s, l, h, E = 2, 16, 3, 8, 4
+    mlp = 16 * B * s * h * h  # the 4h MLP's forward, as layer_forward_flops counts it
+    for k, recompute, passes in ((1, False, 3), (2, False, 3), (3, True, 4)):
+        assert expert_flops_per_iteration(B, s, l, h, E, k, recompute) == \
+            passes * l * ((k - 1) * mlp + 2 * B * s * h * E)
+
+
+def test_a_full_layout_that_does_not_fit_is_still_predicted(capsys):
+    code, out, _ = run(["plan", "--model", "gpt3-175b", "--gpus", "8", "--tp", "8", "--pp", "1",
+                        "--zero", "0", "--json"], capsys)
+    assert code == 0 and json.loads(out)["fits"] is False
