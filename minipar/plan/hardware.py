@@ -27,7 +27,7 @@ class Profile:
     alpha_intra: float   # seconds per message step inside a node (an assumption, not a data sheet)
     alpha_inter: float   # ... across nodes
     efficiency: float = 0.5  # the share of peak the matmuls reach (the compute time's one guess)
-    fitted: object = None    # a cost.Model for every link (``here``): the one fitted on this machine
+    fitted: object = None    # ``here``: the cost.Model fitted on this machine, for every link
 
     def peak(self, precision):
         """Dense FLOP/s in ``precision``."""
