@@ -24,6 +24,7 @@ SUBCOMMANDS = {
     "bench": ("minipar.cli.bench", "benchmark collectives against MPI's own: bench allreduce"),
     "groups": ("minipar.cli.groups", "print the data x tensor x pipeline rank grid and its groups"),
     "schedule": ("minipar.cli.schedule", "draw a pipeline schedule, its bubble and in-flight micro-batches"),
+    "plan": ("minipar.cli.plan", "predict memory and step time of a layout, or rank them all"),
     "assignment": ("minipar.cli.assignment", "assignments: list the tasks, make a student tree, grade it"),
 }
 

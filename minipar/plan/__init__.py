@@ -1,10 +1,9 @@
-"""The planner (issue 26), so far its formulas, each checked against its paper
-(tests/test_plan_papers.py; docs/plan.md): a GPT's shapes and parameter count (``GPTShape``,
-named ``PRESETS``); model-state bytes per device by kind under ZeRO, tp and pp, from the
-optimizer's own rule (``model_state_bytes``); Megatron's activation bytes per layer
-(``megatron_activation_bytes``); FLOPs per iteration and the Megatron-LM paper's training-time
-estimate (``flops_per_iteration``, ``training_seconds``). Not yet: the step time, the layout
-search, the ``minipar plan`` command. Pure Python, no MPI.
+"""The planner (issue 26): a GPT's shapes and parameter count (``GPTShape``, ``PRESETS``);
+model-state bytes by kind under ZeRO, tp and pp (``model_state_bytes``); Megatron's activation
+bytes per layer; FLOPs per iteration; each checked against its paper (docs/plan.md). Pure
+Python, no MPI. The step time by kind and memory per GPU of a layout (``plan.time.predict``),
+the GPU profiles (``plan.hardware``) and the layout search (``plan.search``) price collectives
+and bubbles with the comm and pipeline libraries, which load mpi4py: import them by module.
 
     from minipar.plan import PRESETS, flops_per_iteration, model_state_bytes
     gpt3 = PRESETS["gpt3-175b"].shape

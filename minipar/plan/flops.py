@@ -29,3 +29,11 @@ def training_seconds(tokens, params, gpus, flops_per_gpu, recompute=True):
     GPUs at X FLOP/s each, the formula above with its small terms dropped (72 -> 6TP without
     recomputation): GPT-3 175B on 300B tokens, 1024 GPUs at 140 TFLOP/s, 34 days."""
     return (8 if recompute else 6) * tokens * params / (gpus * flops_per_gpu)
+
+
+def expert_flops_per_iteration(B, s, l, h, experts, top_k, recompute=False):
+    """What an MoE model (minipar's ``nn.MoEBlock``: a router h x E, top-k of E expert MLPs of
+    4h) adds to ``flops_per_iteration``'s dense count: each token's MLP runs in top_k experts
+    instead of one (16Bsh² forward each), and the router's logits (2BshE forward)."""
+    passes = 4 if recompute else 3
+    return passes * l * ((top_k - 1) * 16 * B * s * h * h + 2 * B * s * h * experts)

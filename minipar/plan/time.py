@@ -1,0 +1,207 @@
+"""Step time and memory per GPU of one layout, by kind, from the library's own formulas.
+
+Compute from ``flops_per_iteration`` at the profile's peak x efficiency; every collective by
+``comm.cost.predict`` over the link its group spans (the rank grid says which); the bubble by
+the schedule simulator run with the predicted stage times; memory from ``model_state_bytes``
+and ``megatron_activation_bytes``. What overlaps what, and what is counted: docs/plan.md.
+
+    cluster = Cluster(gpus=1024, gpus_per_node=8, profile=PROFILES["h100"])
+    p = predict(PRESETS["gpt3-175b"].shape, Layout(tp=8, pp=8, dp=16), cluster, global_batch=1536)
+    p["time_s"]["total"], p["memory_bytes"]["total"], p["mfu"]
+"""
+import dataclasses
+import functools
+
+from minipar.comm.cost import predict as comm_time
+from minipar.parallel.groups import RankGrid
+from minipar.parallel.pipeline import build, makespan, peak_inflight, simulate, unit_cost
+from minipar.parallel.pipeline.schedules import CHUNKED, chunks_of
+
+from .flops import expert_flops_per_iteration, flops_per_iteration
+from .memory import bytes_per_parameter, megatron_activation_bytes, model_state_bytes
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero: int = 0
+    micro_batch: int = 1
+    recompute: str = "selective"
+    schedule: str = "1f1b"
+    chunks: int = None       # model chunks per pipeline rank (interleaved; zb-v has 2)
+    precision: str = "bf16"
+
+    @property
+    def gpus(self):
+        return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def v(self):
+        return chunks_of(self.schedule, self.chunks)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    gpus: int
+    gpus_per_node: int
+    profile: object
+    gpu_memory: float = None  # bytes; None: the profile's HBM
+
+    @property
+    def memory(self):
+        return self.gpu_memory or self.profile.memory
+
+
+def spans_nodes(grid, kind, gpus_per_node):
+    """Whether rank 0's group of ``kind`` holds ranks of more than one node (ranks fill nodes
+    in order, gpus_per_node each): its collectives then run over the inter-node link."""
+    return len({rank // gpus_per_node for rank in grid.group_of(0, kind)}) > 1
+
+
+def expert_parameters(shape):
+    """The parameters of the expert MLPs (all layers, all E), which ep splits; the router and
+    the rest are replicated. One expert's MLP is what a second expert adds, less its router
+    column."""
+    if not shape.experts:
+        return 0
+    one, two = (dataclasses.replace(shape, experts=e, top_k=1).layer_parameters() for e in (1, 2))
+    return shape.layers * shape.experts * (two - one - shape.hidden)
+
+
+@functools.lru_cache(maxsize=None)
+def pipeline_shape(name, p, m, v, passes):
+    """(bubble, peak in-flight) of schedule ``name`` in units of one micro-batch's stage time,
+    simulated. The bubble (idle time per rank) no longer grows with m once m >= 2p for these
+    schedules (the fill and drain are the same; tests/test_plan_cli.py checks it), so at most 2p
+    micro-batches are simulated; a schedule that holds every simulated micro-batch at once
+    (GPipe) holds all m."""
+    simulated = min(m, 2 * p)
+    schedule = build(name, p, simulated, v if name in CHUNKED else None)
+    # F : B : W = 1 : 1 : 1 of the forward-backward's three passes; full recompute adds one
+    # more forward to the backward B
+    unit = 1 / passes
+    events = simulate(schedule, unit_cost(schedule, unit, unit * (passes - 2), unit))
+    bubble = makespan(events) - simulated * 1.0
+    peak = max(peak_inflight(events, p))
+    return bubble, (m * v if peak >= simulated * v else peak)
+
+
+def predict(shape, layout, cluster, global_batch):
+    """The prediction of one layout as a dict: ``memory_bytes`` and ``time_s`` by kind,
+    ``flops_per_step``, ``tokens_per_s``, ``mfu``, ``fits`` (the keys of ``minipar plan
+    --json``). The layout must be valid (search.check)."""
+    L, hw = layout, cluster.profile
+    s, b, h, layers = shape.seq, L.micro_batch, shape.hidden, shape.layers
+    width = bytes_per_parameter(L.precision)["params"]  # activations and gradients alike
+    m = global_batch // (L.dp * b)  # micro-batches per step
+    grid = RankGrid(L.gpus, tp=L.tp, pp=L.pp, cp=L.cp, ep=L.ep)
+    link = {kind: hw.link(not spans_nodes(grid, kind, cluster.gpus_per_node))
+            for kind in ("tp", "dp-cp", "pp", "cp", "ep", "edp")}
+    full = L.recompute == "full"
+    passes = 4 if full else 3  # forward, backward (2x), and the recomputed forward
+
+    # compute: the FLOPs the GPUs execute (recompute included), a 1/GPUs share each
+    executed, model_flops = (
+        flops_per_iteration(global_batch, s, layers, h, shape.vocab, recompute=r)
+        + (expert_flops_per_iteration(global_batch, s, layers, h, shape.experts, shape.top_k, r)
+           if shape.experts else 0) for r in (full, False))
+    rate = hw.peak(L.precision) * hw.efficiency
+    compute = executed / L.gpus / rate
+    # tensor parallel with sequence parallelism (Korthikanti et al.): per layer, 2 all-gathers
+    # and 2 reduce-scatters of the s/cp x b x h activation in the forward, as many in the
+    # backward, again in the recomputed forward; exposed (nothing overlaps them)
+    act = s // L.cp * b * h * width
+    tp_pair = (comm_time("all_gather", "ring", L.tp, act, link["tp"])
+               + comm_time("reduce_scatter", "ring", L.tp, act, link["tp"])) if L.tp > 1 else 0
+    tp_per_mb = 2 * (passes - 1) * tp_pair * layers / L.pp
+    # context parallel (ring attention): k and v of the whole sequence go round the cp ring in
+    # the forward (an all-gather: (cp-1)/cp of them per rank), and again with their gradients
+    # in the backward (all-gather + reduce-scatter); exposed
+    kv = 2 * s * b * shape.kv * (h // shape.heads) // L.tp * width
+    cp_time = 0
+    if L.cp > 1:
+        gather = comm_time("all_gather", "ring", L.cp, kv, link["cp"])
+        cp_time = (gather * (passes - 1) + comm_time("reduce_scatter", "ring", L.cp, kv,
+                                                    link["cp"])) * layers / L.pp
+    # expert parallel: per MoE layer the tokens go to their top_k experts' ranks and come back
+    # (2 all-to-alls of the rank's s/cp x b tokens x top_k, split over tp by sp) in the forward,
+    # as many in the backward and in a recomputed forward; exposed
+    ep_time = 0
+    if L.ep > 1:
+        routed = act * shape.top_k // L.tp
+        ep_time = 2 * (passes - 1) * comm_time("all_to_all", "pairwise", L.ep, routed,
+                                               link["ep"]) * layers / L.pp
+    # the stage time of one micro-batch, its compute and the communication inside it
+    stage = compute / m + tp_per_mb + cp_time + ep_time
+    # pipeline: each micro-batch's activation forward and its gradient back, one message each
+    # (a broadcast to 2 ranks is one message: alpha + n beta(n)) per chunk, not overlapped
+    p2p = act // (L.tp if L.tp > 1 else 1)
+    pp_time = (2 * m * L.v * comm_time("broadcast", "binomial", 2, p2p, link["pp"])
+               if L.pp > 1 else 0)
+    bubble_units, inflight = pipeline_shape(L.schedule, L.pp, m, L.v, passes)
+    bubble = bubble_units * stage
+    # data parallel over dp x cp (each cp rank saw other tokens of the same samples): ZeRO
+    # 0 all-reduces the gradients once a step, 1 reduce-scatters them and all-gathers the
+    # updated parameters, 2 reduce-scatters every micro-batch's, 3 also gathers the
+    # parameters for each forward and backward. Stages 0-2 overlap it with the last
+    # micro-batch's backward; stage 3 with all of the compute.
+    # The expert MLPs' gradients go over the expert-data group (dp·cp/ep ranks), the rest
+    # over dp·cp.
+    experts = expert_parameters(shape)
+    dp_time = 0
+    for group, n, kind in ((L.dp * L.cp, shape.parameters() - experts, "dp-cp"),
+                           (L.dp * L.cp // L.ep, experts / L.ep, "edp")):
+        if group == 1 or n == 0:
+            continue
+        grads = n / (L.tp * L.pp) * width
+
+        def c(collective):
+            return comm_time(collective, "ring", group, grads, link[kind])
+        dp_time += {0: c("all_reduce"), 1: c("reduce_scatter") + c("all_gather"),
+                    2: m * c("reduce_scatter") + c("all_gather"),
+                    3: m * (c("reduce_scatter") + 2 * c("all_gather"))}[L.zero]
+    window = compute if L.zero == 3 else stage * (passes - 1) / passes
+    dp_exposed = max(0.0, dp_time - window)
+    comm = m * (tp_per_mb + cp_time + ep_time) + pp_time + dp_exposed
+    total = compute + comm + bubble
+
+    memory = memory_bytes(shape, L, width, inflight)
+    return {"layout": dataclasses.asdict(L) | {"v": L.v, "m": m},
+            "memory_bytes": memory,
+            "time_s": {"compute": compute, "tp": m * tp_per_mb, "cp": m * cp_time, "pp": pp_time,
+                       "dp": dp_exposed, "ep": m * ep_time, "comm": comm, "bubble": bubble,
+                       "total": total},
+            "flops_per_step": model_flops,
+            "tokens_per_s": global_batch * s / total,
+            "mfu": model_flops / (total * hw.peak(L.precision) * L.gpus),
+            "fits": memory["total"] <= cluster.memory}
+
+
+def memory_bytes(shape, L, width, inflight):
+    """Per GPU by kind: model states (params, grads, optimizer = master + moments) sharded over
+    dp x cp by ZeRO (the experts' 1/ep over dp·cp/ep); activations of the micro-batch chunks in
+    flight at the peak (Megatron's dense layer: an MoE layer's top_k MLPs are not added);
+    buffers."""
+    experts = expert_parameters(shape)
+    dense = model_state_bytes(shape.parameters() - experts, L.precision, L.zero, L.dp * L.cp,
+                              L.tp, L.pp)
+    routed = model_state_bytes(experts / L.ep, L.precision, L.zero, L.dp * L.cp // L.ep, L.tp,
+                               L.pp)
+    states = {kind: dense[kind] + routed[kind] for kind in dense}
+    per_layer = megatron_activation_bytes(shape.seq // L.cp, L.micro_batch, shape.hidden,
+                                          shape.heads, L.tp, L.tp > 1, L.recompute)
+    activations = float(per_layer) * shape.layers / (L.pp * L.v) * inflight
+    # buffers: ZeRO-3's gathered copy of one layer's parameters, and the pipeline's message
+    # pair (activation out, its gradient in) of one micro-batch
+    layer = shape.layer_parameters() / L.tp * width if L.zero == 3 else 0
+    p2p = 2 * shape.seq // L.cp * L.micro_batch * shape.hidden * width / L.tp if L.pp > 1 else 0
+    kinds = {"params": states["params"], "grads": states["grads"],
+             "optimizer": states["master"] + states["moments"], "activations": activations,
+             "buffers": layer + p2p}
+    return kinds | {"total": sum(kinds.values())}
