@@ -20,6 +20,12 @@ def offsets(params):
     return starts, total
 
 
+def padded_numel(n, parts):
+    """``n`` rounded up to a multiple of ``parts``: the length of a flat vector that ZeRO cuts
+    into ``parts`` equal chunks (the zeros at its end are the padding)."""
+    return -(-n // parts) * parts
+
+
 def views(vector, params):
     """``vector`` cut into arrays of the params' shapes, in the flat layout (views, no copy);
     ``params`` may be Parameters or arrays."""

@@ -14,7 +14,7 @@ optimizer state (distributed/flat_state.py; docs/checkpoints.md).
 from ... import backend
 from ...comm import chunk_bounds, world
 from ...distributed.flat_state import ZeROState
-from ...flat import flatten_grads, flatten_parameters, offsets
+from ...flat import flatten_grads, flatten_parameters, offsets, padded_numel
 from ...nn.module import Parameter
 from .buckets import ReadyQueue, broadcast_parameters, gradient_bytes, make_buckets
 
@@ -113,7 +113,7 @@ class ZeRO:
         r = self.comm.rank
         for bucket in self.buckets:
             n = offsets(bucket)[1]
-            flat = flatten_parameters(bucket, -(-n // N) * N)  # padded to a multiple of N
+            flat = flatten_parameters(bucket, padded_numel(n, N))
             # rank r owns chunk r of every bucket: a bucket's reduce-scatter lands on the owners
             # and its all-gather writes straight into the parameters
             lo, hi = chunk_bounds(flat.size, N)[r:r + 2]

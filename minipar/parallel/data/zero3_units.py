@@ -8,7 +8,7 @@ the placeholder a parameter holds between its uses.
 """
 from ... import backend
 from ...comm import chunk_bounds
-from ...flat import flatten_parameters, offsets
+from ...flat import flatten_parameters, offsets, padded_numel
 from ...nn.module import Parameter
 
 
@@ -34,7 +34,7 @@ class Segment:
     def __init__(self, group, params, start, comm):
         self.group, self.params, self.start = group, params, start
         self.offsets, n = offsets(params)
-        self.numel = -(-n // comm.size) * comm.size
+        self.numel = padded_numel(n, comm.size)
         flat = flatten_parameters(params, self.numel)
         lo, hi = chunk_bounds(self.numel, comm.size)[comm.rank:comm.rank + 2]
         self.shard = Parameter(flat[lo:hi].copy())
