@@ -1,0 +1,133 @@
+"""The planner against measurement (issue 26): ``plan.layout_bytes.rank_state_bytes`` predicts
+each rank's parameter, gradient, master and moment bytes of DP, ZeRO-1/2/3, TP, PP and cp
+layouts to the byte, padding included, in float32 and bfloat16 (one launch of 4 ranks)."""
+import numpy as np
+import pytest
+
+from minipar.testing import run_on_ranks
+
+# h = 6: Ψ = 1194 and units of 42, 126, 150 elements, so ZeRO pads its flat vectors at 4 ranks
+# (1194 -> 1196; ZeRO-3's units 42 -> 44 ...): the prediction must pad as the wrappers do
+LAYERS, HIDDEN, HEADS, SEQ, VOCAB = 2, 6, 2, 7, 10
+PRECISIONS = {"float32": "fp32", "bfloat16": "bf16"}
+
+
+def config():
+    from minipar import nn
+    return nn.GPTConfig(vocab_size=VOCAB, block_size=SEQ, n_layer=LAYERS, n_head=HEADS,
+                        n_embd=HIDDEN, dropout=0.0)
+
+
+def shape():
+    from minipar.plan.models import GPTShape
+    return GPTShape(LAYERS, HIDDEN, HEADS, SEQ, VOCAB)
+
+
+def ids(step, rows=4, length=4):
+    x = np.random.default_rng(step).integers(0, VOCAB, (rows, length + 1))
+    return x[:, :-1], x[:, 1:]
+
+
+def adamw(params):
+    from minipar import optim
+    return optim.AdamW(params, lr=1e-3, weight_decay=0.0)
+
+
+def data_parallel(kind, dtype, comm, cap):
+    """Bytes by kind after the second backward (optimizer state made by the first step)."""
+    import minipar
+    from minipar import nn
+    from minipar.parallel.data import DistributedDataParallel, ZeRO, ZeRO3
+
+    minipar.manual_seed(0)
+    model = nn.GPT(config()).to(getattr(minipar, dtype))
+    if kind == 0:
+        net, opt = DistributedDataParallel(model, comm), adamw(model.parameters())
+    elif kind == 3:
+        opt = ZeRO3(model, adamw, comm)
+    else:
+        opt = ZeRO(model, adamw, comm, stage=kind, bucket_cap_mb=cap)
+    for s in range(2):
+        opt.zero_grad()
+        x, y = ids(s)
+        model(x, y)[1].backward()
+        if s == 1:
+            if kind == 0:
+                held = opt.memory_bytes()
+                held["grads"] = net.gradient_bytes()
+                return held
+            held = opt.memory_bytes()
+            return {"params": held["parameters"], "grads": held["gradients"],
+                    "master": held["master"], "moments": held["moments"]}
+        opt.step()
+
+
+def trainer(dtype, world, tp, pp, cp, schedule):
+    """Bytes by kind of this rank's optimizer after a step of Trainer3D, and its coordinates."""
+    from minipar.parallel.groups import ParallelGroups
+    from minipar.parallel.hybrid import Trainer3D
+
+    groups = ParallelGroups(world, tp=tp, cp=cp, pp=pp)
+    run = Trainer3D(config(), groups, schedule=schedule, microbatches=2, dtype=dtype,
+                    make_optimizer=adamw)
+    run.step(*ids(0))  # T = 4: cp's two chunks per rank
+    optimizer = run.pipe.optimizer.optimizer  # the AdamW of this rank's slices of its stages
+    return optimizer.memory_bytes(), groups.grid.dp, groups.coords["pp"]
+
+
+def body():
+    """On every rank: [(case, predicted, measured)] for every layout and precision."""
+    from minipar import comm
+    from minipar.plan.layout_bytes import rank_state_bytes
+
+    world = comm.world()
+    out = []
+    for dtype, precision in PRECISIONS.items():
+        for N in (2, 4):
+            group = world if N == world.size else world.split(world.rank // N)
+            for zero, cap in ((0, None), (1, None), (2, None), (2, 0.0002), (3, None)):
+                measured = data_parallel(zero, dtype, group, cap)
+                predicted = rank_state_bytes(shape(), precision, zero=zero, dp=N,
+                                             bucket_cap_mb=cap)
+                out.append((f"{dtype} zero{zero} N={N} cap={cap}", predicted, measured))
+        for tp, pp, cp, schedule in ((2, 1, 1, "1f1b"), (1, 2, 1, "1f1b"), (1, 2, 1, "zb-v"),
+                                     (1, 1, 2, "1f1b"), (2, 2, 1, "1f1b")):
+            measured, dp, pp_rank = trainer(dtype, world, tp, pp, cp, schedule)
+            predicted = rank_state_bytes(shape(), precision, dp=dp, tp=tp, pp=pp, cp=cp,
+                                         pp_rank=pp_rank, schedule=schedule)
+            out.append((f"{dtype} tp{tp} pp{pp} cp{cp} dp{dp} {schedule} pp_rank {pp_rank}",
+                        predicted, measured))
+    return out
+
+
+@pytest.mark.mpi
+def test_predicted_state_bytes_equal_measured_on_four_ranks():
+    results = run_on_ranks(body, 4, timeout=400)
+    for rank, cases in enumerate(results):
+        for case, predicted, measured in cases:
+            assert predicted == measured, (rank, case, predicted, measured)
+
+
+def test_layers_are_nn_gpts_parameters_and_zero3_units():
+    """gpt_layers lists nn.GPT's parameters in its order, grouped as ZeRO-3's units."""
+    from minipar import nn
+    from minipar.parallel.data.zero3_units import layer_units
+    from minipar.plan.layout_bytes import gpt_layers
+
+    model = nn.GPT(config())
+    layers = gpt_layers(shape())
+    assert [(n, k) for layer in layers for module in layer for n, k, _ in module] == \
+        [(n, p.size) for n, p in model.named_parameters()]
+    assert [[k for _, k, _ in module] for layer in layers for module in layer] == \
+        [[p.size for p in params] for _, params in layer_units(model)]
+    assert len(layers) == len(model.to_sequential())
+
+
+def test_a_shape_it_does_not_model_is_refused_by_name():
+    from minipar.plan.layout_bytes import rank_state_bytes
+    from minipar.plan.models import GPTShape
+
+    with pytest.raises(ValueError, match="nn.GPT"):
+        rank_state_bytes(GPTShape(2, 8, 2, 8, 16, style="llama"))
+    with pytest.raises(ValueError, match="tp=4"):
+        rank_state_bytes(GPTShape(2, 6, 2, 8, 16), tp=4)
