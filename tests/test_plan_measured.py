@@ -75,23 +75,23 @@ def trainer(dtype, world, tp, pp, cp, schedule):
     return optimizer.memory_bytes(), groups.grid.dp, groups.coords["pp"]
 
 
-def body():
-    """On every rank: [(case, predicted, measured)] for every layout and precision."""
+def body(sizes, layouts):
+    """On every rank: [(case, predicted, measured)] for DP and ZeRO over groups of ``sizes``
+    ranks and the Trainer3D ``layouts`` (tp, pp, cp, schedule), in each precision."""
     from minipar import comm
     from minipar.plan.layout_bytes import rank_state_bytes
 
     world = comm.world()
     out = []
     for dtype, precision in PRECISIONS.items():
-        for N in (2, 4):
+        for N in sizes:
             group = world if N == world.size else world.split(world.rank // N)
             for zero, cap in ((0, None), (1, None), (2, None), (2, 0.0002), (3, None)):
                 measured = data_parallel(zero, dtype, group, cap)
                 predicted = rank_state_bytes(shape(), precision, zero=zero, dp=N,
                                              bucket_cap_mb=cap)
                 out.append((f"{dtype} zero{zero} N={N} cap={cap}", predicted, measured))
-        for tp, pp, cp, schedule in ((2, 1, 1, "1f1b"), (1, 2, 1, "1f1b"), (1, 2, 1, "zb-v"),
-                                     (1, 1, 2, "1f1b"), (2, 2, 1, "1f1b")):
+        for tp, pp, cp, schedule in layouts:
             measured, dp, pp_rank = trainer(dtype, world, tp, pp, cp, schedule)
             predicted = rank_state_bytes(shape(), precision, dp=dp, tp=tp, pp=pp, cp=cp,
                                          pp_rank=pp_rank, schedule=schedule)
@@ -100,12 +100,24 @@ def body():
     return out
 
 
-@pytest.mark.mpi
-def test_predicted_state_bytes_equal_measured_on_four_ranks():
-    results = run_on_ranks(body, 4, timeout=400)
+def check(results):
     for rank, cases in enumerate(results):
         for case, predicted, measured in cases:
             assert predicted == measured, (rank, case, predicted, measured)
+
+
+@pytest.mark.mpi
+def test_predicted_state_bytes_equal_measured_on_four_ranks():
+    layouts = [(2, 1, 1, "1f1b"), (1, 2, 1, "1f1b"), (1, 2, 1, "interleaved"),
+               (1, 2, 1, "zb-v"), (1, 1, 2, "1f1b"), (2, 2, 1, "1f1b")]
+    check(run_on_ranks(body, 4, args=((2, 4), layouts), timeout=400))
+
+
+@pytest.mark.mpi
+def test_predicted_state_bytes_equal_measured_3d_on_eight_ranks():
+    """3D: 2 x 2 x 2 (tp, pp, dp), and with cp; ZeRO over 8 ranks."""
+    layouts = [(2, 2, 1, "1f1b"), (2, 2, 2, "1f1b")]
+    check(run_on_ranks(body, 8, args=((8,), layouts), timeout=400))
 
 
 def test_layers_are_nn_gpts_parameters_and_zero3_units():
