@@ -1,6 +1,6 @@
 """The planner against measurement (issue 26): ``plan.layout_bytes.rank_state_bytes`` predicts
 each rank's parameter, gradient, master and moment bytes of DP, ZeRO-1/2/3, TP, PP and cp
-layouts to the byte, padding included, in float32 and bfloat16 (one launch of 4 ranks)."""
+layouts and of Trainer4D's experts to the byte, padding included, in float32 and bfloat16 (one launch of 4 ranks)."""
 import numpy as np
 import pytest
 
@@ -21,6 +21,11 @@ def config():
 def shape():
     from minipar.plan.models import GPTShape
     return GPTShape(LAYERS, HIDDEN, HEADS, SEQ, VOCAB)
+
+
+def moe_shape():
+    from minipar.plan.models import GPTShape
+    return GPTShape(LAYERS, HIDDEN, HEADS, SEQ, VOCAB, ffn=8, experts=4, top_k=2)
 
 
 def ids(step, rows=4, length=4):
@@ -75,7 +80,21 @@ def trainer(dtype, world, tp, pp, cp, schedule):
     return optimizer.memory_bytes(), groups.grid.dp, groups.coords["pp"]
 
 
-def body(sizes, layouts):
+def experts(dtype, world, tp, pp, ep, schedule):
+    """As ``trainer``, for Trainer4D: E = 4 experts (2 per token) 8 wide in every block."""
+    from minipar.parallel.groups import ParallelGroups
+    from minipar.parallel.hybrid4d import Trainer4D
+    from minipar.parallel.tensor.moe import MoEConfig
+
+    groups = ParallelGroups(world, tp=tp, pp=pp, ep=ep)
+    run = Trainer4D(config(), MoEConfig(n_experts=4, top_k=2, hidden=8), groups,
+                    schedule=schedule, microbatches=2, dtype=dtype, make_optimizer=adamw,
+                    sequence_parallel=tp > 1)
+    run.step(*ids(0, rows=8))  # 2 micro-batches of each data rank's shard
+    return run.pipe.optimizer.optimizer.memory_bytes(), groups.grid.dp, groups.coords["pp"]
+
+
+def body(sizes, layouts, moe_layouts=()):
     """On every rank: [(case, predicted, measured)] for DP and ZeRO over groups of ``sizes``
     ranks and the Trainer3D ``layouts`` (tp, pp, cp, schedule), in each precision."""
     from minipar import comm
@@ -97,6 +116,12 @@ def body(sizes, layouts):
                                          pp_rank=pp_rank, schedule=schedule)
             out.append((f"{dtype} tp{tp} pp{pp} cp{cp} dp{dp} {schedule} pp_rank {pp_rank}",
                         predicted, measured))
+        for tp, pp, ep, schedule in moe_layouts:
+            measured, dp, pp_rank = experts(dtype, world, tp, pp, ep, schedule)
+            predicted = rank_state_bytes(moe_shape(), precision, dp=dp, tp=tp, pp=pp, ep=ep,
+                                         pp_rank=pp_rank, schedule=schedule)
+            out.append((f"{dtype} 4D tp{tp} pp{pp} ep{ep} dp{dp} pp_rank {pp_rank}",
+                        predicted, measured))
     return out
 
 
@@ -110,14 +135,15 @@ def check(results):
 def test_predicted_state_bytes_equal_measured_on_four_ranks():
     layouts = [(2, 1, 1, "1f1b"), (1, 2, 1, "1f1b"), (1, 2, 1, "interleaved"),
                (1, 2, 1, "zb-v"), (1, 1, 2, "1f1b"), (2, 2, 1, "1f1b")]
-    check(run_on_ranks(body, 4, args=((2, 4), layouts), timeout=400))
+    moe_layouts = [(1, 1, 2, "1f1b"), (2, 1, 2, "1f1b"), (1, 2, 2, "1f1b")]
+    check(run_on_ranks(body, 4, args=((2, 4), layouts, moe_layouts), timeout=400))
 
 
 @pytest.mark.mpi
 def test_predicted_state_bytes_equal_measured_3d_on_eight_ranks():
-    """3D: 2 x 2 x 2 (tp, pp, dp), and with cp; ZeRO over 8 ranks."""
+    """3D: 2 x 2 x 2 (tp, pp, dp), and with cp; 4D: tp, pp, ep = 2; ZeRO over 8 ranks."""
     layouts = [(2, 2, 1, "1f1b"), (2, 2, 2, "1f1b")]
-    check(run_on_ranks(body, 8, args=((8,), layouts), timeout=400))
+    check(run_on_ranks(body, 8, args=((8,), layouts, [(2, 2, 2, "1f1b")]), timeout=400))
 
 
 def test_layers_are_nn_gpts_parameters_and_zero3_units():
@@ -135,6 +161,15 @@ def test_layers_are_nn_gpts_parameters_and_zero3_units():
     assert len(layers) == len(model.to_sequential())
 
 
+def test_moe_layers_are_moe_gpts_parameters():
+    from minipar.parallel.tensor.moe import MoEConfig, moe_gpt
+    from minipar.plan.layout_bytes import gpt_layers
+
+    model = moe_gpt(config(), MoEConfig(n_experts=4, top_k=2, hidden=8))
+    assert [(n, k) for layer in gpt_layers(moe_shape()) for module in layer
+            for n, k, _ in module] == [(n, p.size) for n, p in model.named_parameters()]
+
+
 def test_a_shape_it_does_not_model_is_refused_by_name():
     from minipar.plan.layout_bytes import rank_state_bytes
     from minipar.plan.models import GPTShape
@@ -143,3 +178,5 @@ def test_a_shape_it_does_not_model_is_refused_by_name():
         rank_state_bytes(GPTShape(2, 8, 2, 8, 16, style="llama"))
     with pytest.raises(ValueError, match="tp=4"):
         rank_state_bytes(GPTShape(2, 6, 2, 8, 16), tp=4)
+    with pytest.raises(ValueError, match="ep=3"):
+        rank_state_bytes(moe_shape(), ep=3)

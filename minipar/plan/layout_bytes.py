@@ -18,16 +18,20 @@ from ..parallel.pipeline.schedules import build
 from .memory import KINDS, bytes_per_parameter
 
 
-def gpt_layers(shape):
+def gpt_layers(shape, ep=1):
     """``nn.GPT(config).to_sequential()``'s layers (embedding, blocks, final LayerNorm, head),
     each a list of its modules (ZeRO-3's units: ``layer_units``), each a list of (parameter
     name, elements, split by tp): TensorParallelGPT splits the token table and the head by
     vocabulary, c_attn and c_fc by columns (with their biases), both c_proj by rows; it
-    replicates the positions, the LayerNorms and the row-parallel biases."""
-    if shape.style != "gpt2" or shape.experts or shape.tied or shape.kv != shape.heads \
-            or shape.inner != 4 * shape.hidden:
-        raise ValueError(f"rank_state_bytes models minipar's nn.GPT (GPT-2 style, untied, "
-                         f"dense, 4·hidden MLP, kv_heads = heads), not {shape}")
+    replicates the positions, the LayerNorms and the row-parallel biases. With experts, each
+    block's MLP is ``moe_gpt``'s: a router (replicated) and this expert rank's E/ep experts."""
+    if shape.style != "gpt2" or shape.tied or shape.kv != shape.heads \
+            or (not shape.experts and shape.inner != 4 * shape.hidden):
+        raise ValueError(f"rank_state_bytes models minipar's nn.GPT and moe_gpt (GPT-2 style, "
+                         f"untied, kv_heads = heads, a dense MLP 4·hidden wide), not {shape}")
+    if (shape.experts or 1) % ep:  # a dense model has no experts to split: ep = 1
+        raise ValueError(f"ep={ep} must divide the experts ({shape.experts}) "
+                         f"(ExpertParallelMoE)")
     h, f, V = shape.hidden, shape.inner, shape.vocab
 
     def linear(name, n_in, n_out, column, bias=True):
@@ -37,22 +41,32 @@ def gpt_layers(shape):
     def norm(name):
         return [(f"{name}.weight", h, False), (f"{name}.bias", h, False)]
 
+    def mlp(name):
+        return [linear(f"{name}.c_fc", h, f, True), linear(f"{name}.c_proj", f, h, False)]
+
+    def block(i):
+        name = f"blocks.{i}"
+        if shape.experts:  # the router is h x E without bias, replicated: each rank routes
+            ffn = [[(f"{name}.mlp.router.weight", h * shape.experts, False)]] + \
+                [m for e in range(shape.experts // ep) for m in mlp(f"{name}.mlp.experts.{e}")]
+        else:
+            ffn = mlp(f"{name}.mlp")
+        return [norm(f"{name}.ln_1"), linear(f"{name}.attn.c_attn", h, 3 * h, True),
+                linear(f"{name}.attn.c_proj", h, h, False), norm(f"{name}.ln_2"), *ffn]
+
     embed = [[("embed.wte.weight", V * h, True)], [("embed.wpe.weight", shape.seq * h, False)]]
-    blocks = [[norm(f"blocks.{i}.ln_1"), linear(f"blocks.{i}.attn.c_attn", h, 3 * h, True),
-               linear(f"blocks.{i}.attn.c_proj", h, h, False), norm(f"blocks.{i}.ln_2"),
-               linear(f"blocks.{i}.mlp.c_fc", h, f, True),
-               linear(f"blocks.{i}.mlp.c_proj", f, h, False)] for i in range(shape.layers)]
+    blocks = [block(i) for i in range(shape.layers)]
     return [embed, *blocks, [norm("ln_f")], [linear("lm_head", h, V, True, bias=False)]]
 
 
-def rank_modules(shape, tp=1, pp=1, pp_rank=0, schedule="1f1b", chunks=None):
+def rank_modules(shape, tp=1, pp=1, pp_rank=0, schedule="1f1b", chunks=None, ep=1):
     """The modules pipeline rank ``pp_rank`` holds, each a list of (name, local elements), in
     the order the pipeline hands its parameters to the optimizer: the stages of ``schedule``
     on that rank, each a contiguous run of equally many layers (the pipeline's default)."""
     for what, n in (("hidden", shape.hidden), ("heads", shape.heads), ("vocab", shape.vocab)):
         if n % tp:
             raise ValueError(f"{what}={n} is not divisible by tp={tp} (tensor/shard.py)")
-    layers = gpt_layers(shape)
+    layers = gpt_layers(shape, ep)
     if pp > 1:
         plan = build(schedule, pp, pp, chunks)
         bounds = balanced_split([1] * len(layers), plan.n_stages)
@@ -72,15 +86,18 @@ def bucket_numels(modules, itemsize, bucket_cap_mb=None):
 
 
 def rank_state_bytes(shape, precision="fp32", zero=0, dp=1, tp=1, pp=1, cp=1, pp_rank=0,
-                     schedule="1f1b", chunks=None, bucket_cap_mb=None):
+                     schedule="1f1b", chunks=None, bucket_cap_mb=None, ep=1):
     """{kind: bytes} (params, grads, master, moments) one rank holds, as the wrappers measure
     them after backward: ZeRO's stage over the data group of dp·cp ranks (gradients averaged
-    over both), on pipeline rank ``pp_rank`` of a tp x pp layout, Adam with one param group."""
+    over both), on pipeline rank ``pp_rank`` of a tp x pp layout with E/ep experts per MoE
+    block, Adam with one param group. ZeRO is not combined with experts (as in minipar)."""
     if zero not in (0, 1, 2, 3):
         raise ValueError(f"zero={zero!r}: ZeRO's stages are 0, 1, 2, 3")
+    if zero and ep > 1:
+        raise ValueError(f"zero={zero} with ep={ep}: minipar's ZeRO does not shard experts")
     per = bytes_per_parameter(precision)
     N = dp * cp
-    modules = rank_modules(shape, tp, pp, pp_rank, schedule, chunks)
+    modules = rank_modules(shape, tp, pp, pp_rank, schedule, chunks, ep)
     n = sum(size for module in modules for _, size in module)
     if zero == 0:
         return {kind: n * per[kind] for kind in KINDS}
