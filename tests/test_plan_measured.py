@@ -10,6 +10,7 @@ from minipar.testing import run_on_ranks
 # (1194 -> 1196; ZeRO-3's units 42 -> 44 ...): the prediction must pad as the wrappers do
 LAYERS, HIDDEN, HEADS, SEQ, VOCAB = 2, 6, 2, 7, 10
 PRECISIONS = {"float32": "fp32", "bfloat16": "bf16"}
+ZEROS = [(0, None), (1, None), (2, None), (2, 0.0002), (3, None)]  # (stage, bucket_cap_mb)
 
 
 def config():
@@ -67,36 +68,31 @@ def data_parallel(kind, dtype, comm, cap):
         opt.step()
 
 
-def trainer(dtype, world, tp, pp, cp, schedule):
-    """Bytes by kind of this rank's optimizer after a step of Trainer3D, and its coordinates."""
+def trainer(dtype, world, layout):
+    """Bytes by kind of this rank's AdamW (its slices of its stages) after a step of Trainer3D,
+    or of Trainer4D where ``layout`` names ep (E = 4 experts, 2 per token, 8 wide), with its
+    dp size and pipeline coordinate."""
     from minipar.parallel.groups import ParallelGroups
     from minipar.parallel.hybrid import Trainer3D
-
-    groups = ParallelGroups(world, tp=tp, cp=cp, pp=pp)
-    run = Trainer3D(config(), groups, schedule=schedule, microbatches=2, dtype=dtype,
-                    make_optimizer=adamw)
-    run.step(*ids(0))  # T = 4: cp's two chunks per rank
-    optimizer = run.pipe.optimizer.optimizer  # the AdamW of this rank's slices of its stages
-    return optimizer.memory_bytes(), groups.grid.dp, groups.coords["pp"]
-
-
-def experts(dtype, world, tp, pp, ep, schedule):
-    """As ``trainer``, for Trainer4D: E = 4 experts (2 per token) 8 wide in every block."""
-    from minipar.parallel.groups import ParallelGroups
     from minipar.parallel.hybrid4d import Trainer4D
     from minipar.parallel.tensor.moe import MoEConfig
 
-    groups = ParallelGroups(world, tp=tp, pp=pp, ep=ep)
-    run = Trainer4D(config(), MoEConfig(n_experts=4, top_k=2, hidden=8), groups,
-                    schedule=schedule, microbatches=2, dtype=dtype, make_optimizer=adamw,
-                    sequence_parallel=tp > 1)
-    run.step(*ids(0, rows=8))  # 2 micro-batches of each data rank's shard
-    return run.pipe.optimizer.optimizer.memory_bytes(), groups.grid.dp, groups.coords["pp"]
+    groups = ParallelGroups(world, **{k: v for k, v in layout.items() if k != "schedule"})
+    common = dict(schedule=layout.get("schedule", "1f1b"), microbatches=2, dtype=dtype,
+                  make_optimizer=adamw)
+    if "ep" in layout:
+        run = Trainer4D(config(), MoEConfig(n_experts=4, top_k=2, hidden=8), groups,
+                        sequence_parallel=groups.grid.tp > 1, **common)
+    else:
+        run = Trainer3D(config(), groups, **common)
+    run.step(*ids(0, rows=8))  # T = 4: cp's two chunks per rank; 2 micro-batches per data rank
+    optimizer = run.pipe.optimizer.optimizer
+    return optimizer.memory_bytes(), groups.grid.dp, groups.coords["pp"]
 
 
-def body(sizes, layouts, moe_layouts=()):
+def body(sizes, layouts):
     """On every rank: [(case, predicted, measured)] for DP and ZeRO over groups of ``sizes``
-    ranks and the Trainer3D ``layouts`` (tp, pp, cp, schedule), in each precision."""
+    ranks and the trainers' ``layouts`` ({tp, pp, cp, ep, schedule}), in each precision."""
     from minipar import comm
     from minipar.plan.layout_bytes import rank_state_bytes
 
@@ -105,45 +101,39 @@ def body(sizes, layouts, moe_layouts=()):
     for dtype, precision in PRECISIONS.items():
         for N in sizes:
             group = world if N == world.size else world.split(world.rank // N)
-            for zero, cap in ((0, None), (1, None), (2, None), (2, 0.0002), (3, None)):
+            for zero, cap in ZEROS:
                 measured = data_parallel(zero, dtype, group, cap)
                 predicted = rank_state_bytes(shape(), precision, zero=zero, dp=N,
                                              bucket_cap_mb=cap)
                 out.append((f"{dtype} zero{zero} N={N} cap={cap}", predicted, measured))
-        for tp, pp, cp, schedule in layouts:
-            measured, dp, pp_rank = trainer(dtype, world, tp, pp, cp, schedule)
-            predicted = rank_state_bytes(shape(), precision, dp=dp, tp=tp, pp=pp, cp=cp,
-                                         pp_rank=pp_rank, schedule=schedule)
-            out.append((f"{dtype} tp{tp} pp{pp} cp{cp} dp{dp} {schedule} pp_rank {pp_rank}",
-                        predicted, measured))
-        for tp, pp, ep, schedule in moe_layouts:
-            measured, dp, pp_rank = experts(dtype, world, tp, pp, ep, schedule)
-            predicted = rank_state_bytes(moe_shape(), precision, dp=dp, tp=tp, pp=pp, ep=ep,
-                                         pp_rank=pp_rank, schedule=schedule)
-            out.append((f"{dtype} 4D tp{tp} pp{pp} ep{ep} dp{dp} pp_rank {pp_rank}",
-                        predicted, measured))
+        for layout in layouts:
+            measured, dp, pp_rank = trainer(dtype, world, layout)
+            model = moe_shape() if "ep" in layout else shape()
+            predicted = rank_state_bytes(model, precision, dp=dp, pp_rank=pp_rank, **layout)
+            out.append((f"{dtype} {layout} dp{dp} pp_rank {pp_rank}", predicted, measured))
     return out
 
 
-def check(results):
+def check(results, sizes, layouts):
     for rank, cases in enumerate(results):
+        assert len(cases) == len(PRECISIONS) * (len(ZEROS) * len(sizes) + len(layouts)), rank
         for case, predicted, measured in cases:
             assert predicted == measured, (rank, case, predicted, measured)
 
 
 @pytest.mark.mpi
 def test_predicted_state_bytes_equal_measured_on_four_ranks():
-    layouts = [(2, 1, 1, "1f1b"), (1, 2, 1, "1f1b"), (1, 2, 1, "interleaved"),
-               (1, 2, 1, "zb-v"), (1, 1, 2, "1f1b"), (2, 2, 1, "1f1b")]
-    moe_layouts = [(1, 1, 2, "1f1b"), (2, 1, 2, "1f1b"), (1, 2, 2, "1f1b")]
-    check(run_on_ranks(body, 4, args=((2, 4), layouts, moe_layouts), timeout=400))
+    layouts = [dict(tp=2), dict(pp=2), dict(pp=2, schedule="interleaved"),
+               dict(pp=2, schedule="zb-v"), dict(cp=2), dict(tp=2, pp=2),
+               dict(ep=2), dict(tp=2, ep=2), dict(pp=2, ep=2)]
+    check(run_on_ranks(body, 4, args=((2, 4), layouts), timeout=400), (2, 4), layouts)
 
 
 @pytest.mark.mpi
 def test_predicted_state_bytes_equal_measured_3d_on_eight_ranks():
     """3D: 2 x 2 x 2 (tp, pp, dp), and with cp; 4D: tp, pp, ep = 2; ZeRO over 8 ranks."""
-    layouts = [(2, 2, 1, "1f1b"), (2, 2, 2, "1f1b")]
-    check(run_on_ranks(body, 8, args=((8,), layouts, [(2, 2, 2, "1f1b")]), timeout=400))
+    layouts = [dict(tp=2, pp=2), dict(tp=2, pp=2, cp=2), dict(tp=2, pp=2, ep=2)]
+    check(run_on_ranks(body, 8, args=((8,), layouts), timeout=400), (8,), layouts)
 
 
 def test_layers_are_nn_gpts_parameters_and_zero3_units():
