@@ -1,6 +1,6 @@
 """The planner against measurement (issue 26): ``plan.layout_bytes.rank_state_bytes`` predicts
-each rank's parameter, gradient, master and moment bytes of DP, ZeRO-1/2/3, TP, PP and cp
-layouts and of Trainer4D's experts to the byte, padding included, in float32 and bfloat16 (one launch of 4 ranks)."""
+each rank's parameter, gradient, master and moment bytes of DP, ZeRO-1/2/3, TP, PP, cp, 3D and
+4D layouts to the byte, padding included, in float32 and bfloat16 (launches of 4 and 8 ranks)."""
 import numpy as np
 import pytest
 
