@@ -2,7 +2,8 @@
 2020), activations per layer by Megatron's model (Korthikanti et al. 2022).
 
 Model states follow minipar's own optimizer (``Optimizer.memory_bytes()``: params, grads,
-master, moments): the same kinds, the same bytes per parameter, read from the same rule.
+master, moments): the same kinds, the same bytes per parameter, read from the same rule. One
+real rank's bytes, whole tensors and ZeRO's padding, to the byte: ``layout_bytes.py``.
 
     state = model_state_bytes(7.5e9, "fp16", zero=3, dp=64)    # by kind: 1.875e9 bytes in all
     megatron_activation_bytes(s=2048, b=1, h=12288, a=96, t=8, sp=True, recompute="selective")
