@@ -164,9 +164,10 @@ def ring_attention(q, k, v, group, causal=True, layout="balanced", overlap=True)
                          f"whole length must be a multiple of 2·cp: split_sequence)")
     rank_chunks(0, 1, layout)  # a clear error for an unknown layout
     # C order: the k/v blocks and their gradients are sent as they are (q, k, v of a model
-    # are often permuted views of one qkv projection)
+    # are often permuted views of one qkv projection); an array already in C order is kept
     xp = backend.get_array_module(q.data)
-    qd, kd, vd = (xp.ascontiguousarray(t.data) for t in (q, k, v))
+    qd, kd, vd = (t.data if t.data.flags.c_contiguous else xp.ascontiguousarray(t.data)
+                  for t in (q, k, v))
     out, lse = _forward(qd, kd, vd, group, causal, layout, overlap)
 
     def backward(g):
