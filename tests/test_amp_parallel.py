@@ -233,21 +233,23 @@ def _pipeline_overflow(pair):
 
 
 def _trainer3d(world, dtype):
-    """Trainer3D (tp 2, pp 2) with 16-bit parameters (dtype=), its step under autocast; no loss
-    scale (Trainer3D has no place for a GradScaler)."""
+    """Trainer3D (tp 2, pp 2) with 16-bit parameters (dtype=), its step under autocast; fp16
+    with a GradScaler whose found-inf flag goes over the whole world (every group of the grid)."""
     from minipar import amp
     from minipar.parallel.groups import ParallelGroups
     from minipar.parallel.hybrid import Trainer3D
 
     groups = ParallelGroups(world, tp=2, pp=2)
+    scaler = _scaler(dtype, world)
     trainer = Trainer3D(_config(), groups, "1f1b", microbatches=2, seed=7, dtype=dtype,
-                        make_optimizer=_optimizer)
+                        make_optimizer=_optimizer, scaler=scaler)
     ids, targets = _batch()
     losses = []
     for _ in range(STEPS):
         with amp.autocast(dtype=dtype):
             losses.append(float(trainer.step(ids, targets)))
-    return losses
+    # the scaler saw every step: its growth tracker counts the clean ones (0 when disabled)
+    return losses, scaler.state_dict().get("_growth_tracker", 0)
 
 
 def amp_parallel_body():
@@ -352,7 +354,9 @@ def test_ddp_and_zero3_equal_their_twin_bit_for_bit(ranks, dtype, kind, twin):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_trainer3d_equals_serial_twin(ranks, dtype):
     for out in ranks:
-        _close(out["3d"][dtype], out["unscaled"][dtype], dtype)
+        losses, clean_steps = out["3d"][dtype]
+        _close(losses, out["serial"][dtype], dtype)
+        assert clean_steps == (STEPS if dtype == "float16" else 0), clean_steps
 
 
 @pytest.mark.mpi

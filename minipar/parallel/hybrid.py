@@ -52,12 +52,15 @@ class Trainer3D:
     Every rank builds the serial ``nn.GPT(config)`` from ``seed`` and keeps its tensor slices
     (``TensorParallelGPT``); the pipeline keeps this rank's stages of them (equal numbers of
     layers: embedding, blocks, final LayerNorm, LM head). ``make_optimizer(params)`` defaults to
-    AdamW(lr=1e-3, weight_decay=0), the same as a serial run would use.
+    AdamW(lr=1e-3, weight_decay=0), the same as a serial run would use. ``dtype="float16"``
+    with ``scaler=GradScaler(group=world)`` trains in mixed precision with a loss scale (call
+    ``step`` under ``minipar.amp.autocast``); the pipeline scales the loss and skips the step
+    on every rank of the scaler's group when one finds an inf.
     """
 
     def __init__(self, config, groups, schedule="1f1b", microbatches=None, chunks=None,
                  make_optimizer=None, seed=0, dtype="float32", algorithm="auto", trace=False,
-                 sequence_parallel=False):
+                 sequence_parallel=False, scaler=None):
         check_config(config, groups.grid.tp)
         self.sequence_parallel = sequence_parallel
         self.schedule = build(schedule, groups.grid.pp, microbatches or groups.grid.pp, chunks)
@@ -88,7 +91,7 @@ class Trainer3D:
         self.pipe = Pipeline(
             self.model.to_sequential(), self.schedule, groups.pipeline, self.model.loss,
             optimizer=lambda ps: self.finalizing(self.reducer(ps, make_optimizer, algorithm)),
-            trace=trace)
+            trace=trace, scaler=scaler)
 
     def build_model(self, config, groups):
         """This rank's tensor slices of the serial GPT drawn from the random stream."""
