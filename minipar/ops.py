@@ -73,20 +73,16 @@ def _expand_reduced(g, shape, axis, keepdims):
 # Tensor cores multiply 16-bit operands exactly, add the products in float32 and round the result
 # once. NumPy has no 16-bit GEMM (its float16 @ sums in float16, ml_dtypes' bf16 @ gives
 # float32), so minipar does the same sums as a float32 GEMM of the upcasts (which are exact).
-def _is_16bit(dtype):
-    return dtype.itemsize == 2 and backend.is_low_precision(dtype)  # itemsize first: it is fast
-
-
 def upcast(a):
     """A 16-bit array as float32 (exactly), any other as it is."""
-    return a.astype("float32") if _is_16bit(a.dtype) else a
+    return a.astype("float32") if backend.is_low_precision(a.dtype) else a
 
 
 def low_precision(product, *arrays, out=None):
     """``product(*arrays)`` (None entries passed through) with 16-bit operands multiplied as
     tensor cores do: upcast to float32, and when all are of one 16-bit dtype the result rounded
     once to it (into ``out`` if given); a 16-bit operand beside a wider one gives the wider."""
-    low = {a.dtype for a in arrays if a is not None and _is_16bit(a.dtype)}
+    low = {a.dtype for a in arrays if a is not None and backend.is_low_precision(a.dtype)}
     if not low:
         return product(*arrays) if out is None else product(*arrays, out=out)
     if len(low) > 1:

@@ -16,13 +16,15 @@ bfloat16 = numpy.dtype(ml_dtypes.bfloat16)
 float16 = numpy.dtype("float16")
 float32 = numpy.dtype("float32")
 float64 = numpy.dtype("float64")
-# torch's names and the short ones papers use, besides NumPy's own
+# torch's names and the short ones papers use, besides NumPy's own; and bfloat16's type
+# character ('E', ml_dtypes'), which numpy.dtype() does not read back (headers, message tags)
 _ALIASES = {"half": float16, "fp16": float16, "bf16": bfloat16, "float": float32,
-            "fp32": float32, "double": float64, "fp64": float64}
+            "fp32": float32, "double": float64, "fp64": float64, bfloat16.char: bfloat16}
 
 
 def dtype(name):
-    """The NumPy dtype for ``name``: a dtype, a NumPy or torch name, or a torch dtype."""
+    """The NumPy dtype for ``name``: a dtype, a NumPy or torch name or type character, or a
+    torch dtype."""
     if isinstance(name, str) or type(name).__module__ == "torch":
         text = str(name).removeprefix("torch.")
         if text in _ALIASES:
@@ -43,7 +45,9 @@ def is_floating(d):
 
 def is_low_precision(d):
     """True for the 16-bit floats of mixed precision."""
-    return is_floating(d) and numpy.dtype(d).itemsize == 2
+    d = numpy.dtype(d)
+    # the size first: float32 and float64, the common case, answer without the name check
+    return d.itemsize == 2 and (d.kind == "f" or d == bfloat16)
 
 
 def finfo(d):

@@ -57,15 +57,10 @@ def result_buffer(x, out, shape=None, dtype=None):
     return out
 
 
-def is_16bit(dtype):
-    """float16 or bfloat16 (ml_dtypes'; its kind is 'V', so ask by name)."""
-    return dtype.name in ("float16", "bfloat16")
-
-
 def reducer(op, like):
     """The in-place reduction ``f(a, b, out=a)`` for op on like's array module."""
     f = getattr(backend.get_array_module(like), _UFUNC[op])
-    if not is_16bit(like.dtype):
+    if not backend.is_low_precision(like.dtype):
         return f
 
     # 16 bits: both operands upcast, reduced in float32, rounded once into out. For two
@@ -87,7 +82,7 @@ class Accumulator:
 
     def __init__(self, op, out):
         self.out, self.f = out, getattr(backend.get_array_module(out), _UFUNC[op])
-        self.wide = is_16bit(out.dtype)
+        self.wide = backend.is_low_precision(out.dtype)
         self.first = self.acc = None
 
     def add(self, x):

@@ -12,7 +12,6 @@ class CommError(ValueError):
 
 
 _DTYPE_CHARS = "?bBhHiIlLqQefdgFDGE"  # NumPy type characters; a message's tag is the index
-_NAMES = {"E": "bfloat16"}  # ml_dtypes' character, which numpy.dtype() does not know
 
 
 def dtype_tag(dtype):
@@ -23,6 +22,5 @@ def dtype_tag(dtype):
 def tag_dtype(tag):
     """The dtype name a collective's tag stands for."""
     if 0 <= tag < len(_DTYPE_CHARS):
-        char = _DTYPE_CHARS[tag]
-        return _NAMES.get(char) or backend.get_array_module().dtype(char).name
+        return backend.dtype(_DTYPE_CHARS[tag]).name
     return f"tag {tag}"

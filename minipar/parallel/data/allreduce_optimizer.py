@@ -11,7 +11,6 @@ seed, as the 3D trainer does. With a data group of one rank it is just the optim
 """
 from ... import backend
 from ...comm import world
-from ...comm.buffers import is_16bit
 from ...flat import flatten_grads, offsets, views
 from .buckets import gradient_bytes
 
@@ -21,7 +20,7 @@ def average_grads(params, flat, comm, algorithm, scale=1.0):
     them over ``comm`` with one all-reduce, times ``scale``; every ``p.grad`` is then a view of
     ``flat`` (valid until the next call)."""
     flatten_grads(params, flat)
-    if comm.size > 1 and is_16bit(flat.dtype):
+    if comm.size > 1 and backend.is_low_precision(flat.dtype):
         # 16 bits: divide first, as DDP does (ddp.py), for float16's sum of D gradients can
         # overflow where their mean does not; then a sum of 2-byte messages
         flat /= comm.size

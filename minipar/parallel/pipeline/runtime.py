@@ -246,10 +246,8 @@ class Pipeline:
     def _recv_f(self, a, s):
         host = backend.get_array_module()
         header = self.comm.recv(host.empty(HEADER, dtype="int64"), a.peer, self._tag(a))
-        # the activation's own dtype, 16-bit ones included (half the bytes of float32), except that
-        # numpy.dtype() does not read bfloat16's character 'E' (ml_dtypes') back
-        char = chr(header[0])
-        dtype = backend.bfloat16 if char == backend.bfloat16.char else host.dtype(char)
+        # the activation's own dtype, 16-bit ones included (half the bytes of float32)
+        dtype = backend.dtype(chr(header[0]))
         out = backend.xp().empty(tuple(int(n) for n in header[2:2 + header[1]]), dtype=dtype)
         s.x_in[(a.stage, a.mb)] = self.comm.recv(out, a.peer, self._tag(a))
 
