@@ -124,7 +124,7 @@ def check_dtype(name):
     """The dtype ``name`` resolves to, refused by name where the device's array library lacks
     it: CuPy has no bfloat16 (nor the strict device, which keeps CuPy's rules); float16 works."""
     d = dtypes.dtype(name)
-    if d == bfloat16 and device() != "cpu" and not _state.setdefault("bf16", _device_has_bf16()):
+    if d == bfloat16 and device() != "cpu" and not _device_has_bf16():
         raise TypeError(f"bfloat16 arrays are not supported on the {device()} device: CuPy has "
                         "no bfloat16 dtype; use float16 there (with a GradScaler), or "
                         "MINIPAR_DEVICE=cpu")
@@ -132,8 +132,14 @@ def check_dtype(name):
 
 
 def _device_has_bf16():
-    if device() == "strict":
-        return False
+    """Whether the device's array library makes bfloat16 arrays: asked once per device (a
+    trial allocation), remembered until set_device."""
+    if "bf16" not in _state:
+        _state["bf16"] = device() != "strict" and _makes_bf16()
+    return _state["bf16"]
+
+
+def _makes_bf16():
     try:
         xp().zeros(1, dtype=bfloat16)
         return True
