@@ -15,20 +15,26 @@ from ...flat import flatten_grads, offsets, views
 from .buckets import gradient_bytes
 
 
+def mean_op(grad, comm):
+    """The reduction op that averages ``grad`` over ``comm``: "avg", or for a 16-bit
+    gradient "sum" after dividing it in place, as DDP does: float16 ends at 65504 and a sum of N
+    gradients can overflow where their mean does not (the reduction adds in float32, rounds to
+    16 bits once per hop: docs/zero.md)."""
+    if not backend.is_low_precision(grad.dtype):
+        return "avg"
+    grad /= comm.size
+    return "sum"
+
+
 def average_grads(params, flat, comm, algorithm, scale=1.0):
     """Lay the params' gradients end to end in ``flat`` (a missing one counts as zero), average
     them over ``comm`` with one all-reduce, times ``scale``; every ``p.grad`` is then a view of
     ``flat`` (valid until the next call)."""
     flatten_grads(params, flat)
-    if comm.size > 1 and backend.is_low_precision(flat.dtype):
-        # 16 bits: divide first, as DDP does (ddp.py), for float16's sum of D gradients can
-        # overflow where their mean does not; then a sum of 2-byte messages
-        flat /= comm.size
-        comm.all_reduce(flat, op="sum", algorithm=algorithm, out=flat)
-    elif comm.size > 1:
+    if comm.size > 1:
         # g = (1/D) · sum_d g_d over the D ranks of the data group: the gradient of the mean
         # loss over their D shards of the batch
-        comm.all_reduce(flat, op="avg", algorithm=algorithm, out=flat)
+        comm.all_reduce(flat, op=mean_op(flat, comm), algorithm=algorithm, out=flat)
     if scale != 1.0:
         flat *= scale
     for p, grad in zip(params, views(flat, params)):

@@ -16,6 +16,7 @@ from ...comm import chunk_bounds, world
 from ...distributed.flat_state import ZeROState
 from ...flat import flatten_grads, flatten_parameters, offsets, padded_numel
 from ...nn.module import Parameter
+from .allreduce_optimizer import mean_op
 from .buckets import ReadyQueue, broadcast_parameters, gradient_bytes, make_buckets
 
 # the all-gather that completes each reduce-scatter algorithm (the other half of its all-reduce)
@@ -63,17 +64,6 @@ def optimizer_over_shards(make_optimizer, probe, shards, owner):
         raise TypeError(f"{owner}: {type(probe).__name__}(param_groups, **defaults) failed "
                         f"({err}): with several param groups the optimizer is built again over "
                         f"the flat shards so, from its defaults") from err
-
-
-def mean_op(grad, comm):
-    """The reduce-scatter op that averages ``grad`` over ``comm``: "avg", or for a 16-bit
-    gradient "sum" after dividing it in place, as DDP does: float16 ends at 65504 and a sum of N
-    gradients can overflow where their mean does not (the reduction adds in float32, rounds to
-    16 bits once per hop: docs/zero.md)."""
-    if not backend.is_low_precision(grad.dtype):
-        return "avg"
-    grad /= comm.size
-    return "sum"
 
 
 def optimizer_memory(optimizer):

@@ -16,8 +16,9 @@ from ...comm import Request, world
 from ...comm.nonblocking import iall_gather, ireduce_scatter
 from ...distributed.flat_state import ZeRO3State
 from ...flat import flatten_grads
+from .allreduce_optimizer import mean_op
 from .buckets import broadcast_parameters
-from .zero import (ALL_GATHER_TWIN, mean_op, optimizer_memory, optimizer_over_shards,
+from .zero import (ALL_GATHER_TWIN, optimizer_memory, optimizer_over_shards,
                    read_param_groups)
 from .zero3_units import Unit, layer_units
 
