@@ -1,0 +1,234 @@
+"""minipar's own activation model: the bytes each op of its GPT keeps for backward, per rank.
+
+Each row is what one op's backward closure captures (ops.py, functional.py, attention.py,
+parallel/tensor/, parallel/context/ring.py): what ``memory.ActivationMemory`` counts. The table
+reads beside Megatron's (``memory.MEGATRON_LAYER``); where they differ and why: docs/plan.md.
+Recompute: "full" is ``checkpoint`` around each block, "selective" ``checkpoint`` around the
+core attention (``F.attention_heads``); minipar's trainers run neither, a user wraps them. The
+model is cast to the precision (the trainers' ``dtype=``), not run under autocast.
+
+    layer_bytes(s=2048, b=1, h=12288, a=96, precision="bf16", tp=8, sp=True)
+    rank_activation_bytes(shape, "fp32", tp=2, pp=2, pp_rank=0, microbatches=4)
+"""
+import collections
+import functools
+
+from ..backend.dtypes import dtype
+from ..parallel.pipeline.actions import B, F, R, W
+from ..parallel.pipeline.partition import balanced_split
+from ..parallel.pipeline.schedules import build
+
+# units: (elements of one row per unit, bytes per element); ACT is the activation dtype's width
+SBH, SB, AS2B, ASB, SBV, TOKENS, POSITIONS, ONE = "sbh", "sb", "as2b", "asb", "sbv", "tokens", \
+    "s", "1"
+ACT = None
+WIDTH = {SBH: ACT, SB: ACT, ASB: ACT, SBV: ACT, ONE: ACT, AS2B: 4, TOKENS: 1, POSITIONS: 1}
+# how tensor parallelism t splits a row: always (heads, columns, vocabulary), only under sequence
+# parallelism (the regions between the collectives), or never
+TP, SP, WHOLE = "tp", "sp", "whole"
+# what a row is: "W" a matmul's input (zero bubble's B keeps it for W), "P" the attention
+# probabilities (selective recompute drops them), "qkv" kept by the fused attention only (ring
+# attention keeps RING instead), "dropout" only with dropout > 0
+Op = collections.namedtuple("Op", "what k unit split kind", defaults=("",))
+
+MINIPAR_LAYER = [
+    # LayerNorm keeps its normalised x̂ and 1/σ (the backward's formula), not its input
+    Op("ln_1: x̂", 1, SBH, SP), Op("ln_1: 1/σ per token", 1, SB, SP),
+    # under sp the column-parallel linear keeps the all-gathered input, the whole sequence
+    Op("c_attn input (ln_1's output)", 1, SBH, WHOLE, "W"),
+    # q, k, v are strided views of c_attn's output: one array, kept whole by the attention
+    Op("q, k, v (c_attn's output)", 3, SBH, TP, "qkv"),
+    # the scores are computed and normalised in float32 whatever the dtype (attention.py)
+    Op("softmax probabilities P, float32", 1, AS2B, TP, "P"),
+    Op("attention dropout mask, float32", 1, AS2B, TP, "P dropout"),
+    Op("c_proj input (the heads side by side)", 1, SBH, TP, "W"),
+    # a dropout mask has the activation's dtype; under sp the slice's base is the whole mask
+    Op("attention output dropout mask", 1, SBH, WHOLE, "dropout"),
+    Op("ln_2: x̂", 1, SBH, SP), Op("ln_2: 1/σ per token", 1, SB, SP),
+    Op("c_fc input (ln_2's output)", 1, SBH, WHOLE, "W"),
+    # GeLU keeps its input and σ(2u) (functional.gelu): two 4h-wide arrays
+    Op("GeLU input (c_fc's output)", 4, SBH, TP), Op("GeLU σ(2u)", 4, SBH, TP),
+    Op("MLP c_proj input (GeLU's output)", 4, SBH, TP, "W"),
+    Op("MLP dropout mask", 1, SBH, WHOLE, "dropout"),
+]
+# cp > 1: ring attention (context/ring.py) keeps contiguous copies of q, k, v, its output and the
+# log-sum-exp per query instead of c_attn's output and P; backward recomputes P block by block
+RING_ATTENTION = [Op("q, k, v contiguous copies", 3, SBH, TP),
+                  Op("ring output O", 1, SBH, TP), Op("log-sum-exp per query", 1, ASB, TP)]
+# the first and last pipeline layers: nn.GPT's (DP, ZeRO) and TensorParallelGPT's (every layout
+# with tp, pp or cp > 1: the trainers build it). A constant operand (TensorParallelGPT's
+# vocabulary mask) is a leaf: ActivationMemory does not count it
+EMBEDDING = [Op("token ids, int64", 8, TOKENS, WHOLE, "W"), Op("positions, int64", 8, POSITIONS,
+             WHOLE, "W"), Op("embedding dropout mask", 1, SBH, WHOLE, "dropout")]
+HEAD = [Op("ln_f: x̂", 1, SBH, SP), Op("ln_f: 1/σ per token", 1, SB, SP),
+        Op("lm_head input (ln_f's output)", 1, SBH, WHOLE, "W"),
+        Op("logits (the loss keeps them)", 1, SBV, TP)]
+# functional.cross_entropy: log-sum-exp, row and target indices (int64), the kept-target mask
+CROSS_ENTROPY = [Op("log-sum-exp per token", 1, SB, WHOLE),
+                 Op("row and target indices, int64", 16, TOKENS, WHOLE),
+                 Op("kept-target mask, bool", 1, TOKENS, WHOLE), Op("their count n", 1, ONE, WHOLE)]
+# vocab_parallel_cross_entropy: exp(z − max) of the local vocabulary beside the logits, the sum
+VOCAB_PARALLEL_CROSS_ENTROPY = [Op("exp(z − max)", 1, SBV, TP), Op("Σ exp per token", 1, SB, WHOLE),
+                                Op("row and local target indices, int64", 16, TOKENS, WHOLE),
+                                Op("target-here and kept masks, bool", 2, TOKENS, WHOLE),
+                                Op("the count n of kept targets", 1, ONE, WHOLE)]
+RECOMPUTE = ("none", "selective", "full")
+
+
+def table_bytes(ops, s, b, h, a, V, width, t=1, sp=False, dropout=False):
+    """Bytes the rows of ``ops`` hold for s tokens (this rank's: s/cp), micro-batch b."""
+    size = {SBH: s * b * h, SB: s * b, AS2B: a * s * s * b, ASB: a * s * b, SBV: s * b * V,
+            TOKENS: s * b, POSITIONS: s, ONE: 1}
+    total = 0
+    for op in ops:
+        if "dropout" in op.kind and not dropout:
+            continue
+        split = t if op.split == TP or (op.split == SP and sp) else 1
+        total += op.k * size[op.unit] * (WIDTH[op.unit] or width) / split
+    return total
+
+
+def layer_rows(ring=False, one_head=False):
+    """The rows of one block kept for backward: the fused attention's, or the ring's (cp)."""
+    if not ring:
+        return MINIPAR_LAYER
+    i = next(i for i, op in enumerate(MINIPAR_LAYER) if op.kind == "qkv")
+    rows = MINIPAR_LAYER[:i] + RING_ATTENTION + MINIPAR_LAYER[i + 1:]
+    if one_head:  # (B, 1, T, d) -> (B, T, d) is a view: c_proj's input is the ring's output
+        rows = [op._replace(kind="W") if op.what == "ring output O" else op for op in rows
+                if op.what != "c_proj input (the heads side by side)"]
+    return [op for op in rows if "P" not in op.kind]
+
+
+# A segment of a stage: (stored, replay, kept for W). ``stored``: held from its forward to its
+# backward; ``replay``: more bytes while its backward runs (a checkpoint's recomputed graph);
+# ``W``: what a split backward keeps until W (the matmuls' inputs).
+Segment = collections.namedtuple("Segment", "stored replay W")
+
+
+def segments(layer, s, b, h, a, V, precision="fp32", tp=1, sp=False, cp=1, recompute="none",
+             dropout=False, parallel=None):
+    """The segments of one pipeline layer ("embedding", "block", "ln_f", "head" with the loss)
+    for this rank's s/cp tokens. ``parallel``: TensorParallelGPT (default: any of tp, cp > 1)."""
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute={recompute!r}: minipar's model knows {RECOMPUTE}")
+    width = dtype(precision).itemsize
+    s = s // cp
+    parallel = tp > 1 or cp > 1 if parallel is None else parallel
+    args = dict(s=s, b=b, h=h, a=a, V=V, width=width, t=tp, sp=sp, dropout=dropout)
+
+    def seg(rows):
+        return Segment(table_bytes(rows, **args), 0, table_bytes(
+            [op for op in rows if op.kind == "W"], **args))
+
+    if layer == "embedding":
+        return [seg(EMBEDDING)]
+    if layer == "ln_f":
+        return [seg(HEAD[:2])]
+    if layer == "head":
+        return [seg(HEAD[2:] + (VOCAB_PARALLEL_CROSS_ENTROPY if parallel else CROSS_ENTROPY))]
+    rows = layer_rows(ring=cp > 1, one_head=a == tp)
+    if recompute == "full":  # checkpoint(block, x): the block's input only, its graph replayed
+        kept = table_bytes([Op("block input", 1, SBH, SP)], **args)
+        return [Segment(kept, table_bytes(rows, **args), 0)]
+    if recompute == "selective" and cp == 1:  # checkpoint(attention_heads, qkv, n_head)
+        i = next(i for i, op in enumerate(rows) if op.kind == "qkv") + 1
+        probabilities = [op for op in rows if "P" in op.kind]
+        rest = [op for op in rows[i:] if "P" not in op.kind]
+        return [seg(rows[:i]), Segment(0, table_bytes(probabilities, **args), 0), seg(rest)]
+    return [seg(rows)]  # ring attention keeps no P: selective changes nothing under cp
+
+
+def layer_bytes(s, b, h, a, precision="bf16", tp=1, sp=False, cp=1, recompute="none",
+                dropout=False):
+    """Bytes one block keeps between its forward and its backward (a checkpoint's replay not
+    counted): the minipar counterpart of ``megatron_activation_bytes``."""
+    return sum(g.stored for g in segments("block", s, b, h, a, 1, precision, tp, sp, cp,
+                                          recompute, dropout))
+
+
+def stage(segs):
+    """(stored, backward bump, kept for W) of a stage: the bump is the most its backward adds
+    above ``stored`` (segments go back in reverse, each freed after its backward runs)."""
+    stored = prefix = sum(g.stored for g in segs)
+    bump = 0
+    for g in reversed(segs):  # while g's backward runs, the segments before it and g are held
+        bump = max(bump, prefix + g.replay - stored)
+        prefix -= g.stored
+    return stored, bump, sum(g.W for g in segs)
+
+
+def gpt_segments(shape, micro_batch=1, precision="fp32", tp=1, sp=False, cp=1,
+                 recompute="none", dropout=False, parallel=None, strict=True):
+    """Segments of each of ``nn.GPT.to_sequential()``'s layers, the loss with the head. Other
+    blocks (Llama-style, grouped-query, MoE) are refused, or with ``strict=False`` counted as
+    nn.GPT's block of the same s, h, a (as the planner counts their FLOPs)."""
+    if strict and (shape.style != "gpt2" or shape.experts or shape.kv != shape.heads
+                   or shape.inner != 4 * shape.hidden):
+        raise ValueError(f"minipar's activation model is nn.GPT's (GPT-2 style, dense, kv_heads "
+                         f"= heads, a 4·hidden MLP), not {shape}")
+    common = (shape.seq, micro_batch, shape.hidden, shape.heads, shape.vocab, precision, tp, sp,
+              cp, recompute, dropout, parallel)
+    names = ["embedding"] + ["block"] * shape.layers + ["ln_f", "head"]
+    return [segments(name, *common) for name in names], names
+
+
+def rank_activation_bytes(shape, precision="fp32", tp=1, sp=False, cp=1, pp=1, pp_rank=0,
+                          schedule="1f1b", chunks=None, microbatches=1, micro_batch=1,
+                          recompute="none", dropout=False, parallel=None):
+    """Peak bytes of activations one rank holds over a training step, as ActivationMemory
+    measures it: pipeline rank ``pp_rank``'s stages (``balanced_split`` of the layers, the
+    pipeline's default), its actions walked in order: F adds a stage's bytes, B frees them
+    (zero bubble: all but the matmul inputs, which W frees), R (re-materialisation) adds them."""
+    layers, names = gpt_segments(shape, micro_batch, precision, tp, sp, cp, recompute, dropout,
+                                 tp > 1 or pp > 1 or cp > 1 if parallel is None else parallel)
+    if pp == 1:
+        stored, bump, _ = stage([g for layer in layers for g in layer])
+        return stored + bump
+    plan = build(schedule, pp, microbatches, chunks)
+    bounds = balanced_split([1] * len(layers), plan.n_stages)
+    summary = {}
+    for st in plan.stages_of(pp_rank):
+        lo, hi = bounds[st]
+        segs = [g for layer in layers[lo:hi] for g in layer]
+        if recompute == "full" and lo > 0 and names[lo] == "block":  # its input is a message
+            segs[0] = segs[0]._replace(stored=0)
+        summary[st] = stage(segs)
+    return walk(plan, pp_rank, summary)
+
+
+def walk(plan, rank, summary):
+    """The peak of the rank's live bytes over its actions, ``summary[stage]`` = (stored, bump,
+    kept for W)."""
+    live = peak = 0
+    for a in plan.actions[rank]:
+        stored, bump, kept = summary.get(a.stage, (0, 0, 0))
+        if a.kind == F and not plan.remat or a.kind == R:
+            live += stored
+        elif a.kind == B:
+            peak = max(peak, live + bump)
+            live -= stored - (kept if plan.split_backward else 0)
+        elif a.kind == W:
+            live -= kept
+        peak = max(peak, live)
+    return peak
+
+
+@functools.lru_cache(maxsize=4096)
+def layout_activation_bytes(shape, precision, tp, cp, pp, v, micro_batch, recompute, inflight,
+                            schedule="1f1b"):
+    """The planner's activations per GPU (sequence parallelism whenever tp > 1): with pp = 1 the
+    serial peak; with pipelines the worse of the first stage (embedding and its layers, times
+    the ``inflight`` micro-batch chunks the simulator reports) and the last (layers and head,
+    once, or ``inflight`` times under GPipe), each a chunk of layers/(pp·v) blocks."""
+    layers, _ = gpt_segments(shape, micro_batch, precision, tp, tp > 1, cp, recompute,
+                             parallel=tp > 1 or pp > 1 or cp > 1, strict=False)
+    if pp == 1:
+        stored, bump, _ = stage([g for layer in layers for g in layer])
+        return stored + bump
+    block = layers[1]
+    per_chunk = shape.layers // (pp * v)
+    first = stage(layers[0] + block * per_chunk)
+    last = stage(block * per_chunk + layers[-2] + layers[-1])
+    held_last = inflight if schedule == "gpipe" else 1
+    return max(first[0] * inflight + first[1], last[0] * held_last + last[1])

@@ -1,0 +1,164 @@
+"""The planner's activation model against measurement (issue 26): ``plan.activations`` predicts
+the peak bytes ``memory.ActivationMemory`` counts over a training step, per rank, for the
+serial GPT with each recompute mode and dropout, DP, ZeRO-1/2/3, TP with and without sequence
+parallelism, pipeline schedules, cp (ring attention), 3D; float32 and bfloat16 (docs/plan.md
+lists the ratios)."""
+import numpy as np
+import pytest
+
+from minipar.testing import run_on_ranks
+
+LAYERS, HIDDEN, HEADS, SEQ, VOCAB = 2, 8, 2, 8, 16
+PRECISIONS = {"float32": "fp32", "bfloat16": "bf16"}
+TOLERANCE = 0.05
+
+
+def config(dropout=0.0):
+    from minipar import nn
+    return nn.GPTConfig(vocab_size=VOCAB, block_size=SEQ, n_layer=LAYERS, n_head=HEADS,
+                        n_embd=HIDDEN, dropout=dropout)
+
+
+def shape():
+    from minipar.plan.models import GPTShape
+    return GPTShape(LAYERS, HIDDEN, HEADS, SEQ, VOCAB)
+
+
+def batch(step, rows):
+    """Contiguous ids and targets (nn.GPT's embedding keeps the ids' base array)."""
+    from minipar import backend
+    x = np.random.default_rng(step).integers(0, VOCAB, (rows, SEQ + 1))
+    return (backend.asarray(np.ascontiguousarray(x[:, :-1])),
+            backend.asarray(np.ascontiguousarray(x[:, 1:])))
+
+
+def serial_peak(dtype, recompute, dropout, rows=3):
+    """ActivationMemory's peak over one forward and backward of nn.GPT: recompute "full" is
+    ``checkpoint`` around each block, "selective" ``checkpoint`` around the core attention."""
+    import minipar
+    from minipar import functional as F, nn
+    from minipar.checkpoint import checkpoint
+    from minipar.memory import ActivationMemory
+
+    minipar.manual_seed(0)
+    model = nn.GPT(config(dropout)).to(getattr(minipar, dtype))
+    ids, targets = batch(0, rows)
+
+    def attention(self, x):  # CausalSelfAttention.forward, its core attention checkpointed
+        core = lambda qkv: F.attention_heads(qkv, self.n_head, self.p, self.training)  # noqa
+        return self.resid_dropout(self.c_proj(checkpoint(core, self.c_attn(x))))
+
+    with ActivationMemory() as mem:
+        if recompute == "full":
+            x = model.embed(ids)
+            for block in model.blocks:
+                x = checkpoint(block, x)
+            loss = F.cross_entropy(model.lm_head(model.ln_f(x)), targets)
+        else:
+            if recompute == "selective":
+                for block in model.blocks:
+                    block.attn.forward = attention.__get__(block.attn)
+            loss = model(ids, targets)[1]
+        loss.backward()
+    return mem.peak_bytes
+
+
+@pytest.mark.parametrize("dtype", PRECISIONS)
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_serial_prediction_within_five_percent(dtype, recompute, dropout):
+    from minipar.plan.activations import rank_activation_bytes
+
+    predicted = rank_activation_bytes(shape(), PRECISIONS[dtype], micro_batch=3,
+                                      recompute=recompute, dropout=dropout > 0)
+    measured = serial_peak(dtype, recompute, dropout)
+    assert abs(predicted / measured - 1) < TOLERANCE, (predicted, measured)
+
+
+def data_parallel_peak(kind, dtype, comm):
+    """The peak over the second step of nn.GPT under DDP (kind 0) or ZeRO-``kind``."""
+    import minipar
+    from minipar import nn, optim
+    from minipar.memory import ActivationMemory
+    from minipar.parallel.data import DistributedDataParallel, ZeRO, ZeRO3
+
+    def adamw(params):
+        return optim.AdamW(params, lr=1e-3, weight_decay=0.0)
+
+    minipar.manual_seed(0)
+    model = nn.GPT(config()).to(getattr(minipar, dtype))
+    if kind == 0:
+        DistributedDataParallel(model, comm)
+        opt = adamw(model.parameters())
+    elif kind == 3:
+        opt = ZeRO3(model, adamw, comm)
+    else:
+        opt = ZeRO(model, adamw, comm, stage=kind)
+    for step in range(2):
+        opt.zero_grad()
+        with ActivationMemory() as mem:
+            model(*batch(comm.rank + step, 2))[1].backward()
+        opt.step()
+    return mem.peak_bytes
+
+
+def trainer_peak(dtype, world, layout, rows=8, microbatches=2):
+    """The peak over one Trainer3D step on this rank, with its dp size and pipeline rank."""
+    from minipar.memory import ActivationMemory
+    from minipar.parallel.groups import ParallelGroups
+    from minipar.parallel.hybrid import Trainer3D
+
+    sizes = {k: v for k, v in layout.items() if k in ("tp", "pp", "cp")}
+    groups = ParallelGroups(world, **sizes)
+    run = Trainer3D(config(), groups, schedule=layout.get("schedule", "1f1b"),
+                    microbatches=microbatches, chunks=layout.get("chunks"), dtype=dtype,
+                    sequence_parallel=layout.get("sp", False))
+    with ActivationMemory() as mem:
+        run.step(*batch(0, rows))
+    return mem.peak_bytes, groups.grid.dp, groups.coords["pp"]
+
+
+def body(layouts):
+    """On every rank: [(case, predicted, measured)] for DP and ZeRO over the world and for
+    Trainer3D's ``layouts``, in each precision."""
+    from minipar import comm
+    from minipar.plan.activations import rank_activation_bytes
+
+    world = comm.world()
+    out = []
+    for dtype, precision in PRECISIONS.items():
+        for zero in (0, 1, 2, 3):
+            predicted = rank_activation_bytes(shape(), precision, micro_batch=2)
+            measured = data_parallel_peak(zero, dtype, world)
+            out.append((f"{dtype} zero{zero} dp{world.size}", predicted, measured))
+        for layout in layouts:
+            measured, dp, pp_rank = trainer_peak(dtype, world, layout)
+            sizes = {k: v for k, v in layout.items() if k in ("tp", "pp", "cp", "sp",
+                                                             "schedule", "chunks")}
+            predicted = rank_activation_bytes(shape(), precision, pp_rank=pp_rank,
+                                              microbatches=2, micro_batch=8 // (dp * 2),
+                                              **sizes)
+            out.append((f"{dtype} {layout} dp{dp} pp_rank {pp_rank}", predicted, measured))
+    return out
+
+
+def check(results, layouts):
+    for rank, cases in enumerate(results):
+        assert len(cases) == len(PRECISIONS) * (4 + len(layouts)), rank
+        for case, predicted, measured in cases:
+            assert abs(predicted / measured - 1) < TOLERANCE, (rank, case, predicted, measured)
+
+
+@pytest.mark.mpi
+def test_prediction_within_five_percent_on_four_ranks():
+    layouts = [dict(tp=2), dict(tp=2, sp=True), dict(pp=2), dict(pp=2, schedule="gpipe"),
+               dict(pp=2, schedule="interleaved"), dict(pp=2, schedule="zb-h1"),
+               dict(pp=2, schedule="zb-v"), dict(cp=2), dict(tp=2, cp=2), dict(tp=2, pp=2)]
+    check(run_on_ranks(body, 4, args=(layouts,), timeout=400), layouts)
+
+
+@pytest.mark.mpi
+def test_prediction_within_five_percent_3d_on_eight_ranks():
+    """3D: tp = pp = dp = 2 (with sequence parallelism), and tp = pp = cp = 2."""
+    layouts = [dict(tp=2, pp=2, sp=True), dict(tp=2, pp=2, cp=2)]
+    check(run_on_ranks(body, 8, args=(layouts,), timeout=400), layouts)
