@@ -162,3 +162,66 @@ def test_prediction_within_five_percent_3d_on_eight_ranks():
     """3D: tp = pp = dp = 2 (with sequence parallelism), and tp = pp = cp = 2."""
     layouts = [dict(tp=2, pp=2, sp=True), dict(tp=2, pp=2, cp=2)]
     check(run_on_ranks(body, 8, args=(layouts,), timeout=400), layouts)
+
+
+def test_planner_uses_minipars_model_by_default_megatrons_when_asked():
+    from minipar.plan import PRESETS
+    from minipar.plan.activations import layout_activation_bytes
+    from minipar.plan.hardware import PROFILES
+    from minipar.plan.memory import megatron_activation_bytes
+    from minipar.plan.time import Cluster, Layout, predict
+
+    gpt3 = PRESETS["gpt3-175b"].shape
+    cluster = Cluster(gpus=1024, gpus_per_node=8, profile=PROFILES["h100"])
+    layout = Layout(tp=8, pp=8, dp=16, recompute="selective")
+    ours = predict(gpt3, layout, cluster, 1536)
+    theirs = predict(gpt3, Layout(tp=8, pp=8, dp=16, activations="megatron"), cluster, 1536)
+    inflight = 8  # 1F1B: the first rank holds p micro-batches
+    per_layer = megatron_activation_bytes(2048, 1, 12288, 96, 8, True, "selective")
+    assert theirs["memory_bytes"]["activations"] == float(per_layer) * 96 / 8 * inflight
+    assert ours["memory_bytes"]["activations"] == layout_activation_bytes(
+        gpt3, "bf16", 8, 1, 8, 1, 1, "selective", inflight, "1f1b")
+    assert ours["layout"]["activations"] == "minipar"
+    with pytest.raises(ValueError, match="activations='nvidia'"):
+        predict(gpt3, Layout(tp=8, pp=8, dp=16, activations="nvidia"), cluster, 1536)
+
+
+def test_planner_without_pipeline_is_the_exact_serial_peak():
+    """pp = 1: the planner's activations are rank_activation_bytes' (sp whenever tp > 1)."""
+    from minipar.plan.activations import layout_activation_bytes, rank_activation_bytes
+    from minipar.plan.models import GPTShape
+
+    model = GPTShape(4, 16, 4, 16, 32)
+    for tp, cp, recompute in ((1, 1, "full"), (2, 1, "selective"), (2, 2, "none")):
+        assert layout_activation_bytes(model, "bf16", tp, cp, 1, 1, 2, recompute, 1) == \
+            rank_activation_bytes(model, "bf16", tp=tp, sp=tp > 1, cp=cp, micro_batch=2,
+                                  recompute=recompute)
+
+
+def test_what_it_does_not_model_is_refused_by_name():
+    from minipar.plan.activations import rank_activation_bytes
+    from minipar.plan.models import GPTShape
+
+    with pytest.raises(ValueError, match="nn.GPT"):
+        rank_activation_bytes(GPTShape(2, 8, 2, 8, 16, style="llama"))
+    with pytest.raises(ValueError, match="recompute='some'"):
+        rank_activation_bytes(shape(), recompute="some")
+
+
+def test_cli_activations_flag(capsys):
+    import json
+
+    from minipar.cli import main
+
+    args = ["plan", "--model", "gpt3-175b", "--gpus", "1024", "--tp", "8", "--pp", "8",
+            "--zero", "1", "--json"]
+    got = {}
+    for model in ("minipar", "megatron"):
+        assert main(args + ["--activations", model]) == 0
+        got[model] = json.loads(capsys.readouterr().out)
+        assert got[model]["layout"]["activations"] == model
+    assert got["minipar"]["memory_bytes"]["activations"] != \
+        got["megatron"]["memory_bytes"]["activations"]
+    with pytest.raises(SystemExit) as exit_:
+        main(args + ["--activations", "nvidia"])
+    assert exit_.value.code == 2

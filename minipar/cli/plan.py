@@ -46,6 +46,8 @@ def add_arguments(parser):
     layout.add_argument("--schedule", default="1f1b", help=", ".join(SCHEDULES))
     layout.add_argument("--chunks", type=positive_int, help="chunks per rank (interleaved)")
     layout.add_argument("--precision", default="bf16", help="fp32, bf16, fp16")
+    layout.add_argument("--activations", default="minipar", choices=("minipar", "megatron"),
+                        help="activation model: minipar's ops (default) or Megatron's")
     parser.add_argument("--top", type=positive_int, default=10, help="layouts shown (ranking)")
     parser.add_argument("--json", action="store_true", help="print JSON only (docs/plan.md)")
     parser.add_argument("--plot", metavar="FILE", help="memory and step time by kind as stacked "
@@ -80,7 +82,8 @@ def plan(args):
             "gpus": args.gpus, "gpus_per_node": args.gpus_per_node, "profile": hw.name,
             "gpu_memory_bytes": cluster.memory}
     common = {"micro_batch": args.micro_batch, "recompute": args.recompute,
-              "schedule": args.schedule, "chunks": args.chunks, "precision": args.precision}
+              "schedule": args.schedule, "chunks": args.chunks, "precision": args.precision,
+              "activations": args.activations}
     fixed = {k: getattr(args, k) for k in SIZES + ("zero",)} | common
     if args.zero not in (None, 0, 1, 2, 3):
         raise ValueError(f"--zero {args.zero}: ZeRO's stages are 0, 1, 2, 3")
@@ -182,7 +185,7 @@ def describe(r):
     L, mem, t = r["layout"], r["memory_bytes"], r["time_s"]
     lines.append(f"layout {short(L)}, "
                  f"{L['schedule']} (v={L['v']}, m={L['m']} micro-batches of {L['micro_batch']}), "
-                 f"{L['recompute']} recompute, {L['precision']}")
+                 f"{L['recompute']} recompute, {L['precision']}, {L['activations']} activations")
     lines.append(f"{'memory per GPU':<16}{'GB':>8}    {'step time':<16}{'s':>9}")
     left = [(k, gb(v)) for k, v in mem.items()]
     right = [(k, f"{v:.4f}") for k, v in t.items()]

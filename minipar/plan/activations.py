@@ -68,7 +68,8 @@ CROSS_ENTROPY = [Op("log-sum-exp per token", 1, SB, WHOLE),
                  Op("row and target indices, int64", 16, TOKENS, WHOLE),
                  Op("kept-target mask, bool", 1, TOKENS, WHOLE), Op("their count n", 1, ONE, WHOLE)]
 # vocab_parallel_cross_entropy: exp(z − max) of the local vocabulary beside the logits, the sum
-VOCAB_PARALLEL_CROSS_ENTROPY = [Op("exp(z − max)", 1, SBV, TP), Op("Σ exp per token", 1, SB, WHOLE),
+VOCAB_PARALLEL_CROSS_ENTROPY = [Op("exp(z − max)", 1, SBV, TP),
+                                Op("Σ exp per token", 1, SB, WHOLE),
                                 Op("row and local target indices, int64", 16, TOKENS, WHOLE),
                                 Op("target-here and kept masks, bool", 2, TOKENS, WHOLE),
                                 Op("the count n of kept targets", 1, ONE, WHOLE)]

@@ -3,7 +3,7 @@
 Compute from ``flops_per_iteration`` at the profile's peak x efficiency; every collective by
 ``comm.cost.predict`` over the link its group spans (the rank grid says which); the bubble by
 the schedule simulator run with the predicted stage times; memory from ``model_state_bytes``
-and ``megatron_activation_bytes``. What overlaps what, and what is counted: docs/plan.md.
+and ``activations.py`` (or Megatron's). What overlaps what, and what is counted: docs/plan.md.
 
     cluster = Cluster(gpus=1024, gpus_per_node=8, profile=PROFILES["h100"])
     p = predict(PRESETS["gpt3-175b"].shape, Layout(tp=8, pp=8, dp=16), cluster, global_batch=1536)
@@ -17,6 +17,7 @@ from minipar.parallel.groups import RankGrid
 from minipar.parallel.pipeline import build, makespan, peak_inflight, simulate, unit_cost
 from minipar.parallel.pipeline.schedules import CHUNKED, chunks_of
 
+from .activations import layout_activation_bytes
 from .flops import expert_flops_per_iteration, flops_per_iteration
 from .memory import bytes_per_parameter, megatron_activation_bytes, model_state_bytes
 
@@ -36,6 +37,7 @@ class Layout:
     schedule: str = "1f1b"
     chunks: int = None       # model chunks per pipeline rank (interleaved; zb-v has 2)
     precision: str = "bf16"
+    activations: str = "minipar"  # or "megatron": whose activation model memory_bytes uses
 
     @property
     def gpus(self):
@@ -186,17 +188,24 @@ def predict(shape, layout, cluster, global_batch):
 def memory_bytes(shape, L, width, inflight):
     """Per GPU by kind: model states (params, grads, optimizer = master + moments) sharded over
     dp x cp by ZeRO (the experts' 1/ep over dp·cp/ep); activations of the micro-batch chunks in
-    flight at the peak (Megatron's dense layer: an MoE layer's top_k MLPs are not added);
-    buffers."""
+    flight at the peak, by minipar's model or Megatron's (``L.activations``; a dense layer: an
+    MoE layer's top_k MLPs are not added); buffers."""
     experts = expert_parameters(shape)
     dense = model_state_bytes(shape.parameters() - experts, L.precision, L.zero, L.dp * L.cp,
                               L.tp, L.pp)
     routed = model_state_bytes(experts / L.ep, L.precision, L.zero, L.dp * L.cp // L.ep, L.tp,
                                L.pp)
     states = {kind: dense[kind] + routed[kind] for kind in dense}
-    per_layer = megatron_activation_bytes(shape.seq // L.cp, L.micro_batch, shape.hidden,
-                                          shape.heads, L.tp, L.tp > 1, L.recompute)
-    activations = float(per_layer) * shape.layers / (L.pp * L.v) * inflight
+    if L.activations == "minipar":  # its own ops, embedding and loss included
+        activations = layout_activation_bytes(shape, L.precision, L.tp, L.cp, L.pp, L.v,
+                                              L.micro_batch, L.recompute, inflight, L.schedule)
+    elif L.activations == "megatron":  # Korthikanti et al.'s layer, the blocks only
+        per_layer = megatron_activation_bytes(shape.seq // L.cp, L.micro_batch, shape.hidden,
+                                              shape.heads, L.tp, L.tp > 1, L.recompute)
+        activations = float(per_layer) * shape.layers / (L.pp * L.v) * inflight
+    else:
+        raise ValueError(f"activations={L.activations!r}: the planner has minipar's and "
+                         f"megatron's activation models")
     # buffers: ZeRO-3's gathered copy of one layer's parameters, and the pipeline's message
     # pair (activation out, its gradient in) of one micro-batch
     layer = shape.layer_parameters() / L.tp * width if L.zero == 3 else 0
