@@ -13,6 +13,17 @@ PRECISIONS = {"float32": "fp32", "bfloat16": "bf16"}
 TOLERANCE = 0.05
 
 
+def measured_here():
+    """The strict stand-in device wraps a view's owner anew when its wrapper has died, so
+    ActivationMemory (which counts a buffer once by its owner's id) counts some views twice
+    there, and it has no bfloat16: the measurements run on NumPy (and CuPy) only."""
+    from minipar import backend
+    if backend.device() == "strict":
+        pytest.skip("ActivationMemory's one-count-per-buffer needs stable owners: not strict")
+
+
+
+
 def config(dropout=0.0):
     from minipar import nn
     return nn.GPTConfig(vocab_size=VOCAB, block_size=SEQ, n_layer=LAYERS, n_head=HEADS,
@@ -69,6 +80,7 @@ def serial_peak(dtype, recompute, dropout, rows=3):
 def test_serial_prediction_within_five_percent(dtype, recompute, dropout):
     from minipar.plan.activations import rank_activation_bytes
 
+    measured_here()
     predicted = rank_activation_bytes(shape(), PRECISIONS[dtype], micro_batch=3,
                                       recompute=recompute, dropout=dropout > 0)
     measured = serial_peak(dtype, recompute, dropout)
@@ -151,6 +163,7 @@ def check(results, layouts):
 
 @pytest.mark.mpi
 def test_prediction_within_five_percent_on_four_ranks():
+    measured_here()
     layouts = [dict(tp=2), dict(tp=2, sp=True), dict(pp=2), dict(pp=2, schedule="gpipe"),
                dict(pp=2, schedule="interleaved"), dict(pp=2, schedule="zb-h1"),
                dict(pp=2, schedule="zb-v"), dict(cp=2), dict(tp=2, cp=2), dict(tp=2, pp=2)]
@@ -160,6 +173,7 @@ def test_prediction_within_five_percent_on_four_ranks():
 @pytest.mark.mpi
 def test_prediction_within_five_percent_3d_on_eight_ranks():
     """3D: tp = pp = dp = 2 (with sequence parallelism), and tp = pp = cp = 2."""
+    measured_here()
     layouts = [dict(tp=2, pp=2, sp=True), dict(tp=2, pp=2, cp=2)]
     check(run_on_ranks(body, 8, args=(layouts,), timeout=400), layouts)
 
