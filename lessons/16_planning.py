@@ -30,7 +30,7 @@ from minipar.parallel.data import DistributedDataParallel, ZeRO3
 from minipar.parallel.groups import ParallelGroups
 from minipar.parallel.hybrid import Trainer3D
 from minipar.plan.hardware import here
-from minipar.plan.layout_bytes import rank_state_bytes
+from minipar.plan.layout_bytes import rank_modules, rank_state_bytes
 from minipar.plan.models import GPTShape
 from minipar.plan.time import Cluster, Layout, predict
 
@@ -283,6 +283,9 @@ def part1_time(found, cluster, cores, steps):
                                                            "total"))
                 + (f"  {ratios[name]:.2f}x" if what == "measured" else ""))
     share = min(cores / cluster.gpus, 1)
+    # ZeRO-3's units are the modules holding parameters; a ring collective takes N - 1 steps
+    units, alpha = len(rank_modules(SHAPE)), cluster.profile.link(True).alpha
+    steps3 = 3 * units * (cluster.gpus - 1)
     say(f"  The profile times one rank's GEMM on a core of its own; here {cluster.gpus} ranks "
         f"share {cores} core(s),",
         f"  {share:.2f} of a core each: compute alone should take about {1 / share:.1f}x its "
@@ -292,7 +295,11 @@ def part1_time(found, cluster, cores, steps):
         "  planner hides the dp exchange behind the last backward (dp above is what is left); "
         "DDP here runs",
         "  it after backward, all exposed, and each clock counts the wait for the slowest "
-        "rank too. Timings",
+        "rank too. ZeRO-3",
+        f"  gathers its {units} units (modules) one by one: 3 ring collectives each, {steps3:,} "
+        f"steps of α = {alpha * 1e3:.2f} ms,",
+        f"  {steps3 * alpha * 1e3:.0f} ms of latency alone, where the planner prices one "
+        f"collective of all the parameters. Timings",
         "  are never a test here (a CI runner shares its cores among the ranks): the check "
         "only asks the",
         f"  ratio to lie in {RATIO_BAND[0]:g}-{RATIO_BAND[1]:g}x, a sanity band; on a quiet "
