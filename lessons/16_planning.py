@@ -194,7 +194,7 @@ def part1_here(world, quick):
                                                          1 << 20, 1 << 22)
     model = fit(world, sizes=sizes, rounds=1 if quick else 2, retries=0 if quick else 1)
     profile = here()  # takes the fit just made (cost.default_model) and times a GEMM
-    cores = len(os.sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     say("Part 1: the planner on this machine (--profile here), beside a real run",
         f"  fitted now on {world.size} ranks: α = {model.alpha * 1e6:.1f} µs a step, β = "
         f"{1 / model.beta(1 << 20) / 1e9:.2f} GB/s at 1 MiB;",
