@@ -22,7 +22,8 @@ SMALL = {"01_autograd.py": 1, "02_checkpointing.py": 1, "03_send_recv.py": 2,
          "10_tensor_parallel.py": 2, "11_3d_parallel.py": 8, "12_expert_parallel.py": 2,
          "13_mixed_precision.py": 2,
          "14_long_context.py": 4,
-         "15_compressed_communication.py": 2}
+         "15_compressed_communication.py": 2,
+         "16_planning.py": 4}
 
 
 def has_lesson_command():

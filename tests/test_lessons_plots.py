@@ -29,6 +29,7 @@ def figures_named(out):
     ("13_mixed_precision.py", 2, ["13_loss.png", "13_gradients.png"]),
     ("14_long_context.py", 4, ["14_memory.png", "14_ring.png", "14_work.png"]),
     ("15_compressed_communication.py", 2, ["15_loss.png", "15_loss_bytes.png"]),
+    ("16_planning.py", 4, ["16_plan.png"]),
 ])
 def test_plot_writes_each_figure_and_names_it(name, nprocs, expected, tmp_path):
     pytest.importorskip("matplotlib")
