@@ -16,7 +16,7 @@ import functools
 from ..backend.dtypes import dtype
 from ..parallel.pipeline.actions import B, F, R, W
 from ..parallel.pipeline.partition import balanced_split
-from ..parallel.pipeline.schedules import build
+from ..parallel.pipeline.schedules import CHUNKED, build
 
 # units: (elements of one row per unit, bytes per element); ACT is the activation dtype's width
 SBH, SB, AS2B, ASB, SBV, TOKENS, POSITIONS, ONE = "sbh", "sb", "as2b", "asb", "sbv", "tokens", \
@@ -171,7 +171,8 @@ def gpt_segments(shape, micro_batch=1, precision="fp32", tp=1, sp=False, cp=1,
     common = (shape.seq, micro_batch, shape.hidden, shape.heads, shape.vocab, precision, tp, sp,
               cp, recompute, dropout, parallel)
     names = ["embedding"] + ["block"] * shape.layers + ["ln_f", "head"]
-    return [segments(name, *common) for name in names], names
+    of = {name: segments(name, *common) for name in set(names)}  # every block is alike
+    return [of[name] for name in names], names
 
 
 def rank_activation_bytes(shape, precision="fp32", tp=1, sp=False, cp=1, pp=1, pp_rank=0,
@@ -187,49 +188,69 @@ def rank_activation_bytes(shape, precision="fp32", tp=1, sp=False, cp=1, pp=1, p
         stored, bump, _ = stage([g for layer in layers for g in layer])
         return stored + bump
     plan = build(schedule, pp, microbatches, chunks)
-    bounds = balanced_split([1] * len(layers), plan.n_stages)
+    return walk(plan, pp_rank, stage_summaries(layers, names, plan.n_stages, recompute))
+
+
+@functools.lru_cache(maxsize=256)
+def split(n_layers, n_stages):
+    """``balanced_split`` of n layers of equal cost (the pipeline's default), once per size."""
+    return balanced_split([1] * n_layers, n_stages)
+
+
+def stage_summaries(layers, names, n_stages, recompute):
+    """{stage: (stored, bump, kept for W)} of the pipeline's stages over ``layers``."""
     summary = {}
-    for st in plan.stages_of(pp_rank):
-        lo, hi = bounds[st]
+    for st, (lo, hi) in enumerate(split(len(layers), n_stages)):
         segs = [g for layer in layers[lo:hi] for g in layer]
         if recompute == "full" and lo > 0 and names[lo] == "block":  # its input is a message
             segs[0] = segs[0]._replace(stored=0)
         summary[st] = stage(segs)
-    return walk(plan, pp_rank, summary)
+    return summary
 
 
 def walk(plan, rank, summary):
     """The peak of the rank's live bytes over its actions, ``summary[stage]`` = (stored, bump,
     kept for W)."""
     live = peak = 0
+    adds = (R,) if plan.remat else (F, R)
     for a in plan.actions[rank]:
-        stored, bump, kept = summary.get(a.stage, (0, 0, 0))
-        if a.kind == F and not plan.remat or a.kind == R:
+        stored, bump, kept = summary.get(a.stage, (0, 0, 0))  # messages have no stage
+        if a.kind in adds:
             live += stored
+            peak = max(peak, live)
         elif a.kind == B:
             peak = max(peak, live + bump)
             live -= stored - (kept if plan.split_backward else 0)
         elif a.kind == W:
             live -= kept
-        peak = max(peak, live)
     return peak
 
 
+schedule_of = functools.lru_cache(maxsize=256)(build)  # the search asks for few, many times
+
+
 @functools.lru_cache(maxsize=4096)
-def layout_activation_bytes(shape, precision, tp, cp, pp, v, micro_batch, recompute, inflight,
-                            schedule="1f1b"):
-    """The planner's activations per GPU (sequence parallelism whenever tp > 1): with pp = 1 the
-    serial peak; with pipelines the worse of the first stage (embedding and its layers, times
-    the ``inflight`` micro-batch chunks the simulator reports) and the last (layers and head,
-    once, or ``inflight`` times under GPipe), each a chunk of layers/(pp·v) blocks."""
-    layers, _ = gpt_segments(shape, micro_batch, precision, tp, tp > 1, cp, recompute,
-                             parallel=tp > 1 or pp > 1 or cp > 1, strict=False)
+def layout_activation_bytes(shape, precision, tp, cp, pp, v, micro_batch, recompute,
+                            microbatches, schedule="1f1b"):
+    """The planner's activations per GPU, the most any rank holds (sequence parallelism whenever
+    tp > 1): with pp = 1 the serial peak; with pipelines the walk of every rank's schedule
+    (``rank_activation_bytes``'s). A rank's peak stops growing at 2p micro-batches, or grows by
+    the same bytes with each one more (GPipe holds them all): p..3p micro-batches are walked
+    and the line through 2p and 3p extended to ``microbatches`` (tests/test_plan_activations)."""
+    layers, names = gpt_segments(shape, micro_batch, precision, tp, tp > 1, cp, recompute,
+                                 parallel=tp > 1 or pp > 1 or cp > 1, strict=False)
     if pp == 1:
         stored, bump, _ = stage([g for layer in layers for g in layer])
         return stored + bump
-    block = layers[1]
-    per_chunk = shape.layers // (pp * v)
-    first = stage(layers[0] + block * per_chunk)
-    last = stage(block * per_chunk + layers[-2] + layers[-1])
-    held_last = inflight if schedule == "gpipe" else 1
-    return max(first[0] * inflight + first[1], last[0] * held_last + last[1])
+
+    def peak(m):
+        plan = schedule_of(schedule, pp, m, v if schedule in CHUNKED else None)
+        summary = stage_summaries(layers, names, plan.n_stages, recompute)
+        return max(walk(plan, rank, summary) for rank in range(pp))
+
+    simulated = min(microbatches, 2 * pp)
+    low = peak(simulated)
+    if microbatches == simulated:
+        return low
+    more = min(microbatches, 3 * pp)
+    return low + (peak(more) - low) * (microbatches - simulated) / (more - simulated)
