@@ -9,6 +9,7 @@ import pytest
 from minipar.testing import run_on_ranks
 
 LAYERS, HIDDEN, HEADS, SEQ, VOCAB = 2, 8, 2, 8, 16
+EXPERTS, TOP_K = 4, 2  # the 4D layouts' MoE blocks
 PRECISIONS = {"float32": "fp32", "bfloat16": "bf16"}
 TOLERANCE = 0.05
 
@@ -32,9 +33,28 @@ def config(dropout=0.0):
                         n_embd=HIDDEN, dropout=dropout)
 
 
-def shape():
+def shape(layout=()):
+    """The model's shape; a layout with ``ep`` runs MoE blocks (Trainer4D)."""
     from minipar.plan.models import GPTShape
-    return GPTShape(LAYERS, HIDDEN, HEADS, SEQ, VOCAB)
+    moe = dict(experts=EXPERTS, top_k=TOP_K) if "ep" in layout else {}
+    return GPTShape(LAYERS, HIDDEN, HEADS, SEQ, VOCAB, **moe)
+
+
+def balanced_gate(self, x):
+    """``nn.MoE.gate`` with the top-k chosen round robin, token i to experts ik, ik + 1, ...
+    (mod E): every expert gets s·b·k/E rows and none is dropped, the routing minipar's
+    activation model assumes (a learned router's counts are data)."""
+    from minipar import functional as F
+    from minipar.nn.moe import capacity, route
+
+    probs = F.softmax(self.router(x), axis=-1)
+    n, k, E = x.shape[0], self.top_k, self.n_experts
+    expert = (np.arange(n)[:, None] * k + np.arange(k)) % E
+    routing = route(expert, E, capacity(n, E, k, self.capacity_factor))
+    gates = probs.gather(1, expert)
+    if k > 1:
+        gates = gates / gates.sum(axis=-1, keepdims=True)
+    return probs, gates, routing
 
 
 def batch(step, rows):
@@ -117,18 +137,30 @@ def data_parallel_peak(kind, dtype, comm):
 
 
 def trainer_peak(dtype, world, layout, rows=8, microbatches=2):
-    """The peak over one Trainer3D step on this rank, with its dp size and pipeline rank."""
+    """The peak over one Trainer3D step on this rank (Trainer4D's, E = 4 experts routed by
+    ``balanced_gate``, for a layout with ``ep``), with its dp size and pipeline rank."""
     from minipar.memory import ActivationMemory
+    from minipar.nn.moe import MoE
     from minipar.parallel.groups import ParallelGroups
     from minipar.parallel.hybrid import Trainer3D
+    from minipar.parallel.hybrid4d import Trainer4D
+    from minipar.parallel.tensor.moe import MoEConfig
 
-    sizes = {k: v for k, v in layout.items() if k in ("tp", "pp", "cp")}
+    sizes = {k: v for k, v in layout.items() if k in ("tp", "pp", "cp", "ep")}
     groups = ParallelGroups(world, **sizes)
-    run = Trainer3D(config(), groups, schedule=layout.get("schedule", "1f1b"),
-                    microbatches=microbatches, chunks=layout.get("chunks"), dtype=dtype,
-                    sequence_parallel=layout.get("sp", False))
-    with ActivationMemory() as mem:
-        run.step(*batch(0, rows))
+    options = dict(schedule=layout.get("schedule", "1f1b"), microbatches=microbatches,
+                   chunks=layout.get("chunks"), dtype=dtype,
+                   sequence_parallel=layout.get("sp", False))
+    if "ep" in layout:
+        run = Trainer4D(config(), MoEConfig(n_experts=EXPERTS, top_k=TOP_K), groups, **options)
+    else:
+        run = Trainer3D(config(), groups, **options)
+    gate, MoE.gate = MoE.gate, balanced_gate
+    try:
+        with ActivationMemory() as mem:
+            run.step(*batch(0, rows))
+    finally:
+        MoE.gate = gate
     return mem.peak_bytes, groups.grid.dp, groups.coords["pp"]
 
 
@@ -140,11 +172,12 @@ def planned(precision, world, layout, dp, rows=8, microbatches=2):
 
     if layout.get("tp", 1) > 1 and not layout.get("sp"):
         return None
-    sizes = {k: v for k, v in layout.items() if k in ("tp", "pp", "cp", "schedule", "chunks")}
+    sizes = {k: v for k, v in layout.items() if k in ("tp", "pp", "cp", "ep", "schedule",
+                                                     "chunks")}
     plan = Layout(dp=dp, micro_batch=rows // (dp * microbatches), recompute="none",
                   precision=precision, **sizes)
     cluster = Cluster(gpus=world, gpus_per_node=world, profile=PROFILES["h100"])
-    return predict(shape(), plan, cluster, rows)["memory_bytes"]["activations"]
+    return predict(shape(layout), plan, cluster, rows)["memory_bytes"]["activations"]
 
 
 def body(layouts):
@@ -163,9 +196,9 @@ def body(layouts):
             out.append((f"{dtype} zero{zero} dp{world.size}", predicted, measured, None))
         for layout in layouts:
             measured, dp, pp_rank = trainer_peak(dtype, world, layout)
-            sizes = {k: v for k, v in layout.items() if k in ("tp", "pp", "cp", "sp",
+            sizes = {k: v for k, v in layout.items() if k in ("tp", "pp", "cp", "sp", "ep",
                                                              "schedule", "chunks")}
-            predicted = rank_activation_bytes(shape(), precision, pp_rank=pp_rank,
+            predicted = rank_activation_bytes(shape(layout), precision, pp_rank=pp_rank,
                                               microbatches=2, micro_batch=8 // (dp * 2),
                                               **sizes)
             out.append((f"{dtype} {layout} dp{dp} pp_rank {pp_rank}", predicted, measured,
@@ -191,18 +224,20 @@ def check(results, layouts):
 @pytest.mark.mpi
 def test_prediction_within_five_percent_on_four_ranks():
     """Every rank's peak against its prediction; the planner's per GPU (pp = 2 with each
-    schedule, tp = 2 with sp, cp = 2) against the largest."""
+    schedule, tp = 2 with sp, cp = 2, 4D ep = 2 dp = 4) against the largest."""
     layouts = [dict(tp=2), dict(tp=2, sp=True), dict(pp=2), dict(pp=2, schedule="gpipe"),
                dict(pp=2, schedule="interleaved"), dict(pp=2, schedule="zb-h1"),
-               dict(pp=2, schedule="zb-v"), dict(cp=2), dict(tp=2, cp=2), dict(tp=2, pp=2)]
+               dict(pp=2, schedule="zb-v"), dict(cp=2), dict(tp=2, cp=2), dict(tp=2, pp=2),
+               dict(ep=2)]
     check(run_on_ranks(body, 4, args=(layouts,), timeout=400), layouts)
 
 
 @pytest.mark.mpi
 def test_prediction_within_five_percent_3d_on_eight_ranks():
     """3D: tp = pp = dp = 2 (with sequence parallelism; the planner's too), and tp = pp = cp =
-    2."""
-    layouts = [dict(tp=2, pp=2, sp=True), dict(tp=2, pp=2, cp=2)]
+    2; 4D: tp = pp = ep = 2 with sequence parallelism."""
+    layouts = [dict(tp=2, pp=2, sp=True), dict(tp=2, pp=2, cp=2),
+               dict(tp=2, pp=2, ep=2, sp=True)]
     check(run_on_ranks(body, 8, args=(layouts,), timeout=400), layouts)
 
 
