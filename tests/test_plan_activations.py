@@ -109,6 +109,29 @@ def test_serial_prediction_within_five_percent(dtype, recompute, dropout):
     assert abs(predicted / measured - 1) < TOLERANCE, (predicted, measured)
 
 
+@pytest.mark.parametrize("dtype", PRECISIONS)
+def test_serial_mixture_of_experts_prediction_within_five_percent(dtype):
+    """moe_gpt (nn.MoE blocks, E = 4, top-2) routed round robin, in-process."""
+    import minipar
+    from minipar.memory import ActivationMemory
+    from minipar.nn.moe import MoE
+    from minipar.parallel.tensor.moe import MoEConfig, moe_gpt
+    from minipar.plan.activations import rank_activation_bytes
+
+    measured_here(dtype)
+    minipar.manual_seed(0)
+    model = moe_gpt(config(), MoEConfig(n_experts=EXPERTS, top_k=TOP_K))
+    model = model.to(getattr(minipar, dtype))
+    gate, MoE.gate = MoE.gate, balanced_gate
+    try:
+        with ActivationMemory() as mem:
+            model(*batch(0, 3))[1].backward()
+    finally:
+        MoE.gate = gate
+    predicted = rank_activation_bytes(shape(dict(ep=1)), PRECISIONS[dtype], micro_batch=3)
+    assert abs(predicted / mem.peak_bytes - 1) < TOLERANCE, (predicted, mem.peak_bytes)
+
+
 def data_parallel_peak(kind, dtype, comm):
     """The peak over the second step of nn.GPT under DDP (kind 0) or ZeRO-``kind``."""
     import minipar
