@@ -1,8 +1,9 @@
 """The planner's activation model against measurement (issue 26): ``plan.activations`` predicts
 the peak bytes ``memory.ActivationMemory`` counts over a training step, per rank, for the
 serial GPT with each recompute mode and dropout, DP, ZeRO-1/2/3, TP with and without sequence
-parallelism, pipeline schedules, cp (ring attention), 3D; float32 and bfloat16 (docs/plan.md
-lists the ratios; the strict device measures float32 alone)."""
+parallelism, pipeline schedules, cp (ring attention), 3D, the mixture of experts serial and 4D;
+and the planner's per-GPU number (``predict``) against the largest rank's; float32 and bfloat16
+(docs/plan.md lists the bytes; the strict device measures float32 alone)."""
 import numpy as np
 import pytest
 

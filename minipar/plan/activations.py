@@ -1,8 +1,9 @@
 """minipar's own activation model: the bytes each op of its GPT keeps for backward, per rank.
 
 Each row is what one op's backward closure captures (ops.py, functional.py, attention.py,
-parallel/tensor/, parallel/context/ring.py): what ``memory.ActivationMemory`` counts. The table
-reads beside Megatron's (``memory.MEGATRON_LAYER``); where they differ and why: docs/plan.md.
+nn/moe.py, parallel/tensor/, parallel/expert/, parallel/context/ring.py): what
+``memory.ActivationMemory`` counts. The table reads beside Megatron's
+(``memory.MEGATRON_LAYER``); where they differ and why: docs/plan.md.
 Recompute: "full" is ``checkpoint`` around each block, "selective" ``checkpoint`` around the
 core attention (``F.attention_heads``); minipar's trainers run neither, a user wraps them. The
 model is cast to the precision (the trainers' ``dtype=``), not run under autocast.
