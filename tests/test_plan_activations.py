@@ -325,6 +325,19 @@ def test_what_it_does_not_model_is_refused_by_name():
         rank_activation_bytes(GPTShape(2, 8, 2, 8, 16, style="llama"))
     with pytest.raises(ValueError, match="recompute='some'"):
         rank_activation_bytes(shape(), recompute="some")
+    with pytest.raises(ValueError, match="context parallelism"):
+        rank_activation_bytes(shape(dict(ep=2)), cp=2, ep=2)
+
+
+def test_the_planner_counts_the_experts():
+    """An MoE model's activations hold the experts' rows (k = 2 of them per token): more than
+    the dense model's; with cp, which no trainer runs with experts, counted all the same."""
+    from minipar.plan.activations import layout_activation_bytes
+
+    for cp in (1, 2):
+        moe, dense = (layout_activation_bytes(model, "bf16", 2, cp, 2, 1, 1, "none", 4)
+                      for model in (shape(dict(ep=2)), shape()))
+        assert moe > dense > 0
 
 
 def test_cli_activations_flag(capsys):

@@ -147,9 +147,6 @@ def segments(layer, s, b, h, a, V, precision="fp32", tp=1, sp=False, cp=1, recom
     ``experts`` = (E, k, f): the blocks are MoEBlocks."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute={recompute!r}: minipar's model knows {RECOMPUTE}")
-    if experts and (dropout or cp > 1):
-        raise ValueError("minipar's activation model has no mixture of experts with dropout or "
-                         "context parallelism (Trainer4D refuses cp > 1)")
     width = dtype(precision).itemsize
     s = s // cp
     parallel = tp > 1 or cp > 1 if parallel is None else parallel
@@ -207,6 +204,10 @@ def gpt_segments(shape, micro_batch=1, precision="fp32", tp=1, sp=False, cp=1,
                    or not shape.experts and shape.inner != 4 * shape.hidden):
         raise ValueError(f"minipar's activation model is nn.GPT's (GPT-2 style, kv_heads = "
                          f"heads, a 4·hidden MLP or experts), not {shape}")
+    # with cp an MoE block would keep the ring's rows and the experts'; no trainer runs it
+    if strict and shape.experts and (dropout or cp > 1):
+        raise ValueError("minipar's activation model has no mixture of experts with dropout or "
+                         "context parallelism (Trainer4D refuses cp > 1)")
     experts = (shape.experts, shape.top_k, shape.inner) if shape.experts else None
     common = (shape.seq, micro_batch, shape.hidden, shape.heads, shape.vocab, precision, tp, sp,
               cp, recompute, dropout, parallel, experts)
