@@ -1,27 +1,31 @@
 """The planner's activation model against measurement (issue 26): ``plan.activations`` predicts
 the peak bytes ``memory.ActivationMemory`` counts over a training step, per rank, for the
 serial GPT with each recompute mode and dropout, DP, ZeRO-1/2/3, TP with and without sequence
-parallelism, pipeline schedules, cp (ring attention), 3D; float32 and bfloat16 (docs/plan.md
-lists the ratios)."""
+parallelism, pipeline schedules, cp (ring attention), 3D, the mixture of experts serial and 4D;
+and the planner's per-GPU number (``predict``) against the largest rank's; float32 and bfloat16
+(docs/plan.md lists the bytes; the strict device measures float32 alone)."""
 import numpy as np
 import pytest
 
 from minipar.testing import run_on_ranks
 
 LAYERS, HIDDEN, HEADS, SEQ, VOCAB = 2, 8, 2, 8, 16
+EXPERTS, TOP_K = 4, 2  # the 4D layouts' MoE blocks
 PRECISIONS = {"float32": "fp32", "bfloat16": "bf16"}
 TOLERANCE = 0.05
 
 
-def measured_here():
-    """The strict stand-in device wraps a view's owner anew when its wrapper has died, so
-    ActivationMemory (which counts a buffer once by its owner's id) counts some views twice
-    there, and it has no bfloat16: the measurements run on NumPy (and CuPy) only."""
+def precisions():
+    """The dtypes measured here: the strict stand-in device has no bfloat16."""
     from minipar import backend
     if backend.device() == "strict":
-        pytest.skip("ActivationMemory's one-count-per-buffer needs stable owners: not strict")
+        return {"float32": "fp32"}
+    return PRECISIONS
 
 
+def measured_here(dtype="float32"):
+    if dtype not in precisions():
+        pytest.skip(f"{dtype}: not on the strict device (CuPy has no bfloat16)")
 
 
 def config(dropout=0.0):
@@ -30,9 +34,28 @@ def config(dropout=0.0):
                         n_embd=HIDDEN, dropout=dropout)
 
 
-def shape():
+def shape(layout=()):
+    """The model's shape; a layout with ``ep`` runs MoE blocks (Trainer4D)."""
     from minipar.plan.models import GPTShape
-    return GPTShape(LAYERS, HIDDEN, HEADS, SEQ, VOCAB)
+    moe = dict(experts=EXPERTS, top_k=TOP_K) if "ep" in layout else {}
+    return GPTShape(LAYERS, HIDDEN, HEADS, SEQ, VOCAB, **moe)
+
+
+def balanced_gate(self, x):
+    """``nn.MoE.gate`` with the top-k chosen round robin, token i to experts ik, ik + 1, ...
+    (mod E): every expert gets s·b·k/E rows and none is dropped, the routing minipar's
+    activation model assumes (a learned router's counts are data)."""
+    from minipar import functional as F
+    from minipar.nn.moe import capacity, route
+
+    probs = F.softmax(self.router(x), axis=-1)
+    n, k, E = x.shape[0], self.top_k, self.n_experts
+    expert = (np.arange(n)[:, None] * k + np.arange(k)) % E
+    routing = route(expert, E, capacity(n, E, k, self.capacity_factor))
+    gates = probs.gather(1, expert)
+    if k > 1:
+        gates = gates / gates.sum(axis=-1, keepdims=True)
+    return probs, gates, routing
 
 
 def batch(step, rows):
@@ -80,11 +103,34 @@ def serial_peak(dtype, recompute, dropout, rows=3):
 def test_serial_prediction_within_five_percent(dtype, recompute, dropout):
     from minipar.plan.activations import rank_activation_bytes
 
-    measured_here()
+    measured_here(dtype)
     predicted = rank_activation_bytes(shape(), PRECISIONS[dtype], micro_batch=3,
                                       recompute=recompute, dropout=dropout > 0)
     measured = serial_peak(dtype, recompute, dropout)
     assert abs(predicted / measured - 1) < TOLERANCE, (predicted, measured)
+
+
+@pytest.mark.parametrize("dtype", PRECISIONS)
+def test_serial_mixture_of_experts_prediction_within_five_percent(dtype):
+    """moe_gpt (nn.MoE blocks, E = 4, top-2) routed round robin, in-process."""
+    import minipar
+    from minipar.memory import ActivationMemory
+    from minipar.nn.moe import MoE
+    from minipar.parallel.tensor.moe import MoEConfig, moe_gpt
+    from minipar.plan.activations import rank_activation_bytes
+
+    measured_here(dtype)
+    minipar.manual_seed(0)
+    model = moe_gpt(config(), MoEConfig(n_experts=EXPERTS, top_k=TOP_K))
+    model = model.to(getattr(minipar, dtype))
+    gate, MoE.gate = MoE.gate, balanced_gate
+    try:
+        with ActivationMemory() as mem:
+            model(*batch(0, 3))[1].backward()
+    finally:
+        MoE.gate = gate
+    predicted = rank_activation_bytes(shape(dict(ep=1)), PRECISIONS[dtype], micro_batch=3)
+    assert abs(predicted / mem.peak_bytes - 1) < TOLERANCE, (predicted, mem.peak_bytes)
 
 
 def data_parallel_peak(kind, dtype, comm):
@@ -115,67 +161,126 @@ def data_parallel_peak(kind, dtype, comm):
 
 
 def trainer_peak(dtype, world, layout, rows=8, microbatches=2):
-    """The peak over one Trainer3D step on this rank, with its dp size and pipeline rank."""
+    """The peak over one Trainer3D step on this rank (Trainer4D's, E = 4 experts routed by
+    ``balanced_gate``, for a layout with ``ep``), with its dp size and pipeline rank."""
     from minipar.memory import ActivationMemory
+    from minipar.nn.moe import MoE
     from minipar.parallel.groups import ParallelGroups
     from minipar.parallel.hybrid import Trainer3D
+    from minipar.parallel.hybrid4d import Trainer4D
+    from minipar.parallel.tensor.moe import MoEConfig
 
-    sizes = {k: v for k, v in layout.items() if k in ("tp", "pp", "cp")}
+    sizes = {k: v for k, v in layout.items() if k in ("tp", "pp", "cp", "ep")}
     groups = ParallelGroups(world, **sizes)
-    run = Trainer3D(config(), groups, schedule=layout.get("schedule", "1f1b"),
-                    microbatches=microbatches, chunks=layout.get("chunks"), dtype=dtype,
-                    sequence_parallel=layout.get("sp", False))
-    with ActivationMemory() as mem:
-        run.step(*batch(0, rows))
+    options = dict(schedule=layout.get("schedule", "1f1b"), microbatches=microbatches,
+                   chunks=layout.get("chunks"), dtype=dtype,
+                   sequence_parallel=layout.get("sp", False))
+    if "ep" in layout:
+        run = Trainer4D(config(), MoEConfig(n_experts=EXPERTS, top_k=TOP_K), groups, **options)
+    else:
+        run = Trainer3D(config(), groups, **options)
+    gate, MoE.gate = MoE.gate, balanced_gate
+    try:
+        with ActivationMemory() as mem:
+            run.step(*batch(0, rows))
+    finally:
+        MoE.gate = gate
     return mem.peak_bytes, groups.grid.dp, groups.coords["pp"]
 
 
+def planned(precision, world, layout, dp, rows=8, microbatches=2):
+    """The planner's activations per GPU for a Trainer3D layout (``predict``: the most any rank
+    holds), or None for a layout it does not plan (tp > 1 without sequence parallelism)."""
+    from minipar.plan.hardware import PROFILES
+    from minipar.plan.time import Cluster, Layout, predict
+
+    if layout.get("tp", 1) > 1 and not layout.get("sp"):
+        return None
+    sizes = {k: v for k, v in layout.items() if k in ("tp", "pp", "cp", "ep", "schedule",
+                                                     "chunks")}
+    plan = Layout(dp=dp, micro_batch=rows // (dp * microbatches), recompute="none",
+                  precision=precision, **sizes)
+    cluster = Cluster(gpus=world, gpus_per_node=world, profile=PROFILES["h100"])
+    return predict(shape(layout), plan, cluster, rows)["memory_bytes"]["activations"]
+
+
 def body(layouts):
-    """On every rank: [(case, predicted, measured)] for DP and ZeRO over the world and for
-    Trainer3D's ``layouts``, in each precision."""
+    """On every rank: [(case, predicted, measured, planned)] for DP and ZeRO over the world and
+    for Trainer3D's ``layouts`` (planned: ``predict``'s number for the layout, or None), in
+    each precision."""
     from minipar import comm
     from minipar.plan.activations import rank_activation_bytes
 
     world = comm.world()
     out = []
-    for dtype, precision in PRECISIONS.items():
+    for dtype, precision in precisions().items():
         for zero in (0, 1, 2, 3):
             predicted = rank_activation_bytes(shape(), precision, micro_batch=2)
             measured = data_parallel_peak(zero, dtype, world)
-            out.append((f"{dtype} zero{zero} dp{world.size}", predicted, measured))
+            out.append((f"{dtype} zero{zero} dp{world.size}", predicted, measured, None))
         for layout in layouts:
             measured, dp, pp_rank = trainer_peak(dtype, world, layout)
-            sizes = {k: v for k, v in layout.items() if k in ("tp", "pp", "cp", "sp",
+            sizes = {k: v for k, v in layout.items() if k in ("tp", "pp", "cp", "sp", "ep",
                                                              "schedule", "chunks")}
-            predicted = rank_activation_bytes(shape(), precision, pp_rank=pp_rank,
+            predicted = rank_activation_bytes(shape(layout), precision, pp_rank=pp_rank,
                                               microbatches=2, micro_batch=8 // (dp * 2),
                                               **sizes)
-            out.append((f"{dtype} {layout} dp{dp} pp_rank {pp_rank}", predicted, measured))
+            out.append((f"{dtype} {layout} dp{dp} pp_rank {pp_rank}", predicted, measured,
+                        planned(precision, world.size, layout, dp)))
     return out
 
 
 def check(results, layouts):
+    """Each rank's measured peak against its prediction; the planner's number against the
+    largest peak of any rank (what it prints per GPU), for the layouts it plans."""
+    worst = {}
     for rank, cases in enumerate(results):
-        assert len(cases) == len(PRECISIONS) * (4 + len(layouts)), rank
-        for case, predicted, measured in cases:
+        assert len(cases) == len(precisions()) * (4 + len(layouts)), rank
+        for i, (case, predicted, measured, plan) in enumerate(cases):
             assert abs(predicted / measured - 1) < TOLERANCE, (rank, case, predicted, measured)
+            if plan is not None:
+                worst[i] = (case, plan, max(measured, worst.get(i, (0, 0, 0))[2]))
+    assert len(worst) >= len(precisions()), "no layout the planner plans"
+    for case, plan, measured in worst.values():
+        assert abs(plan / measured - 1) < TOLERANCE, ("planner", case, plan, measured)
 
 
 @pytest.mark.mpi
 def test_prediction_within_five_percent_on_four_ranks():
-    measured_here()
+    """Every rank's peak against its prediction; the planner's per GPU (pp = 2 with each
+    schedule, tp = 2 with sp, cp = 2, 4D ep = 2 dp = 4) against the largest."""
     layouts = [dict(tp=2), dict(tp=2, sp=True), dict(pp=2), dict(pp=2, schedule="gpipe"),
                dict(pp=2, schedule="interleaved"), dict(pp=2, schedule="zb-h1"),
-               dict(pp=2, schedule="zb-v"), dict(cp=2), dict(tp=2, cp=2), dict(tp=2, pp=2)]
+               dict(pp=2, schedule="zb-v"), dict(cp=2), dict(tp=2, cp=2), dict(tp=2, pp=2),
+               dict(ep=2)]
     check(run_on_ranks(body, 4, args=(layouts,), timeout=400), layouts)
 
 
 @pytest.mark.mpi
 def test_prediction_within_five_percent_3d_on_eight_ranks():
-    """3D: tp = pp = dp = 2 (with sequence parallelism), and tp = pp = cp = 2."""
-    measured_here()
-    layouts = [dict(tp=2, pp=2, sp=True), dict(tp=2, pp=2, cp=2)]
+    """3D: tp = pp = dp = 2 (with sequence parallelism; the planner's too), and tp = pp = cp =
+    2; 4D: tp = pp = ep = 2 with sequence parallelism."""
+    layouts = [dict(tp=2, pp=2, sp=True), dict(tp=2, pp=2, cp=2),
+               dict(tp=2, pp=2, ep=2, sp=True)]
     check(run_on_ranks(body, 8, args=(layouts,), timeout=400), layouts)
+
+
+def test_the_planner_walks_every_rank_at_any_micro_batch_count():
+    """layout_activation_bytes walks 2p and 3p micro-batches and extends the line: the same as
+    the most any rank's full walk holds, for each schedule, recompute mode and m."""
+    from minipar.plan.activations import layout_activation_bytes, rank_activation_bytes
+    from minipar.plan.models import GPTShape
+
+    model = GPTShape(8, 16, 4, 16, 32)
+    for schedule, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1),
+                        ("zb-v", 2)):
+        for p, m, recompute in ((2, 10, "none"), (4, 20, "full"), (4, 28, "selective")):
+            chunks = v if schedule == "interleaved" else None
+            worst = max(rank_activation_bytes(model, "bf16", tp=2, sp=True, pp=p, pp_rank=r,
+                                              schedule=schedule, chunks=chunks, microbatches=m,
+                                              recompute=recompute) for r in range(p))
+            assert layout_activation_bytes(model, "bf16", 2, 1, p, v, 1, recompute, m,
+                                           schedule) == pytest.approx(worst), (schedule, p, m)
 
 
 def test_planner_uses_minipars_model_by_default_megatrons_when_asked():
@@ -194,7 +299,7 @@ def test_planner_uses_minipars_model_by_default_megatrons_when_asked():
     per_layer = megatron_activation_bytes(2048, 1, 12288, 96, 8, True, "selective")
     assert theirs["memory_bytes"]["activations"] == float(per_layer) * 96 / 8 * inflight
     assert ours["memory_bytes"]["activations"] == layout_activation_bytes(
-        gpt3, "bf16", 8, 1, 8, 1, 1, "selective", inflight, "1f1b")
+        gpt3, "bf16", 8, 1, 8, 1, 1, "selective", 1536 // 16, "1f1b")
     assert ours["layout"]["activations"] == "minipar"
     with pytest.raises(ValueError, match="activations='nvidia'"):
         predict(gpt3, Layout(tp=8, pp=8, dp=16, activations="nvidia"), cluster, 1536)
@@ -220,6 +325,19 @@ def test_what_it_does_not_model_is_refused_by_name():
         rank_activation_bytes(GPTShape(2, 8, 2, 8, 16, style="llama"))
     with pytest.raises(ValueError, match="recompute='some'"):
         rank_activation_bytes(shape(), recompute="some")
+    with pytest.raises(ValueError, match="context parallelism"):
+        rank_activation_bytes(shape(dict(ep=2)), cp=2, ep=2)
+
+
+def test_the_planner_counts_the_experts():
+    """An MoE model's activations hold the experts' rows (k = 2 of them per token): more than
+    the dense model's; with cp, which no trainer runs with experts, counted all the same."""
+    from minipar.plan.activations import layout_activation_bytes
+
+    for cp in (1, 2):
+        moe, dense = (layout_activation_bytes(model, "bf16", 2, cp, 2, 1, 1, "none", 4)
+                      for model in (shape(dict(ep=2)), shape()))
+        assert moe > dense > 0
 
 
 def test_cli_activations_flag(capsys):

@@ -32,11 +32,7 @@ def _wrap(x):
         if x.dtype == _BF16:
             raise TypeError("bfloat16 arrays are not supported on the strict device: CuPy has no "
                             "bfloat16 dtype; use float16 there, or MINIPAR_DEVICE=cpu")
-        out = ndarray.__new__(ndarray)
-        out._a = _np.asarray(x) if isinstance(x, _np.generic) else x
-        if out._a.base is None:  # an owner: a view's .base names it, as CuPy's does
-            _OWNERS[id(out._a)] = out
-        return out
+        return _device(_np.asarray(x) if isinstance(x, _np.generic) else x)
     if isinstance(x, tuple):
         return tuple(_wrap(v) for v in x)
     if isinstance(x, list):
@@ -44,14 +40,28 @@ def _wrap(x):
     return x
 
 
-def _owner(a):
-    """The device array that owns a's memory (None for an owner), like cupy.ndarray.base."""
+def _device(a):
+    """The device array of host array ``a``: an owner's one wrapper (NumPy returns the same
+    object, a wrapper each time would be a second owner of one memory), a view's new one."""
     if a.base is None:
-        return None
+        owner = _OWNERS.get(id(a))
+        if owner is not None and owner._a is a:
+            return owner
+    out = ndarray.__new__(ndarray)
+    out._a = a
+    # A view holds its owner, as a CuPy view holds its .base: one owner object per memory for
+    # as long as a view of it lives (ActivationMemory counts a buffer once by its owner)
+    out._base = None if a.base is None else _owner(a)
+    if a.base is None:
+        _OWNERS[id(a)] = out
+    return out
+
+
+def _owner(a):
+    """The device array that owns view a's memory, like cupy.ndarray.base."""
     while isinstance(a.base, _HOST):
         a = a.base
-    owner = _OWNERS.get(id(a))
-    return owner if owner is not None and owner._a is a else _wrap(a)
+    return _device(a)
 
 
 def _unwrap(x, where, host_ok=False):
@@ -153,11 +163,13 @@ class ndarray:
     """A device array by CuPy's rules, its values in host memory (``_a``) that only this module
     reads. ``ndarray(shape, dtype)`` is uninitialised, like ``cupy.ndarray``."""
 
-    __slots__ = ("_a", "__weakref__")
+    __slots__ = ("_a", "_base", "__weakref__")
     __hash__ = None
 
     def __init__(self, shape, dtype=float):
         self._a = _np.empty(shape, dtype)
+        self._base = None
+        _OWNERS[id(self._a)] = self
 
     # --- no implicit trip to the host -------------------------------------------------------
     def __array__(self, dtype=None, copy=None):
@@ -260,7 +272,7 @@ class ndarray:
     mT = property(lambda self: _wrap(self._a.mT))
     real = property(lambda self: _wrap(self._a.real))
     imag = property(lambda self: _wrap(self._a.imag))
-    base = property(lambda self: _owner(self._a))
+    base = property(lambda self: self._base)
     device = property(lambda self: _Device())
 
     def __getattr__(self, name):

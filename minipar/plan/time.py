@@ -173,7 +173,7 @@ def predict(shape, layout, cluster, global_batch):
     comm = m * (tp_per_mb + cp_time + ep_time) + pp_time + dp_exposed
     total = compute + comm + bubble
 
-    memory = memory_bytes(shape, L, width, inflight)
+    memory = memory_bytes(shape, L, width, inflight, m)
     return {"layout": dataclasses.asdict(L) | {"v": L.v, "m": m},
             "memory_bytes": memory,
             "time_s": {"compute": compute, "tp": m * tp_per_mb, "cp": m * cp_time, "pp": pp_time,
@@ -185,11 +185,12 @@ def predict(shape, layout, cluster, global_batch):
             "fits": memory["total"] <= cluster.memory}
 
 
-def memory_bytes(shape, L, width, inflight):
+def memory_bytes(shape, L, width, inflight, microbatches):
     """Per GPU by kind: model states (params, grads, optimizer = master + moments) sharded over
-    dp x cp by ZeRO (the experts' 1/ep over dp·cp/ep); activations of the micro-batch chunks in
-    flight at the peak, by minipar's model or Megatron's (``L.activations``; a dense layer: an
-    MoE layer's top_k MLPs are not added); buffers."""
+    dp x cp by ZeRO (the experts' 1/ep over dp·cp/ep); activations at the peak, by minipar's
+    model (the worst rank's walk of its schedule over ``microbatches``) or Megatron's
+    (``L.activations``: one chunk's layers x the ``inflight`` micro-batch chunks; a dense
+    layer: an MoE layer's top_k MLPs are not added); buffers."""
     experts = expert_parameters(shape)
     dense = model_state_bytes(shape.parameters() - experts, L.precision, L.zero, L.dp * L.cp,
                               L.tp, L.pp)
@@ -198,7 +199,8 @@ def memory_bytes(shape, L, width, inflight):
     states = {kind: dense[kind] + routed[kind] for kind in dense}
     if L.activations == "minipar":  # its own ops, embedding and loss included
         activations = layout_activation_bytes(shape, L.precision, L.tp, L.cp, L.pp, L.v,
-                                              L.micro_batch, L.recompute, inflight, L.schedule)
+                                              L.micro_batch, L.recompute, microbatches,
+                                              L.schedule)
     elif L.activations == "megatron":  # Korthikanti et al.'s layer, the blocks only
         per_layer = megatron_activation_bytes(shape.seq // L.cp, L.micro_batch, shape.hidden,
                                               shape.heads, L.tp, L.tp > 1, L.recompute)
