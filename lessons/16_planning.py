@@ -248,16 +248,8 @@ def part1_memory(found):
 
 def check_activations(name, predicted, measured):
     """The planner's activation bytes within ACTIVATION_TOLERANCE of the largest rank's
-    ActivationMemory peak (on the strict stand-in device: at most that, plus the tolerance)."""
+    ActivationMemory peak."""
     error = predicted / measured - 1
-    # on the strict device (CI's stand-in for CuPy's rules) ActivationMemory counts some views
-    # of one buffer as arrays of their own (attention's q, k, v; c_proj's input): it measures
-    # more there than NumPy holds
-    if backend.device() == "strict":
-        return check(f"{name}: predicted activations at most the measured peak "
-                     f"(+{ACTIVATION_TOLERANCE:.0%}; the strict device counts more)",
-                     error <= ACTIVATION_TOLERANCE, f"≤ +{ACTIVATION_TOLERANCE:.0%}",
-                     f"{error:+.1%}")
     return check(f"{name}: predicted activations within {ACTIVATION_TOLERANCE:.0%} of the "
                  f"measured peak", abs(error) <= ACTIVATION_TOLERANCE,
                  f"± {ACTIVATION_TOLERANCE:.0%}", f"{error:+.1%}")
