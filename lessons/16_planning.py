@@ -337,9 +337,10 @@ def why_first(result, ranked):
     if max(computes) - min(computes) <= 1e-9 * max(computes):
         say(f"  Every layout computes the same FLOPs in the same {computes[0]:.3f} s (the "
             "recompute mode is fixed):",
-            "  what ranks them is the communication and the bubble each adds. The best layout "
-            "with one size",
-            "  changed, its rank, and what moves against the first (seconds by kind, memory):")
+            "  what ranks them is the communication and the bubble each adds. For each size, "
+            "the best layout",
+            "  where it differs (the other sizes follow), its rank, and what moves against the "
+            "first (seconds by kind, memory):")
     for axis in ("tp", "pp", "cp", "zero"):
         rank, other = next(((i, p) for i, p in enumerate(ranked, 1)
                             if p["layout"][axis] != L[axis]), (None, None))
