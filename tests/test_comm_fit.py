@@ -149,3 +149,87 @@ def test_timed_counts_the_slowest_rank_of_each_call():
     assert len(calls) == 4 and each == [2 * t for t in comm.mine] and len(each) == 3
     median = fit.timed(comm, lambda: None, 3, warmup=0)
     assert median == sorted(2 * t for t in comm.mine)[1]
+
+
+# one-way beta 1 ns a byte, the exchange's 2 ns: a megabyte costs 1 ms one way, 2 ms both ways
+ONE_WAY = {"alpha": 0.0, "betas": {1: 2e-9}, "gammas": {1: 0.0}, "one_way": {1: 1e-9}}
+
+
+def test_one_way_algorithms_are_priced_with_the_one_way_beta():
+    """sequential and the parameter server send one way: 2(p-1) messages at the one-way beta;
+    the ring exchanges, at the exchange's beta, whatever the model holds."""
+    from minipar.comm import cost
+    model = cost.Model(**ONE_WAY)
+    n = 1 << 20
+    for algorithm in ("sequential", "parameter_server"):
+        assert cost.predict("all_reduce", algorithm, 2, n, model) == pytest.approx(2 * n * 1e-9)
+    assert cost.predict("all_reduce", "ring", 2, n, model) == pytest.approx(2 * n / 2 * 2e-9)
+    assert model.one_way_beta(n) == 1e-9 and model.beta(n) == 2e-9
+
+
+def test_a_model_without_a_one_way_beta_prices_every_algorithm_with_the_exchange_s():
+    """plan/hardware.py's Model(alpha, {1: beta}, {1: gamma}): as before the one-way beta."""
+    from minipar.comm import cost
+    model = cost.Model(0.0, {1: 2e-9}, {1: 0.0})
+    n = 1 << 20
+    assert model.one_way == {} and model.one_way_beta(n) == 2e-9
+    assert cost.predict("all_reduce", "sequential", 2, n, model) == pytest.approx(2 * n * 2e-9)
+
+
+def test_minipar_cost_takes_an_optional_one_way_beta_and_names_a_bad_value(monkeypatch):
+    from minipar.comm import cost
+    monkeypatch.setattr(cost, "_fitted", {})
+    monkeypatch.setenv("MINIPAR_COST", "5e-6,2e-9,1e-10")
+    model = cost.default_model()
+    assert (model.alpha, model.beta(1 << 20), model.gamma(8)) == (5e-6, 2e-9, 1e-10)
+    assert model.one_way_beta(1 << 20) == 2e-9  # none given: the exchange's
+    monkeypatch.setenv("MINIPAR_COST", "5e-6,2e-9,1e-10,1e-9")
+    assert cost.default_model().one_way_beta(1 << 20) == 1e-9
+    for text, why in [("5e-6,2e-9", "give alpha,beta,gamma or alpha,beta,gamma,one_way_beta"),
+                      ("5e-6,fast,1e-10", "beta 'fast' is not a number"),
+                      ("5e-6,2e-9,1e-10,-1e-9", "one_way_beta must be >= 0, not -1e-9")]:
+        monkeypatch.setenv("MINIPAR_COST", text)
+        with pytest.raises(ValueError, match=why):
+            cost.default_model()
+
+
+def one_way_fit_body():
+    from minipar.comm import cost, fit, world
+    model = fit.fit(world(), sizes=(1 << 15, 1 << 16), algorithms=("sequential",))
+    n = 3 << 15
+    return {"sizes": sorted(model.one_way), "positive": min(model.one_way.values()) > 0,
+            "sequential": cost.predict("all_reduce", "sequential", 2, n, model),
+            "by_hand": (2 * (model.alphas["sequential"] + n * model.one_way_beta(n))
+                        + n * model.gamma(n))}
+
+
+@pytest.mark.mpi
+def test_fit_measures_a_one_way_beta_that_sequential_is_priced_with():
+    got = run_on_ranks(one_way_fit_body, 2)
+    assert got[0]["sizes"] == [1 << 15, 1 << 16] and got[0]["positive"], got[0]
+    assert got[0]["sequential"] == pytest.approx(got[0]["by_hand"])
+
+
+def test_one_way_time_on_two_fake_ranks_sends_from_rank_0_and_receives_on_rank_1():
+    from minipar.comm import fit
+
+    class Rank:  # a communicator that records its point-to-point calls
+        def __init__(self, rank):
+            self.rank, self.size, self.calls = rank, 3, []
+
+        def barrier(self):
+            pass
+
+        def all_gather_object(self, times):
+            return [times]
+
+        def send(self, x, dest):
+            self.calls.append(("send", x.nbytes, dest))
+
+        def recv(self, out, source):
+            self.calls.append(("recv", out.nbytes, source))
+    ranks = [Rank(r) for r in range(3)]
+    for r in ranks:
+        fit.one_way_time(r, 64, iters=2, span=2)
+    assert ranks[0].calls == [("send", 64, 1)] * 5  # 3 warm-up calls and 2 timed
+    assert ranks[1].calls == [("recv", 64, 0)] * 5 and ranks[2].calls == []
