@@ -103,11 +103,13 @@ def test_benchmark_checks_the_model_at_a_size_it_never_fitted():
     assert values[0]["rows"] == [[1 << 17, "mpi"], [1 << 17, "ring"]]
     assert values[0]["held"] == [[3 << 15, "ring", True, True]]
     lines = values.outputs[0].splitlines()
+    assert any(line.startswith("# one_way_beta_GBps ") and "128KiB" in line for line in lines)
     start = lines.index("# held out of the fit (sizes between its powers of two; fastest of 3 "
                         "rounds, as the fit): measured / model")
     assert lines[start + 2].split()[:3] == ["#", "98304", "ring"]
     assert lines[start + 3].startswith("# measured / model from 64KiB up: held out ")
     assert "over 1 rows" in lines[start + 3] and "goal 0.8-1.25" in lines[start + 3]
+    assert lines[start + 4].startswith("# held out, per algorithm: ring ")
 
 
 def test_a_latency_as_dear_as_a_size_leaves_no_zero_beta():
@@ -149,6 +151,18 @@ def test_timed_counts_the_slowest_rank_of_each_call():
     assert len(calls) == 4 and each == [2 * t for t in comm.mine] and len(each) == 3
     median = fit.timed(comm, lambda: None, 3, warmup=0)
     assert median == sorted(2 * t for t in comm.mine)[1]
+
+
+def test_the_held_out_line_per_algorithm_gives_each_range_and_those_outside_the_goal():
+    from minipar import bench
+    rows = [{"bytes": m, "algorithm": a, "measured_over_model": q} for m, a, q in [
+        (3 << 15, "ring", 0.95), (3 << 19, "ring", 1.1), (3 << 15, "sequential", 0.73),
+        (3 << 19, "sequential", 0.9), (3 << 10, "sequential", 3.0),  # below 64 KiB: not checked
+        (3 << 15, "parallel", None)]]  # no formula: no range
+    assert bench.per_algorithm(rows) == ("# held out, per algorithm: ring 0.95-1.10, sequential "
+                                         "0.73-0.90; outside the goal 0.8-1.25: sequential")
+    assert bench.per_algorithm([]) == ("# held out, per algorithm: -; outside the goal 0.8-1.25: "
+                                       "none")
 
 
 # one-way beta 1 ns a byte, the exchange's 2 ns: a megabyte costs 1 ms one way, 2 ms both ways
