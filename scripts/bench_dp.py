@@ -370,8 +370,8 @@ def default_scaling(per_batch, defaults):
         missed = ", goal missed" if batch == last and (got < 1.8 or got / ceiling < 0.95) else ""
         cells.append(f"{batch}: {got:.2f}, ceiling {ceiling:.2f}, {got / ceiling:.2f} of it "
                      f"(launches {min(each):.2f}-{max(each):.2f}{missed})")
-    print(f"  2-rank / 1-rank throughput, DDP's default settings ({runs[1]} on 1 rank, "
-          f"{runs[2]} on 2): " + ", ".join(cells) + f" (goal >= 1.8 and >= 0.95 of the "
+    print(f"  2-rank / 1-rank throughput, DDP's default settings (1 rank: {runs[1]}, 2 ranks: "
+          f"{runs[2]}): " + ", ".join(cells) + f" (goal >= 1.8 and >= 0.95 of the "
           f"no-communication ceiling at {last})")
 
 

@@ -62,8 +62,8 @@ def test_default_scaling_gives_ddp_s_default_beside_the_no_communication_ceiling
     defaults = {1: (True, "overlap on: ..."), 2: (False, "overlap off: ...")}
     dp.default_scaling(per_batch, defaults)
     assert capsys.readouterr().out.splitlines() == [
-        "  2-rank / 1-rank throughput, DDP's default settings (overlap on on 1 rank, overlap off "
-        "on 2): 64: 1.67, ceiling 2.00, 0.83 of it (launches 0.83-0.83), 256: 1.80, ceiling "
+        "  2-rank / 1-rank throughput, DDP's default settings (1 rank: overlap on, 2 ranks: "
+        "overlap off): 64: 1.67, ceiling 2.00, 0.83 of it (launches 0.83-0.83), 256: 1.80, ceiling "
         "1.99, 0.91 of it (launches 0.83-0.97, goal missed) (goal >= 1.8 and >= 0.95 of the "
         "no-communication ceiling at 256)"]
     per_batch[256] = [launch(1.0, 0.9, 1.0)] * 2
