@@ -187,8 +187,7 @@ def fit(comm, sizes=FIT_SIZES, small=8, algorithms=("ring",), rounds=3, retries=
         progress=None):
     """Fit alpha per algorithm (a tiny all-reduce's step), then beta (ring-step slope), the
     one-way beta (a one-way message's slope; not on one rank) and gamma (an add) at each size,
-    all ranks at once. Returns a Model; it becomes
-    ``cost.default_model()`` in this process.
+    all ranks at once. Returns a Model; it becomes ``cost.default_model()`` in this process.
 
     ``progress``, when given, wraps the fit's measurements (an iterable, one item per size
     per round): the caller's progress bar, e.g. ``minipar.console.progress`` bound to a label
