@@ -7,8 +7,8 @@ A header (MPI library, p, oversubscription, CUDA-aware status, allocator setting
 cost constants), then one row per size and algorithm: time (the median of the slowest rank's),
 algbw, busbw, time / MPI_Allreduce's, the cost model's prediction and the ranks with a wrong
 sum; after the table, lines starting with ``#``: the model checked at sizes the fit never
-measured, and the range of measured / model. The columns, the check, ``MALLOC_MMAP_MAX_`` and
-``--plot``: docs/benchmarks.md.
+measured, and the range of measured / model, overall and per algorithm. The columns, the check,
+``MALLOC_MMAP_MAX_`` and ``--plot``: docs/benchmarks.md.
 """
 import json
 import os
@@ -69,6 +69,7 @@ def header(comm, model):
         "MALLOC_MMAP_MAX_": os.environ.get("MALLOC_MMAP_MAX_", "unset"),
         "alpha_us": {a: round(s * 1e6, 2) for a, s in model.alphas.items()},
         "beta_GBps": {_size(m): _gbps(b) for m, b in model.betas.items()},
+        "one_way_beta_GBps": {_size(m): _gbps(b) for m, b in model.one_way.items()} or "none",
         "gamma_GBps": {_size(m): _gbps(g) for m, g in model.gammas.items()},
         "fit_refitted": {_size(m): n for m, n in model.refitted.items()} or "none",
         "fit_unsettled": [_size(m) for m in model.unsettled] or "none",
@@ -175,6 +176,8 @@ def run_bench(comm, sizes, algorithms, slow_max, as_json, held_out=None):
               f"{r['model_us']:10.1f} {r['measured_over_model']:8.2f}")
     if show:
         print(model_summary(rows, extra))
+    if show and extra:
+        print(per_algorithm(extra))
     if held_out is not None:
         held_out.extend(extra)
     if comm.rank == 0 and as_json:
@@ -219,6 +222,19 @@ def model_summary(rows, held_out):
                 f"(worst {worst[1]} at {worst[2]} B: {worst[0]:.2f})")
     return (f"# measured / model from {_size(CHECKED_FROM)} up: {span(held_out, 'held out')}; "
             f"{span(rows, 'table')}; goal {GOAL[0]}-{GOAL[1]} on a quiet machine")
+
+
+def per_algorithm(held_out):
+    """One line: each algorithm's range of measured / model held out of the fit from 64 KiB up,
+    and those outside the goal."""
+    ratios = {}
+    for r in held_out:
+        if r["measured_over_model"] and r["bytes"] >= CHECKED_FROM:
+            ratios.setdefault(r["algorithm"], []).append(r["measured_over_model"])
+    missed = [a for a, q in ratios.items() if min(q) < GOAL[0] or max(q) > GOAL[1]]
+    return (f"# held out, per algorithm: "
+            + (", ".join(f"{a} {min(q):.2f}-{max(q):.2f}" for a, q in ratios.items()) or "-")
+            + f"; outside the goal {GOAL[0]}-{GOAL[1]}: {', '.join(missed) or 'none'}")
 
 
 def add_arguments(parser):

@@ -7,7 +7,8 @@
 Weak scaling (``--batches`` samples per rank a step): no comm, overlap on, overlap off and
 torch DDP take turns in one launch per rank count, with the compressing communication hooks
 on 2 ranks at the largest batch (bytes per step by the counters); the closing lines give the
-goals (2-rank / 1-rank throughput, minipar / torch) and where the time goes. What each run is,
+goals (2-rank / 1-rank throughput, overlap on and DDP's default beside the no-communication
+ceiling, minipar / torch) and where the time goes. What each run is,
 the goals and the summary: docs/benchmarks.md.
 """
 import argparse
@@ -231,6 +232,7 @@ def main():
     for batch, runs in per_batch.items():
         report(batch, runs, args, load, sent[2])
     summary(per_batch, defaults)
+    default_scaling(per_batch, defaults)
     if args.plot:
         draw(args.plot, per_batch)
 
@@ -345,6 +347,32 @@ def summary(per_batch, defaults):
         print(f"  DDP's overlap default on {n} ranks: {why}; measured gain from overlap "
               f"(off / on step time) {measured}: the default is " + ", ".join(
                   f"{verdict(ms, overlap)} at {b}" for b, ms in gains.items()))
+
+
+def default_scaling(per_batch, defaults):
+    """One line after the summary: 2-rank / 1-rank throughput with DDP's default settings (the
+    overlap it chooses on each rank count, ``defaults``) at each batch, beside the ceiling of
+    the same launches (no communication) and the ratio of the two, with that ratio's range
+    over launches."""
+    runs = {n: "overlap on" if overlap else "overlap off" for n, (overlap, _) in defaults.items()}
+
+    def scaling(ms, run1, run2):
+        return 2 * ms[1][run1] / ms[2][run2]
+
+    def of_ceiling(ms):
+        return scaling(ms, runs[1], runs[2]) / scaling(ms, "no comm", "no comm")
+
+    cells, last = [], max(per_batch)
+    for batch, repeats in per_batch.items():
+        ms = median_table(repeats)
+        got, ceiling = scaling(ms, runs[1], runs[2]), scaling(ms, "no comm", "no comm")
+        each = [of_ceiling(median_table([r])) for r in repeats]
+        missed = ", goal missed" if batch == last and (got < 1.8 or got / ceiling < 0.95) else ""
+        cells.append(f"{batch}: {got:.2f}, ceiling {ceiling:.2f}, {got / ceiling:.2f} of it "
+                     f"(launches {min(each):.2f}-{max(each):.2f}{missed})")
+    print(f"  2-rank / 1-rank throughput, DDP's default settings (1 rank: {runs[1]}, 2 ranks: "
+          f"{runs[2]}): " + ", ".join(cells) + f" (goal >= 1.8 and >= 0.95 of the "
+          f"no-communication ceiling at {last})")
 
 
 def verdict(ms, overlap, tie=0.05):

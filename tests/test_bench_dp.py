@@ -49,3 +49,25 @@ def test_summary_gives_each_goal_at_each_batch_and_the_default_beside_the_gain(c
     ms["overlap off"] = 0.9
     assert [dp.verdict(ms, on) for on in (True, False)] == ["the slower", "the faster"]
     assert len(lines) == 6  # one rank: nothing to overlap, no line
+
+
+def test_default_scaling_gives_ddp_s_default_beside_the_no_communication_ceiling(capsys):
+    """The overlap DDP chooses on each rank count (on for 1 rank, off for 2): 2-rank / 1-rank
+    of those runs, the same of "no comm" (the ceiling), and their ratio with its range."""
+    dp = bench_dp()
+    slow_compute = launch(1.0, 0.95, 1.0)
+    slow_compute[2]["no comm"] = 1.0  # ceiling 2 x 0.9 / 1.0 = 1.80, default 2 / 1.14: 0.97 of it
+    per_batch = {64: [launch(1.0, 1.0, 1.5)] * 2,  # default 2 x 1.0 / 1.2 = 1.67, ceiling 2.00
+                 256: [launch(1.0, 0.9, 1.0), slow_compute]}  # the first 1.85 of 2.22: 0.83
+    defaults = {1: (True, "overlap on: ..."), 2: (False, "overlap off: ...")}
+    dp.default_scaling(per_batch, defaults)
+    assert capsys.readouterr().out.splitlines() == [
+        "  2-rank / 1-rank throughput, DDP's default settings (1 rank: overlap on, 2 ranks: "
+        "overlap off): 64: 1.67, ceiling 2.00, 0.83 of it (launches 0.83-0.83), 256: 1.80, ceiling "
+        "1.99, 0.91 of it (launches 0.83-0.97, goal missed) (goal >= 1.8 and >= 0.95 of the "
+        "no-communication ceiling at 256)"]
+    per_batch[256] = [launch(1.0, 0.9, 1.0)] * 2
+    dp.default_scaling(per_batch, {1: (True, ""), 2: (True, "")})  # overlap on everywhere
+    assert capsys.readouterr().out.endswith(
+        "256: 2.22, ceiling 2.22, 1.00 of it (launches 1.00-1.00) (goal >= 1.8 and >= 0.95 of "
+        "the no-communication ceiling at 256)\n")

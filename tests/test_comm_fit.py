@@ -103,11 +103,13 @@ def test_benchmark_checks_the_model_at_a_size_it_never_fitted():
     assert values[0]["rows"] == [[1 << 17, "mpi"], [1 << 17, "ring"]]
     assert values[0]["held"] == [[3 << 15, "ring", True, True]]
     lines = values.outputs[0].splitlines()
+    assert any(line.startswith("# one_way_beta_GBps ") and "128KiB" in line for line in lines)
     start = lines.index("# held out of the fit (sizes between its powers of two; fastest of 3 "
                         "rounds, as the fit): measured / model")
     assert lines[start + 2].split()[:3] == ["#", "98304", "ring"]
     assert lines[start + 3].startswith("# measured / model from 64KiB up: held out ")
     assert "over 1 rows" in lines[start + 3] and "goal 0.8-1.25" in lines[start + 3]
+    assert lines[start + 4].startswith("# held out, per algorithm: ring ")
 
 
 def test_a_latency_as_dear_as_a_size_leaves_no_zero_beta():
@@ -149,3 +151,99 @@ def test_timed_counts_the_slowest_rank_of_each_call():
     assert len(calls) == 4 and each == [2 * t for t in comm.mine] and len(each) == 3
     median = fit.timed(comm, lambda: None, 3, warmup=0)
     assert median == sorted(2 * t for t in comm.mine)[1]
+
+
+def test_the_held_out_line_per_algorithm_gives_each_range_and_those_outside_the_goal():
+    from minipar import bench
+    rows = [{"bytes": m, "algorithm": a, "measured_over_model": q} for m, a, q in [
+        (3 << 15, "ring", 0.95), (3 << 19, "ring", 1.1), (3 << 15, "sequential", 0.73),
+        (3 << 19, "sequential", 0.9), (3 << 10, "sequential", 3.0),  # below 64 KiB: not checked
+        (3 << 15, "parallel", None)]]  # no formula: no range
+    assert bench.per_algorithm(rows) == ("# held out, per algorithm: ring 0.95-1.10, sequential "
+                                         "0.73-0.90; outside the goal 0.8-1.25: sequential")
+    assert bench.per_algorithm([]) == ("# held out, per algorithm: -; outside the goal 0.8-1.25: "
+                                       "none")
+
+
+# one-way beta 1 ns a byte, the exchange's 2 ns: a megabyte costs 1 ms one way, 2 ms both ways
+ONE_WAY = {"alpha": 0.0, "betas": {1: 2e-9}, "gammas": {1: 0.0}, "one_way": {1: 1e-9}}
+
+
+def test_one_way_algorithms_are_priced_with_the_one_way_beta():
+    """sequential and the parameter server send one way: 2(p-1) messages at the one-way beta;
+    the ring exchanges, at the exchange's beta, whatever the model holds."""
+    from minipar.comm import cost
+    model = cost.Model(**ONE_WAY)
+    n = 1 << 20
+    for algorithm in ("sequential", "parameter_server"):
+        assert cost.predict("all_reduce", algorithm, 2, n, model) == pytest.approx(2 * n * 1e-9)
+    assert cost.predict("all_reduce", "ring", 2, n, model) == pytest.approx(2 * n / 2 * 2e-9)
+    assert model.one_way_beta(n) == 1e-9 and model.beta(n) == 2e-9
+
+
+def test_a_model_without_a_one_way_beta_prices_every_algorithm_with_the_exchange_s():
+    """plan/hardware.py's Model(alpha, {1: beta}, {1: gamma}): as before the one-way beta."""
+    from minipar.comm import cost
+    model = cost.Model(0.0, {1: 2e-9}, {1: 0.0})
+    n = 1 << 20
+    assert model.one_way == {} and model.one_way_beta(n) == 2e-9
+    assert cost.predict("all_reduce", "sequential", 2, n, model) == pytest.approx(2 * n * 2e-9)
+
+
+def test_minipar_cost_takes_an_optional_one_way_beta_and_names_a_bad_value(monkeypatch):
+    from minipar.comm import cost
+    monkeypatch.setattr(cost, "_fitted", {})
+    monkeypatch.setenv("MINIPAR_COST", "5e-6,2e-9,1e-10")
+    model = cost.default_model()
+    assert (model.alpha, model.beta(1 << 20), model.gamma(8)) == (5e-6, 2e-9, 1e-10)
+    assert model.one_way_beta(1 << 20) == 2e-9  # none given: the exchange's
+    monkeypatch.setenv("MINIPAR_COST", "5e-6,2e-9,1e-10,1e-9")
+    assert cost.default_model().one_way_beta(1 << 20) == 1e-9
+    for text, why in [("5e-6,2e-9", "give alpha,beta,gamma or alpha,beta,gamma,one_way_beta"),
+                      ("5e-6,fast,1e-10", "beta 'fast' is not a number"),
+                      ("5e-6,2e-9,1e-10,-1e-9", "one_way_beta must be >= 0, not -1e-9")]:
+        monkeypatch.setenv("MINIPAR_COST", text)
+        with pytest.raises(ValueError, match=why):
+            cost.default_model()
+
+
+def one_way_fit_body():
+    from minipar.comm import cost, fit, world
+    model = fit.fit(world(), sizes=(1 << 15, 1 << 16), algorithms=("sequential",))
+    n = 3 << 15
+    return {"sizes": sorted(model.one_way), "positive": min(model.one_way.values()) > 0,
+            "sequential": cost.predict("all_reduce", "sequential", 2, n, model),
+            "by_hand": (2 * (model.alphas["sequential"] + n * model.one_way_beta(n))
+                        + n * model.gamma(n))}
+
+
+@pytest.mark.mpi
+def test_fit_measures_a_one_way_beta_that_sequential_is_priced_with():
+    got = run_on_ranks(one_way_fit_body, 2)
+    assert got[0]["sizes"] == [1 << 15, 1 << 16] and got[0]["positive"], got[0]
+    assert got[0]["sequential"] == pytest.approx(got[0]["by_hand"])
+
+
+def test_one_way_time_on_two_fake_ranks_sends_from_rank_0_and_receives_on_rank_1():
+    from minipar.comm import fit
+
+    class Rank:  # a communicator that records its point-to-point calls
+        def __init__(self, rank):
+            self.rank, self.size, self.calls = rank, 3, []
+
+        def barrier(self):
+            pass
+
+        def all_gather_object(self, times):
+            return [times]
+
+        def send(self, x, dest):
+            self.calls.append(("send", x.nbytes, dest))
+
+        def recv(self, out, source):
+            self.calls.append(("recv", out.nbytes, source))
+    ranks = [Rank(r) for r in range(3)]
+    for r in ranks:
+        fit.one_way_time(r, 64, iters=2, span=2)
+    assert ranks[0].calls == [("send", 64, 1)] * 5  # 3 warm-up calls and 2 timed
+    assert ranks[1].calls == [("recv", 64, 0)] * 5 and ranks[2].calls == []

@@ -7,8 +7,9 @@
 
 Each algorithm's formula sits beside its code as ``cost(p, n, a, b, g)``, registered with it
 (registry.py): ``a`` is alpha, and ``b(m)``, ``g(m)`` are seconds per byte of an m-byte message
-and of an m-byte reduction, so a ring's formula asks for ``b(n / p)``. fit.py measures the
-constants per size on this machine; why per size, and what alpha holds: docs/comm.md.
+and of an m-byte reduction, so a ring's formula asks for ``b(n / p)``; ``b`` is the exchange's
+beta, or the one-way beta for the algorithms in ``ONE_WAY``. fit.py measures the constants per
+size on this machine; why per size, and what alpha holds: docs/comm.md.
 """
 import collections
 import math
@@ -17,6 +18,11 @@ import os
 from minipar.comm.registry import ALGORITHMS
 
 AUTO_CANDIDATES = ("ring", "recursive_halving", "recursive_doubling")  # any placement of ranks
+# The algorithms whose steps send one way: a rank sends while its peer only receives (a chain's
+# link, a worker and its server). One direction at a time moves faster than a ring step's two at
+# once (half the copying to share the memory bus), so their formulas get the one-way beta. Every
+# other algorithm's steps exchange (sendrecv).
+ONE_WAY = frozenset({"sequential", "parameter_server"})
 Params = collections.namedtuple("Params", "alpha beta gamma")  # the constants at one size
 _fitted = {}  # "model": the last fit in this process (fit.py sets it through use())
 
@@ -34,11 +40,12 @@ def interpolate(table, m):
 
 class Model:
     """alpha (seconds per step; per algorithm in ``alphas``), beta(m) and gamma(m) (seconds
-    per byte, fitted per size)."""
+    per byte, fitted per size), and the one-way beta(m) in ``one_way`` ({size: seconds per
+    byte}; none: the exchange's beta stands in)."""
 
-    def __init__(self, alpha, betas, gammas, alphas=None):
+    def __init__(self, alpha, betas, gammas, alphas=None, one_way=None):
         self.alpha, self.betas, self.gammas = alpha, dict(betas), dict(gammas)
-        self.alphas = dict(alphas or {})
+        self.alphas, self.one_way = dict(alphas or {}), dict(one_way or {})
 
     def alpha_of(self, algorithm):
         """The per-step overhead fitted for this algorithm (else the ring's)."""
@@ -46,6 +53,14 @@ class Model:
 
     def beta(self, m):
         return interpolate(self.betas, m)
+
+    def one_way_beta(self, m):
+        """Seconds per byte of an m-byte message its peer only receives (else ``beta``)."""
+        return interpolate(self.one_way, m) if self.one_way else self.beta(m)
+
+    def beta_of(self, algorithm):
+        """The beta function this algorithm's steps pay: one-way or exchange."""
+        return self.one_way_beta if algorithm in ONE_WAY else self.beta
 
     def gamma(self, m):
         return interpolate(self.gammas, m)
@@ -71,15 +86,33 @@ def use(model):
 
 def default_model():
     """The cost model ``auto`` and the benchmark use: the last fit in this process, else
-    ``MINIPAR_COST="alpha,beta,gamma"`` (seconds, seconds per byte, seconds per byte), else a
+    ``MINIPAR_COST="alpha,beta,gamma[,one_way_beta]"`` (seconds, then seconds per byte), else a
     laptop-like guess."""
     if "model" in _fitted:
         return _fitted["model"]
     env = os.environ.get("MINIPAR_COST")
-    if env:
-        alpha, beta, gamma = (float(v) for v in env.split(","))
-        return Model(alpha, {1: beta}, {1: gamma})
-    return GUESS
+    return from_text(env) if env else GUESS
+
+
+def from_text(text):
+    """The Model of ``"alpha,beta,gamma"`` or ``"alpha,beta,gamma,one_way_beta"`` (one value
+    each, at every size), or a ValueError naming what is wrong."""
+    names = ("alpha", "beta", "gamma", "one_way_beta")
+    parts = text.split(",")
+    if len(parts) not in (3, 4):
+        raise ValueError(f"MINIPAR_COST={text!r}: give alpha,beta,gamma or "
+                         f"alpha,beta,gamma,one_way_beta (seconds, seconds per byte)")
+    values = {}
+    for name, part in zip(names, parts):
+        try:
+            values[name] = float(part)
+        except ValueError:
+            raise ValueError(f"MINIPAR_COST={text!r}: {name} {part.strip()!r} is not a "
+                             f"number") from None
+        if not values[name] >= 0:  # a nan too
+            raise ValueError(f"MINIPAR_COST={text!r}: {name} must be >= 0, not {part.strip()}")
+    one_way = {1: values["one_way_beta"]} if "one_way_beta" in values else None
+    return Model(values["alpha"], {1: values["beta"]}, {1: values["gamma"]}, one_way=one_way)
 
 
 def predict(collective, algorithm, p, nbytes, model=None, **placement):
@@ -90,7 +123,8 @@ def predict(collective, algorithm, p, nbytes, model=None, **placement):
     model = model or default_model()
     if formula is None:
         return None
-    return formula(p, nbytes, model.alpha_of(algorithm), model.beta, model.gamma, **placement)
+    return formula(p, nbytes, model.alpha_of(algorithm), model.beta_of(algorithm), model.gamma,
+                   **placement)
 
 
 def cheapest(collective, candidates, p, nbytes, model=None, **placement):

@@ -4,12 +4,13 @@
     cost.predict("all_reduce", "ring", p, n, model)
 
 beta is the slope of a ring step (every rank sends to rank + 1 while it receives from rank - 1),
-gamma the time of an add into a third array, both measured at each power of two in
-``FIT_SIZES`` walking through p windows so they meet the caches as an all-reduce does; alpha is
-what one step of an algorithm costs beyond its bytes, from its tiny all-reduce (cost.py explains
-the model). Times are the median over iterations of the slowest rank's time (nccl-tests, OSU);
-a size's constant is the fastest of several rounds, and a size whose fastest round is not
-confirmed, or costs more than the next size up, is measured again (``stalled``, ``settle``):
+the one-way beta that of a message rank 0 sends and rank 1 only receives, gamma the time of an
+add into a third array, each at every power of two in ``FIT_SIZES``, walking through p windows
+to meet the caches as an all-reduce does; alpha is what one step of an algorithm costs beyond its
+bytes, from its tiny all-reduce (cost.py explains the model). Times are the median over
+iterations of the slowest rank's time (nccl-tests, OSU); a size's constant is the fastest of
+several rounds, and a size whose fastest round is not confirmed, or costs more than the next
+size up, is measured again (``stalled``, ``settle``):
 a loaded machine slows some rounds, it does not bend the curve.
 """
 import itertools
@@ -62,6 +63,23 @@ def exchange_time(comm, nbytes, iters=20, span=1):
     def step():
         i = window()
         comm.sendrecv(send[i:i + nbytes], right, recv[i:i + nbytes], left)
+    return timed(comm, step, iters)
+
+
+def one_way_time(comm, nbytes, iters=20, span=1):
+    """Seconds for one n-byte message sent one way: rank 0 sends to rank 1, which only
+    receives, each time from the next of ``span`` windows; the other ranks wait, as the rest of
+    a chain waits for its link (the steps of sequential and the parameter server)."""
+    xp = backend.xp()
+    buf = xp.ones(max(span * nbytes, 1), xp.uint8)
+    window = _windows(nbytes, span)
+
+    def step():
+        i = window()
+        if comm.rank == 0:
+            comm.send(buf[i:i + nbytes], 1)
+        elif comm.rank == 1:
+            comm.recv(buf[i:i + nbytes], 0)
     return timed(comm, step, iters)
 
 
@@ -167,9 +185,9 @@ def slopes(send, small):
 
 def fit(comm, sizes=FIT_SIZES, small=8, algorithms=("ring",), rounds=3, retries=3,
         progress=None):
-    """Fit alpha per algorithm (a tiny all-reduce's step), then beta (ring-step slope) and
-    gamma (an add) at each size, all ranks at once. Returns a Model; it becomes
-    ``cost.default_model()`` in this process.
+    """Fit alpha per algorithm (a tiny all-reduce's step), then beta (ring-step slope), the
+    one-way beta (a one-way message's slope; not on one rank) and gamma (an add) at each size,
+    all ranks at once. Returns a Model; it becomes ``cost.default_model()`` in this process.
 
     ``progress``, when given, wraps the fit's measurements (an iterable, one item per size
     per round): the caller's progress bar, e.g. ``minipar.console.progress`` bound to a label
@@ -189,16 +207,21 @@ def fit(comm, sizes=FIT_SIZES, small=8, algorithms=("ring",), rounds=3, retries=
     stalled when the retries ran out: their fastest round is used, capped by ``in_line``)."""
     exchange_time(comm, small)  # warm-up: the first messages on a channel pay its set-up
     sends, adds = {m: [] for m in (small,) + tuple(sizes)}, {m: [] for m in sizes}
+    ones = {m: [] for m in sends} if comm.size > 1 else {}  # one rank: no peer to send one way
+    if ones:
+        one_way_time(comm, small)  # its warm-up
 
     def measure(size):
         iters = max(4, min(100, (256 << 20) // size) // rounds)
         span = max(2, min(comm.size, (64 << 20) // size))  # p windows, at most 64 MiB
         sends[size].append(exchange_time(comm, size, iters, span))
+        if ones:
+            ones[size].append(one_way_time(comm, size, iters, span))
         if size != small:
             adds[size].append(reduce_time(comm, size, iters, span))
 
     def stalled_sizes():
-        return sorted(set(stalled(sends)) | set(stalled(adds)))
+        return sorted(set(stalled(sends)) | set(stalled(adds)) | set(stalled(ones)))
 
     # all sizes once a round, the tiny message (the latency) first
     refitted = settle(list(sends), measure, stalled_sizes, rounds, retries, progress)
@@ -209,6 +232,7 @@ def fit(comm, sizes=FIT_SIZES, small=8, algorithms=("ring",), rounds=3, retries=
     algorithms = [a for a in dict.fromkeys(("ring",) + tuple(algorithms))
                   if ALGORITHMS["all_reduce"][a].cost is not None]
     alphas = step_times(comm, algorithms) if comm.size > 1 else dict.fromkeys(algorithms, latency)
-    model = cost.Model(alphas["ring"], betas, gammas, alphas)
+    one_way = slopes(in_line(ones), small) if ones else None
+    model = cost.Model(alphas["ring"], betas, gammas, alphas, one_way)
     model.refitted, model.unsettled = refitted, unsettled
     return cost.use(model)
