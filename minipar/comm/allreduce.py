@@ -57,8 +57,9 @@ def choose(p, nbytes, params=None, nodes=None):
     return min(times, key=times.get)
 
 
+# one way: each link of the chain sends while the next rank only receives (beta1, cost.py)
 @algorithm("all_reduce", "sequential",
-           lambda p, n, a, b, g: 2 * (p - 1) * (a + n * b(n)) + (p - 1) * n * g(n))
+           lambda p, n, a, b, g: 2 * (p - 1) * (a + n * b(n)) + (p - 1) * n * g(n), one_way=True)
 def _all_reduce_sequential(c, x, buf, op, tag):
     """A chain: rank i adds its vector to the running sum from i-1 and passes it to i+1;
     the last rank holds the total and it travels back down the chain."""

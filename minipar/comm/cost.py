@@ -8,7 +8,7 @@
 Each algorithm's formula sits beside its code as ``cost(p, n, a, b, g)``, registered with it
 (registry.py): ``a`` is alpha, and ``b(m)``, ``g(m)`` are seconds per byte of an m-byte message
 and of an m-byte reduction, so a ring's formula asks for ``b(n / p)``; ``b`` is the exchange's
-beta, or the one-way beta for the algorithms in ``ONE_WAY``. fit.py measures the constants per
+beta, or the one-way beta for an algorithm registered ``one_way``. fit.py measures the constants per
 size on this machine; why per size, and what alpha holds: docs/comm.md.
 """
 import collections
@@ -18,11 +18,6 @@ import os
 from minipar.comm.registry import ALGORITHMS
 
 AUTO_CANDIDATES = ("ring", "recursive_halving", "recursive_doubling")  # any placement of ranks
-# The algorithms whose steps send one way: a rank sends while its peer only receives (a chain's
-# link, a worker and its server). One direction at a time moves faster than a ring step's two at
-# once (half the copying to share the memory bus), so their formulas get the one-way beta. Every
-# other algorithm's steps exchange (sendrecv).
-ONE_WAY = frozenset({"sequential", "parameter_server"})
 Params = collections.namedtuple("Params", "alpha beta gamma")  # the constants at one size
 _fitted = {}  # "model": the last fit in this process (fit.py sets it through use())
 
@@ -57,10 +52,6 @@ class Model:
     def one_way_beta(self, m):
         """Seconds per byte of an m-byte message its peer only receives (else ``beta``)."""
         return interpolate(self.one_way, m) if self.one_way else self.beta(m)
-
-    def beta_of(self, algorithm):
-        """The beta function this algorithm's steps pay: one-way or exchange."""
-        return self.one_way_beta if algorithm in ONE_WAY else self.beta
 
     def gamma(self, m):
         return interpolate(self.gammas, m)
@@ -119,12 +110,14 @@ def predict(collective, algorithm, p, nbytes, model=None, **placement):
     """Predicted seconds of ``collective`` by ``algorithm`` on p ranks for n bytes (None: no
     formula). ``placement`` goes to formulas that depend on where ranks are (hierarchical's
     ``nodes=N``)."""
-    formula = ALGORITHMS[collective][algorithm].cost
+    fn = ALGORITHMS[collective][algorithm]
     model = model or default_model()
-    if formula is None:
+    if fn.cost is None:
         return None
-    return formula(p, nbytes, model.alpha_of(algorithm), model.beta_of(algorithm), model.gamma,
-                   **placement)
+    # an algorithm whose steps send one way (a chain's link, a worker and its server) pays the
+    # one-way beta; every other algorithm's steps exchange (sendrecv)
+    beta = model.one_way_beta if fn.one_way else model.beta
+    return fn.cost(p, nbytes, model.alpha_of(algorithm), beta, model.gamma, **placement)
 
 
 def cheapest(collective, candidates, p, nbytes, model=None, **placement):

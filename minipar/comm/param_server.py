@@ -3,15 +3,16 @@ the result back. One server's link carries 2(p-1)n bytes, the bottleneck that al
 sharded over every rank it moves a ring's bytes. (Training with a parameter server, optimizer on
 the servers, is ``minipar.parallel.data.ParameterServer``.)
 
-    parameter_server    2(p-1)(alpha + n beta(n)) + (p-1) n gamma(n)     server: (p-1) n each way
+    parameter_server    2(p-1)(alpha + n beta1(n)) + (p-1) n gamma(n)    server: (p-1) n each way
     sharded_ps          2(p-1)(alpha + n/p beta(n/p)) + (p-1) n/p gamma(n/p)    2(p-1)/p n
 """
 from minipar.comm.buffers import Accumulator, bounds, wait_all
 from minipar.comm.registry import algorithm
 
 
+# one way: a worker sends while the server only receives, then the reverse (beta1, cost.py)
 @algorithm("all_reduce", "parameter_server",
-           lambda p, n, a, b, g: 2 * (p - 1) * (a + n * b(n)) + (p - 1) * n * g(n))
+           lambda p, n, a, b, g: 2 * (p - 1) * (a + n * b(n)) + (p - 1) * n * g(n), one_way=True)
 def _all_reduce_ps(c, x, buf, op, tag, server=0):
     """One parameter server: workers push their vector to rank 0, which reduces and pushes
     the result back. The server's link carries 2(p-1)n bytes: the bottleneck."""

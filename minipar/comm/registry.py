@@ -19,10 +19,11 @@ COLLECTIVES = ("all_reduce", "broadcast", "reduce", "reduce_scatter", "all_gathe
 ALGORITHMS = {name: {} for name in COLLECTIVES}
 
 
-def algorithm(collective, name, cost=None):
-    """Register ``fn`` as ``ALGORITHMS[collective][name]``; ``cost(p, n, alpha, beta, gamma)``."""
+def algorithm(collective, name, cost=None, one_way=False):
+    """Register ``fn`` as ``ALGORITHMS[collective][name]``; ``cost(p, n, alpha, beta, gamma)``,
+    whose ``beta`` is the one-way beta when ``one_way`` (a rank sends, its peer only receives)."""
     def register(fn):
-        fn.cost = cost
+        fn.cost, fn.one_way = cost, one_way
         ALGORITHMS[collective][name] = fn
         return fn
     return register
