@@ -251,9 +251,8 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
 def gelu(x, approximate="tanh"):
     """GeLU, tanh form (GPT-2): y = ½x(1 + tanh u), u = √(2/π)(x + 0.044715x³).
 
-    Since ½(1 + tanh u) = σ(2u), y = x·σ(2u) = x / (1 + e^(−2u)): one exp instead of a tanh
-    (NumPy's exp is vectorised, its tanh is not), the intermediates updated in place.
-    dy/dx = σ + 2x·σ(1 − σ)·u',  u' = √(2/π)(1 + 3·0.044715x²).
+    With s = ½(1 + tanh u) = σ(2u): y = x·s, dy/dx = s + 2x·s(1 − s)·u',
+    u' = √(2/π)(1 + 3·0.044715x²). The intermediates are updated in place.
     """
     if approximate != "tanh":
         raise ValueError(f"gelu: only approximate='tanh' is implemented (got {approximate!r})")
@@ -262,13 +261,19 @@ def gelu(x, approximate="tanh"):
     a = x.data
     c, k = math.sqrt(2 / math.pi), 0.044715
     z = a * a  # (a ** 3 would call the slow general power function)
-    z *= -2 * c * k
-    z -= 2 * c
-    z *= a  # z = −2u
-    xp.minimum(z, _exp_limit(a.dtype), out=z)  # e^z stays finite: σ → 0 as it should
-    xp.exp(z, out=z)
-    z += 1
-    s = xp.reciprocal(z, out=z)  # σ(2u)
+    z *= c * k
+    z += c
+    z *= a  # z = u
+    if backend.is_low_precision(a.dtype):  # in 16 bits 1 + tanh u would cancel for u < 0:
+        z *= -2  # σ(2u) = 1 / (1 + e^(−2u)) instead
+        xp.minimum(z, _exp_limit(a.dtype), out=z)  # e^(−2u) stays finite: σ → 0 as it should
+        xp.exp(z, out=z)
+        z += 1
+        s = xp.reciprocal(z, out=z)
+    else:  # one tanh (vectorised in NumPy, as torch's CPU kernel computes it) costs less
+        s = xp.tanh(z, out=z)
+        s += 1
+        s *= 0.5  # σ(2u)
     y = a * s
 
     def backward(g):
