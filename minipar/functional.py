@@ -145,11 +145,14 @@ def kept_targets(t, classes, ignore_index, name, given=None):
     keep = t != ignore_index
     seen = given.reshape(-1) if hasattr(given, "reshape") and backend.check_values(given) else t
     if backend.check_values(seen):
-        bad = (seen != ignore_index) & ((seen < 0) | (seen >= classes))
-        if bool(bad.any()):
-            i = int(bad.argmax())
-            raise IndexError(f"{name}: target values must lie in [0, {classes}) (or equal "
-                             f"ignore_index={ignore_index}), got {int(seen[i])} at position {i}")
+        bad = (seen < 0) | (seen >= classes)
+        if bool(bad.any()):  # seldom: only then are the ignored ones set apart
+            bad &= seen != ignore_index
+            if bool(bad.any()):
+                i = int(bad.argmax())
+                raise IndexError(f"{name}: target values must lie in [0, {classes}) (or equal "
+                                 f"ignore_index={ignore_index}), got {int(seen[i])} at "
+                                 f"position {i}")
     return t, keep
 
 
@@ -209,7 +212,13 @@ def _class_loss(name, z, given, t, ignore_index, reduction, normalise):
     t, keep = kept_targets(t, classes, ignore_index, name, given)
     safe_t = xp.where(keep, t, 0)
     rows = xp.arange(zf.shape[0])
-    lse = _logsumexp(zf, -1)[:, 0] if normalise else 0
+    lse, p = 0, None
+    if normalise:  # logsumexp(z), and softmax(z) for backward from the same exponentials
+        m = zf.max(axis=-1, keepdims=True)
+        p = xp.exp(zf - m)
+        total = p.sum(axis=-1, keepdims=True)
+        lse = (m + xp.log(total))[:, 0]
+        p /= total
     losses = (lse - zf[rows, safe_t]) * keep
     n = xp.maximum(keep.sum(), 1).astype(zf.dtype)  # on the device: no host read
     if reduction == "mean":
@@ -219,15 +228,16 @@ def _class_loss(name, z, given, t, ignore_index, reduction, normalise):
     else:
         out = losses.reshape(shape)
 
-    def backward(g):
-        p = xp.exp(zf - lse[:, None]) if normalise else xp.zeros_like(zf)
-        p[rows, safe_t] -= 1
-        p *= keep[:, None]
+    flat_shape, z_shape, dtype = zf.shape, z.shape, zf.dtype  # backward keeps p, not z
+
+    def backward(g):  # (softmax(z) − onehot(t)) · w, w = keep · g (/ n): one pass over z's size
         if reduction == "none":
-            p *= g.reshape(-1)[:, None]
+            w = keep[:, None] * g.reshape(-1)[:, None]
         else:
-            p *= g / n if reduction == "mean" else g
-        return (p.reshape(z.shape),)
+            w = keep[:, None] * (g / n if reduction == "mean" else g)
+        dz = p * w if normalise else xp.zeros(flat_shape, dtype)
+        dz[rows, safe_t] -= w[:, 0]
+        return (dz.reshape(z_shape),)
 
     return make_result(xp.asarray(out, dtype=z.dtype), (z,), backward, name)
 
