@@ -3,9 +3,10 @@
     python scripts/bench_autograd.py [--repeats 30] [--clock wall|cpu] [--plot DIR]
 
 Two workloads, gpt-block and tiny-mlp, the same shapes in both frameworks, measured in the same
-run; then the goals and the engine's efficiency (the GEMM-only time over the step's).
-PyTorch is optional; without it its column reads "skipped". The workloads, the goals and the
-figures: docs/benchmarks.md.
+run; then the goals (issues 15 and 27), the engine's efficiency (the GEMM-only time over the
+step's) and where minipar's step went (forward, backward, AdamW). PyTorch is optional;
+without it its column reads "skipped". The workloads, the goals and the figures:
+docs/benchmarks.md.
 """
 import argparse
 import os
