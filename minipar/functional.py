@@ -145,11 +145,14 @@ def kept_targets(t, classes, ignore_index, name, given=None):
     keep = t != ignore_index
     seen = given.reshape(-1) if hasattr(given, "reshape") and backend.check_values(given) else t
     if backend.check_values(seen):
-        bad = (seen != ignore_index) & ((seen < 0) | (seen >= classes))
-        if bool(bad.any()):
-            i = int(bad.argmax())
-            raise IndexError(f"{name}: target values must lie in [0, {classes}) (or equal "
-                             f"ignore_index={ignore_index}), got {int(seen[i])} at position {i}")
+        bad = (seen < 0) | (seen >= classes)
+        if bool(bad.any()):  # seldom: only then are the ignored ones set apart
+            bad &= seen != ignore_index
+            if bool(bad.any()):
+                i = int(bad.argmax())
+                raise IndexError(f"{name}: target values must lie in [0, {classes}) (or equal "
+                                 f"ignore_index={ignore_index}), got {int(seen[i])} at "
+                                 f"position {i}")
     return t, keep
 
 
@@ -209,7 +212,13 @@ def _class_loss(name, z, given, t, ignore_index, reduction, normalise):
     t, keep = kept_targets(t, classes, ignore_index, name, given)
     safe_t = xp.where(keep, t, 0)
     rows = xp.arange(zf.shape[0])
-    lse = _logsumexp(zf, -1)[:, 0] if normalise else 0
+    lse, p = 0, None
+    if normalise:  # logsumexp(z), and softmax(z) for backward from the same exponentials
+        m = zf.max(axis=-1, keepdims=True)
+        p = xp.exp(zf - m)
+        total = p.sum(axis=-1, keepdims=True)
+        lse = (m + xp.log(total))[:, 0]
+        p /= total
     losses = (lse - zf[rows, safe_t]) * keep
     n = xp.maximum(keep.sum(), 1).astype(zf.dtype)  # on the device: no host read
     if reduction == "mean":
@@ -219,15 +228,16 @@ def _class_loss(name, z, given, t, ignore_index, reduction, normalise):
     else:
         out = losses.reshape(shape)
 
-    def backward(g):
-        p = xp.exp(zf - lse[:, None]) if normalise else xp.zeros_like(zf)
-        p[rows, safe_t] -= 1
-        p *= keep[:, None]
+    flat_shape, z_shape, dtype = zf.shape, z.shape, zf.dtype  # backward keeps p, not z
+
+    def backward(g):  # (softmax(z) − onehot(t)) · w, w = keep · g (/ n): one pass over z's size
         if reduction == "none":
-            p *= g.reshape(-1)[:, None]
+            w = keep[:, None] * g.reshape(-1)[:, None]
         else:
-            p *= g / n if reduction == "mean" else g
-        return (p.reshape(z.shape),)
+            w = keep[:, None] * (g / n if reduction == "mean" else g)
+        dz = p * w if normalise else xp.zeros(flat_shape, dtype)
+        dz[rows, safe_t] -= w[:, 0]
+        return (dz.reshape(z_shape),)
 
     return make_result(xp.asarray(out, dtype=z.dtype), (z,), backward, name)
 
@@ -251,9 +261,8 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
 def gelu(x, approximate="tanh"):
     """GeLU, tanh form (GPT-2): y = ½x(1 + tanh u), u = √(2/π)(x + 0.044715x³).
 
-    Since ½(1 + tanh u) = σ(2u), y = x·σ(2u) = x / (1 + e^(−2u)): one exp instead of a tanh
-    (NumPy's exp is vectorised, its tanh is not), the intermediates updated in place.
-    dy/dx = σ + 2x·σ(1 − σ)·u',  u' = √(2/π)(1 + 3·0.044715x²).
+    With s = ½(1 + tanh u) = σ(2u): y = x·s, dy/dx = s + 2x·s(1 − s)·u',
+    u' = √(2/π)(1 + 3·0.044715x²). The intermediates are updated in place.
     """
     if approximate != "tanh":
         raise ValueError(f"gelu: only approximate='tanh' is implemented (got {approximate!r})")
@@ -262,22 +271,30 @@ def gelu(x, approximate="tanh"):
     a = x.data
     c, k = math.sqrt(2 / math.pi), 0.044715
     z = a * a  # (a ** 3 would call the slow general power function)
-    z *= -2 * c * k
-    z -= 2 * c
-    z *= a  # z = −2u
-    xp.minimum(z, _exp_limit(a.dtype), out=z)  # e^z stays finite: σ → 0 as it should
-    xp.exp(z, out=z)
-    z += 1
-    s = xp.reciprocal(z, out=z)  # σ(2u)
+    z *= c * k
+    z += c
+    z *= a  # z = u
+    if backend.is_low_precision(a.dtype):  # in 16 bits 1 + tanh u would cancel for u < 0:
+        z *= -2  # σ(2u) = 1 / (1 + e^(−2u)) instead
+        xp.minimum(z, _exp_limit(a.dtype), out=z)  # e^(−2u) stays finite: σ → 0 as it should
+        xp.exp(z, out=z)
+        z += 1
+        s = xp.reciprocal(z, out=z)
+    else:  # one tanh (vectorised in NumPy, as torch's CPU kernel computes it) costs less
+        s = xp.tanh(z, out=z)
+        s += 1
+        s *= 0.5  # σ(2u)
     y = a * s
 
     def backward(g):
+        # x·s(1 − s) = y(1 − s): y is kept anyway where the next layer keeps its input (GPT's
+        # c_proj), and it saves a pass over x
         d = a * a
         d *= 6 * c * k
-        d += 2 * c
-        d *= a  # 2x·u'
-        d *= s
-        d *= 1 - s
+        d += 2 * c  # 2u'
+        r = 1 - s
+        r *= y
+        d *= r
         d += s
         d *= g
         return (d,)

@@ -95,12 +95,7 @@ def run_backward(roots, grads, retain_graph=False, defer=None):
         finally:
             _deferring[0] = previous
     weights = _deferring[0]
-    order = _topological_order(roots)
-    uses = {}  # leaf id -> how many (node, parent) edges still have to deliver a gradient
-    for node in order:
-        for parent in node._parents:
-            if parent.requires_grad and parent._backward is None:
-                uses[id(parent)] = uses.get(id(parent), 0) + 1
+    order, uses = _topological_order(roots)
     pending = {}
     for root, g in zip(roots, grads):
         _accumulate(pending, root, g)
@@ -118,9 +113,9 @@ def run_backward(roots, grads, retain_graph=False, defer=None):
         for parent, pg in zip(node._parents, parent_grads):
             if pg is not None and parent.requires_grad:
                 _accumulate(pending, parent, pg)
-            if parent.requires_grad and parent._backward is None:
-                uses[id(parent)] -= 1
-                if uses[id(parent)] == 0 and id(parent) in pending:
+            if parent in uses:  # a leaf: finished once its last use has delivered
+                uses[parent] -= 1
+                if uses[parent] == 0 and id(parent) in pending:
                     _finish_leaf(parent, _apply_hooks(parent, pending.pop(id(parent))))
         # Like PyTorch, the graph is released as it is consumed: a second backward through it is
         # an error unless the first one passed retain_graph=True. Only leaves keep .grad.
@@ -228,8 +223,10 @@ _sums = weakref.WeakValueDictionary()  # id(node) -> the array of sums its accum
 
 
 def _topological_order(roots):
-    """Nodes that need gradients, each after all of its parents (iterative DFS, no recursion)."""
-    order, seen = [], set()
+    """Nodes that need gradients, each after all of its parents (iterative DFS, no recursion),
+    and for each leaf among them the number of edges (node, leaf) that will deliver it a
+    gradient, counted as the search passes them."""
+    order, seen, uses = [], set(), {}
     stack = [(r, False) for r in roots if r.requires_grad]
     while stack:
         node, expanded = stack.pop()
@@ -246,6 +243,10 @@ def _topological_order(roots):
         # cast autocast put on it) ends up just before its op in the order: backward reaches it
         # right after the op, not at the very end (ZeRO-3 frees a unit's weights then)
         for parent in reversed(node._parents):
-            if parent.requires_grad and id(parent) not in seen:
+            if not parent.requires_grad:
+                continue
+            if parent._backward is None:
+                uses[parent] = uses.get(parent, 0) + 1
+            if id(parent) not in seen:
                 stack.append((parent, False))
-    return order
+    return order, uses

@@ -82,7 +82,9 @@ def low_precision(product, *arrays, out=None):
     """``product(*arrays)`` (None entries passed through) with 16-bit operands multiplied as
     tensor cores do: upcast to float32, and when all are of one 16-bit dtype the result rounded
     once to it (into ``out`` if given); a 16-bit operand beside a wider one gives the wider."""
-    low = {a.dtype for a in arrays if a is not None and backend.is_low_precision(a.dtype)}
+    # (the size first: float32 operands, the common case, skip the call; every GEMM comes here)
+    low = {a.dtype for a in arrays
+           if a is not None and a.dtype.itemsize == 2 and backend.is_low_precision(a.dtype)}
     if not low:
         return product(*arrays) if out is None else product(*arrays, out=out)
     if len(low) > 1:
