@@ -203,6 +203,10 @@ def test_autograd_plot_after_the_table_and_the_ratio_chart(tmp_path, capsys):
     assert [line.split()[0] for line in lines[3:5]] == ["gpt-block", "tiny-mlp"]
     assert lines[5] == "ms per step over the 3 steps, median [min-max]:"
     assert lines[6].split()[:2] == ["gpt-block", "minipar"] and "[" in lines[6]
+    assert "issue 27 goals, measured in this run:" in lines
+    i = lines.index("where minipar's step went, median ms (each phase timed apart):")
+    assert [line.split()[:2] for line in lines[i + 1:i + 3]] == [["gpt-block", "forward"],
+                                                                ["tiny-mlp", "forward"]]
     figure_lines = [line for line in lines if line.startswith("figure: ")]
     assert lines[-len(figure_lines):] == figure_lines
     assert f"figure: {tmp_path / 'autograd_times.png'}" in figure_lines
