@@ -31,6 +31,7 @@ LINE = 64  # bytes of a cache line: each rank's step flag has one of its own (no
 # the staging every rank's slots and R share, both halves: well within a last-level cache, so
 # that a chunk a rank writes is still in the cache when its peers read it
 STAGE = 12 << 20
+SPIN = 50  # checks of the flags (about a microsecond each) before a waiting rank yields its core
 np = backend.numpy
 
 
@@ -129,11 +130,17 @@ class Window:
     def rendezvous(self, done):
         """Step ``done`` of the pipeline is over on this rank: say so, and wait until every
         rank's flag says it (MPI-3's unified model: Win_sync on both sides of a flag in shared
-        memory is a rendezvous). Yields the core while it waits, for a peer that shares it."""
+        memory is a rendezvous)."""
         self.win.Sync()
         self.flags[self.rank] = done
+        spins = 0
         while (self.flags < done).any():
-            os.sched_yield()
+            # a peer a few microseconds behind: spin (yielding at once hands the core to any
+            # other runnable process, for up to a scheduler tick a step); a peer that lost its
+            # core (more ranks than cores, other work): yield, so that it may get this one
+            spins += 1
+            if spins > SPIN:
+                os.sched_yield()
             self.win.Sync()
 
     def view(self, raw, dtype, n, offset=0):
