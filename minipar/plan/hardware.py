@@ -10,6 +10,7 @@ timed now with NumPy.
     h100.peak("bf16"), h100.link(inside_node=True)     # 989e12 FLOP/s; Model(alpha=3e-06, ...)
 """
 import dataclasses
+import functools
 import os
 import time
 
@@ -28,6 +29,8 @@ class Profile:
     alpha_inter: float   # ... across nodes
     efficiency: float = 0.5  # the share of peak the matmuls reach (the compute time's one guess)
     fitted: object = None    # ``here``: the cost.Model fitted on this machine, for every link
+    engine: object = None    # ``here``: minipar's own costs measured now (``Engine``); None:
+    #                          compute is the FLOPs at peak x efficiency
 
     def peak(self, precision):
         """Dense FLOP/s in ``precision``."""
@@ -66,25 +69,141 @@ def gemm_rate(n=256, repeats=5):
     ``repeats``): 2n³ FLOPs each."""
     import numpy as np
     a = np.ones((n, n), np.float32)
+    return 2 * n**3 / best_of(lambda: a @ a, repeats)
+
+
+# A GEMM above this many multiply-adds runs at the 256 x 256 product's rate (what ``gemm_rate``
+# measures): large products reach the BLAS's full rate, and timing a 175B model's would take
+# seconds each
+LARGE_GEMM = 256**3
+
+
+@functools.lru_cache(maxsize=None)
+def gemm_seconds(batch, m, k, n, repeats=3):
+    """Seconds of ``batch`` float32 (m x k) @ (k x n) products on this machine, timed at that
+    shape (best of ``repeats``): at a small model's shapes NumPy reaches a fraction of the
+    large-matrix rate, so the shape is what is timed."""
+    import numpy as np
+    if batch * m * k * n > LARGE_GEMM:
+        return 2 * batch * m * k * n / large_gemm_rate()
+    a, b = np.ones((batch, m, k), np.float32), np.ones((batch, k, n), np.float32)
+    return best_of(lambda: a @ b, repeats)
+
+
+@functools.lru_cache(maxsize=None)
+def large_gemm_rate():
+    return gemm_rate()
+
+
+def best_of(run, repeats):
+    """The least CPU time of ``repeats`` calls of ``run()``: the time the work itself takes on
+    a core. Wall time would count the other jobs a loaded machine runs meanwhile (a call longer
+    than a time slice is cut), CPU time does not; with one BLAS thread (each rank has one) it is
+    the wall time of a quiet machine."""
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ a
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best
+        t0 = time.process_time()
+        run()
+        best = min(best, time.process_time() - t0)
+    return best
+
+
+def gemms_seconds(gemms):
+    """Forward and backward of the matmuls ``gemms`` [(batch, m, k, n)]: the forward's product,
+    then dX (m, n, k) and dW (k, m, n) of the same FLOPs."""
+    return sum(gemm_seconds(b, m, k, n) + gemm_seconds(b, m, n, k) + gemm_seconds(1, k, b * m, n)
+               for b, m, k, n in gemms)
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """What minipar's NumPy engine spends beyond the GEMMs, measured by ``measure_engine``. At
+    a small model's sizes most of a step is per-op Python and element-wise passes (LayerNorm,
+    GeLU, softmax, residual adds, their backwards), which a FLOP count does not see; each term
+    is a fixed cost (the ops' dispatch, timed at a tiny size) plus a cost per byte or element
+    (timed at a moderate size, less the fixed cost and the GEMMs)."""
+    layer: float       # seconds: one Block forward + backward at a tiny size, less its GEMMs
+    activation: float  # seconds per byte of a layer's activations (Megatron's count)
+    rest: float        # seconds: embedding, final LayerNorm, head and loss at a tiny size
+    logit: float       # seconds per logit (B·s·V) of the head's element-wise passes and loss
+    tensor: float      # AdamW step, seconds per parameter tensor
+    element: float     # AdamW step, seconds per parameter element
+    cores: int         # the cores the ranks share
+
+    def share(self, ranks):
+        """A rank's share of a core: ranks beyond the cores take turns (oversubscribed)."""
+        return min(1.0, self.cores / ranks)
+
+
+def measure_engine(repeats=5):
+    """Time minipar's own Block, GPT ends and AdamW at a tiny and a moderate size (about 0.3 s).
+    The moderate sizes are fixed, not the planned model's: the terms must carry to other sizes."""
+    import numpy as np
+
+    import minipar
+    from minipar import functional as F
+    from minipar.backend import asarray
+    from minipar import nn, optim
+
+    from .flops import layer_gemms
+    from .memory import megatron_activation_bytes
+
+    rng = np.random.default_rng(0)
+
+    def forward_backward(module, x, *args):
+        def run():
+            out = module(x, *args)
+            (out[1] if isinstance(out, tuple) else out).sum().backward()
+        return best_of(run, repeats)
+
+    def layer(b, s, h, a):
+        minipar.manual_seed(0)
+        # normal inputs: a constant row would make LayerNorm's output zero and its gradients
+        # denormal, which the BLAS runs many times slower
+        x = minipar.tensor(asarray(rng.standard_normal((b, s, h), np.float32)),
+                           requires_grad=True)
+        spent = forward_backward(nn.Block(h, a), x) - gemms_seconds(layer_gemms(b, s, h, a))
+        return spent, float(megatron_activation_bytes(s, b, h, a, 1, False, "none"))
+
+    def ends(b, s, h, v):
+        minipar.manual_seed(0)
+        gpt = nn.GPT(nn.GPTConfig(vocab_size=v, block_size=s, n_layer=1, n_head=1, n_embd=h))
+        ids = asarray(rng.integers(0, v, (b, s)))
+
+        def no_blocks(ids, targets):  # the GPT's forward without its one Block
+            return F.cross_entropy(gpt.lm_head(gpt.ln_f(gpt.embed(ids))), targets)
+        return forward_backward(no_blocks, ids, ids) - gemms_seconds([(1, b * s, h, v)]), b * s * v
+
+    def adam(tensors, size):
+        params = [minipar.tensor(asarray(np.ones(size, np.float32)), requires_grad=True)
+                  for _ in range(tensors)]
+        for p in params:
+            p.grad = asarray(np.ones(size, np.float32))
+        opt = optim.AdamW(params)
+        opt.step()  # the moments are made on the first step
+        return best_of(opt.step, repeats)
+
+    (fixed, _), (big, act) = layer(1, 4, 8, 2), layer(4, 64, 64, 4)
+    (rest, _), (head, logits) = ends(1, 4, 8, 8), ends(4, 64, 64, 512)
+    per_tensor = adam(32, 1) / 32
+    per_element = (adam(1, 1 << 18) - per_tensor) / (1 << 18)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return Engine(fixed, max(0.0, big - fixed) / act, rest, max(0.0, head - rest) / logits,
+                  per_tensor, max(0.0, per_element), cores)
 
 
 def here():
     """This machine: ranks are processes on one node, so both links are the cost model
     ``comm.cost.default_model()`` gives; the peak is the measured GEMM rate, reached in full
-    (efficiency 1: it was measured, not read off a sheet); memory is the host's RAM."""
+    (efficiency 1: it was measured, not read off a sheet); memory is the host's RAM; the
+    compute is priced by minipar's own costs (``Engine``, ``measure_engine``)."""
     model = cost.default_model()
-    rate = gemm_rate()
+    rate = large_gemm_rate()
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     bandwidth = 1 / model.beta(1 << 20)  # shown in the table; the link is the model itself
     return Profile("here", {p: rate for p in ("fp32", "bf16", "fp16")}, ram,
                    3 / model.gamma(1 << 20), bandwidth, bandwidth, model.alpha, model.alpha,
-                   efficiency=1.0, fitted=model)
+                   efficiency=1.0, fitted=model, engine=measure_engine())
 
 
 def profile(name):

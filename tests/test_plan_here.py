@@ -1,0 +1,71 @@
+"""``--profile here`` (issue 26): the engine costs the profile measures at start, the compute
+term they price, and scripts/bench_plan.py run end to end at its smallest setting (its ratios
+are not asserted: performance is never a timed test)."""
+import dataclasses
+
+import pytest
+
+from minipar.plan import hardware
+from minipar.plan.flops import layer_forward_flops, layer_gemms
+from minipar.plan.models import GPTShape
+from minipar.plan.time import Cluster, Layout, engine_seconds, predict
+
+SHAPE = GPTShape(4, 32, 4, 16, 64)
+# made-up costs: the tests check how predict combines them, not this machine's values
+ENGINE = hardware.Engine(layer=1e-4, activation=1e-9, rest=5e-5, logit=2e-9, tensor=1e-6,
+                         element=1e-9, cores=2)
+
+
+def test_layer_gemms_are_the_flops_megatron_counts():
+    for B, s, h, a in ((3, 8, 12, 4), (2, 16, 32, 2)):
+        gemms = layer_gemms(B, s, h, a)
+        assert sum(2 * b * m * k * n for b, m, k, n in gemms) == layer_forward_flops(B, s, h)
+        # tp and cp split every product: a rank's share is 1/(tp·cp) of the FLOPs
+        split = layer_gemms(B, s, h, a, tp=2, cp=2)
+        assert 4 * sum(2 * b * m * k * n for b, m, k, n in split) == layer_forward_flops(B, s, h)
+
+
+def test_gemm_seconds_times_the_shape_and_prices_large_ones_at_the_large_rate():
+    assert hardware.gemm_seconds(1, 8, 16, 8, repeats=2) > 0
+    big = 2 * 1024**3 / hardware.large_gemm_rate()
+    assert hardware.gemm_seconds(1, 1024, 1024, 1024) == big
+    # a forward and its two backward products
+    one = hardware.gemm_seconds(1, 8, 4, 6)
+    assert hardware.gemms_seconds([(1, 8, 4, 6)]) == pytest.approx(
+        one + hardware.gemm_seconds(1, 8, 6, 4) + hardware.gemm_seconds(1, 4, 8, 6))
+
+
+def test_measure_engine_gives_every_cost_and_a_core_count():
+    engine = hardware.measure_engine(repeats=2)
+    for field in dataclasses.fields(engine):
+        assert getattr(engine, field.name) >= 0, field.name
+    assert engine.layer > 0 and engine.rest > 0 and engine.cores >= 1
+    assert ENGINE.share(1) == ENGINE.share(2) == 1.0 and ENGINE.share(8) == 0.25
+
+
+def test_here_has_an_engine_and_the_named_profiles_none():
+    assert hardware.here().engine is not None
+    assert all(p.engine is None for p in hardware.PROFILES.values())
+
+
+def test_engine_seconds_prices_micro_batches_ranks_and_oversubscription():
+    serial = engine_seconds(SHAPE, Layout(micro_batch=2), ENGINE, 1, 3)
+    # each micro-batch costs the same again; the optimizer's step once a step
+    step = ENGINE.tensor * (12 * 4 + 5) + ENGINE.element * SHAPE.parameters()
+    two = engine_seconds(SHAPE, Layout(micro_batch=2), ENGINE, 2, 3)
+    assert two - serial == pytest.approx(serial - step)
+    # four ranks on two cores take turns: twice the time of one rank's work alone
+    dp4 = engine_seconds(SHAPE, Layout(dp=4, micro_batch=2), ENGINE, 1, 3)
+    assert dp4 == pytest.approx(2 * serial)
+    # ZeRO shards the optimizer's elements over dp
+    zero = engine_seconds(SHAPE, Layout(dp=4, zero=1, micro_batch=2), ENGINE, 1, 3)
+    assert dp4 - zero == pytest.approx(2 * ENGINE.element * SHAPE.parameters() * 3 / 4)
+    # a recomputed forward: a third more of each layer
+    assert engine_seconds(SHAPE, Layout(micro_batch=2), ENGINE, 1, 4) > serial
+
+
+def test_predict_on_here_uses_the_engine():
+    profile = dataclasses.replace(hardware.PROFILES["h100"], engine=ENGINE)
+    layout = Layout(micro_batch=2, recompute="none", precision="fp32")
+    got = predict(SHAPE, layout, Cluster(1, 1, profile), 4)
+    assert got["time_s"]["compute"] == engine_seconds(SHAPE, layout, ENGINE, 2, 3)
