@@ -203,7 +203,8 @@ def engine_seconds(shape, L, engine, m, passes):
     ends = (gemms_seconds([(1, b * s, h, shape.vocab // L.tp)]) + engine.rest
             + engine.logit * logits)
     micro = (layer * shape.layers * passes / 3 + ends) / L.pp
-    tensors = (shape.layers * 12 + 5) / L.pp  # a Block's 12 weights and biases; wte, wpe, ln_f, head
+    # a Block's 12 weights and biases; wte, wpe, ln_f's two and the head
+    tensors = (shape.layers * 12 + 5) / L.pp
     elements = shape.parameters() / (L.tp * L.pp) / (L.dp * L.cp if L.zero else 1)
     step = engine.tensor * tensors + engine.element * elements
     return (m * micro + step) / engine.share(L.gpus)
