@@ -2,6 +2,9 @@
 term they price, and scripts/bench_plan.py run end to end at its smallest setting (its ratios
 are not asserted: performance is never a timed test)."""
 import dataclasses
+import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -10,6 +13,7 @@ from minipar.plan.flops import layer_forward_flops, layer_gemms
 from minipar.plan.models import GPTShape
 from minipar.plan.time import Cluster, Layout, engine_seconds, predict
 
+SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "bench_plan.py"
 SHAPE = GPTShape(4, 32, 4, 16, 64)
 # made-up costs: the tests check how predict combines them, not this machine's values
 ENGINE = hardware.Engine(layer=1e-4, activation=1e-9, rest=5e-5, logit=2e-9, tensor=1e-6,
@@ -69,3 +73,23 @@ def test_predict_on_here_uses_the_engine():
     layout = Layout(micro_batch=2, recompute="none", precision="fp32")
     got = predict(SHAPE, layout, Cluster(1, 1, profile), 4)
     assert got["time_s"]["compute"] == engine_seconds(SHAPE, layout, ENGINE, 2, 3)
+
+
+@pytest.mark.mpi
+def test_bench_plan_runs_end_to_end_and_prints_its_summary():
+    """The smallest setting: the quick GPT, serial and DP on 2 ranks, 3 steps."""
+    out = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--layouts", "serial,DP 2"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split()[0] for line in lines if line.startswith(("serial", "DP 2"))] == \
+        ["serial", "DP"]
+    assert lines[-1].startswith("summary: ") and lines[-1].endswith(
+        " of 2 layouts predicted within 0.75-1.33 of the measured median step time "
+        "(--profile here)")
+
+
+def test_bench_plan_refuses_an_unknown_layout():
+    out = subprocess.run([sys.executable, str(SCRIPT), "--layouts", "serial,PP 9"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "unknown layout(s) PP 9" in out.stderr
