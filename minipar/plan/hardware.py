@@ -3,8 +3,8 @@
 A profile's links are ``comm.cost.Model``s (alpha, beta, gamma), so the planner prices a
 collective with the library's own formula (``cost.predict``): one model inside a node (NVLink),
 one across nodes (InfiniBand). ``here()`` is this machine: the cost model fitted by ``minipar
-bench allreduce`` in this process (else ``MINIPAR_COST``, else cost.py's guess) and a GEMM rate
-timed now with NumPy.
+bench allreduce`` in this process (else ``MINIPAR_COST``, else cost.py's guess), and minipar's
+own engine timed now (``Engine``: GEMMs at the model's shapes, per-op and element-wise costs).
 
     h100 = PROFILES["h100"]
     h100.peak("bf16"), h100.link(inside_node=True)     # 989e12 FLOP/s; Model(alpha=3e-06, ...)
