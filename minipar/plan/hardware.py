@@ -115,15 +115,22 @@ def gemms_seconds(gemms):
                for b, m, k, n in gemms)
 
 
+# A layer or a head of at most this many activation bytes / logits, and weights, is timed at
+# its own sizes (a Block of them runs in about 20 ms); a larger one is priced per byte / logit
+# at the moderate size ``measure_engine`` times (a 175B model's layer cannot be built here)
+TIMED_BYTES, TIMED_LOGITS, TIMED_WEIGHTS = 1 << 23, 1 << 20, 1 << 22
+
+
 @dataclasses.dataclass(frozen=True)
 class Engine:
     """What minipar's NumPy engine spends beyond the GEMMs, measured by ``measure_engine``. At
     a small model's sizes most of a step is per-op Python and element-wise passes (LayerNorm,
     GeLU, softmax, residual adds, their backwards), which a FLOP count does not see; each term
-    is a fixed cost (the ops' dispatch, timed at a tiny size) plus a cost per byte or element
-    (timed at a moderate size, less the fixed cost and the GEMMs)."""
+    is a fixed cost (the ops' dispatch, timed at a tiny size) plus a cost per byte or per logit,
+    timed at the planned model's own sizes when they are small (the cost per element is not
+    the same at every size: caches, NumPy's per-call work), else at a moderate size."""
     layer: float       # seconds: one Block forward + backward at a tiny size, less its GEMMs
-    activation: float  # seconds per byte of a layer's activations (Megatron's count)
+    activation: float  # seconds per byte of a layer's activations (Megatron's count), moderate
     rest: float        # seconds: embedding, final LayerNorm, head and loss at a tiny size
     logit: float       # seconds per logit (B·s·V) of the head's element-wise passes and loss
     tensor: float      # AdamW step, seconds per parameter tensor
@@ -134,61 +141,94 @@ class Engine:
         """A rank's share of a core: ranks beyond the cores take turns (oversubscribed)."""
         return min(1.0, self.cores / ranks)
 
+    def per_byte(self, b, s, h, heads):
+        """Seconds per activation byte of a layer of these sizes."""
+        if activation_bytes(b, s, h, heads) > TIMED_BYTES or 12 * h * h > TIMED_WEIGHTS:
+            return self.activation
+        spent, nbytes = layer_spent(b, s, h, heads)
+        return max(0.0, spent - self.layer) / nbytes
 
-def measure_engine(repeats=5):
-    """Time minipar's own Block, GPT ends and AdamW at a tiny and a moderate size (about 0.3 s).
-    The moderate sizes are fixed, not the planned model's: the terms must carry to other sizes."""
+    def per_logit(self, b, s, h, vocab):
+        """Seconds per logit of a GPT's ends of these sizes."""
+        if b * s * vocab > TIMED_LOGITS or h * vocab > TIMED_WEIGHTS:
+            return self.logit
+        spent, logits = ends_spent(b, s, h, vocab)
+        return max(0.0, spent - self.rest) / logits
+
+
+def activation_bytes(b, s, h, heads):
+    """Megatron's count for one layer, the unit of the element-wise passes' cost."""
+    from .memory import megatron_activation_bytes
+    return float(megatron_activation_bytes(s, b, h, heads, 1, False, "none"))
+
+
+@functools.lru_cache(maxsize=None)
+def layer_spent(b, s, h, heads, repeats=5):
+    """(seconds of a ``Block`` forward + backward at these sizes less its GEMMs, its activation
+    bytes), timed now."""
+    import numpy as np
+
+    import minipar
+    from minipar import nn
+    from minipar.backend import asarray
+
+    from .flops import layer_gemms
+    minipar.manual_seed(0)
+    # normal inputs: a constant row would make LayerNorm's output zero and its gradients
+    # denormal, which the BLAS runs many times slower
+    rng = np.random.default_rng(0)
+    x = minipar.tensor(asarray(rng.standard_normal((b, s, h), np.float32)), requires_grad=True)
+    block = nn.Block(h, heads)
+    spent = best_of(lambda: block(x).sum().backward(), repeats)
+    return spent - gemms_seconds(layer_gemms(b, s, h, heads)), activation_bytes(b, s, h, heads)
+
+
+@functools.lru_cache(maxsize=None)
+def ends_spent(b, s, h, vocab, repeats=5):
+    """(seconds of a GPT's embedding, final LayerNorm, head and loss, forward + backward, at
+    these sizes less the head's GEMMs, its logits), timed now."""
     import numpy as np
 
     import minipar
     from minipar import functional as F
+    from minipar import nn
     from minipar.backend import asarray
-    from minipar import nn, optim
+    minipar.manual_seed(0)
+    gpt = nn.GPT(nn.GPTConfig(vocab_size=vocab, block_size=s, n_layer=1, n_head=1, n_embd=h))
+    ids = asarray(np.random.default_rng(0).integers(0, vocab, (b, s)))
 
-    from .flops import layer_gemms
-    from .memory import megatron_activation_bytes
+    def no_blocks():  # the GPT's forward without its one Block
+        F.cross_entropy(gpt.lm_head(gpt.ln_f(gpt.embed(ids))), ids).backward()
+    spent = best_of(no_blocks, repeats)
+    return spent - gemms_seconds([(1, b * s, h, vocab)]), b * s * vocab
 
-    rng = np.random.default_rng(0)
 
-    def forward_backward(module, x, *args):
-        def run():
-            out = module(x, *args)
-            (out[1] if isinstance(out, tuple) else out).sum().backward()
-        return best_of(run, repeats)
+def adam_seconds(tensors, size, repeats=5):
+    """Seconds of an AdamW step on ``tensors`` parameters of ``size`` elements, timed now."""
+    import numpy as np
 
-    def layer(b, s, h, a):
-        minipar.manual_seed(0)
-        # normal inputs: a constant row would make LayerNorm's output zero and its gradients
-        # denormal, which the BLAS runs many times slower
-        x = minipar.tensor(asarray(rng.standard_normal((b, s, h), np.float32)),
-                           requires_grad=True)
-        spent = forward_backward(nn.Block(h, a), x) - gemms_seconds(layer_gemms(b, s, h, a))
-        return spent, float(megatron_activation_bytes(s, b, h, a, 1, False, "none"))
+    import minipar
+    from minipar import optim
+    from minipar.backend import asarray
+    params = [minipar.tensor(asarray(np.ones(size, np.float32)), requires_grad=True)
+              for _ in range(tensors)]
+    for p in params:
+        p.grad = asarray(np.ones(size, np.float32))
+    opt = optim.AdamW(params)
+    opt.step()  # the moments are made on the first step
+    return best_of(opt.step, repeats)
 
-    def ends(b, s, h, v):
-        minipar.manual_seed(0)
-        gpt = nn.GPT(nn.GPTConfig(vocab_size=v, block_size=s, n_layer=1, n_head=1, n_embd=h))
-        ids = asarray(rng.integers(0, v, (b, s)))
 
-        def no_blocks(ids, targets):  # the GPT's forward without its one Block
-            return F.cross_entropy(gpt.lm_head(gpt.ln_f(gpt.embed(ids))), targets)
-        return forward_backward(no_blocks, ids, ids) - gemms_seconds([(1, b * s, h, v)]), b * s * v
-
-    def adam(tensors, size):
-        params = [minipar.tensor(asarray(np.ones(size, np.float32)), requires_grad=True)
-                  for _ in range(tensors)]
-        for p in params:
-            p.grad = asarray(np.ones(size, np.float32))
-        opt = optim.AdamW(params)
-        opt.step()  # the moments are made on the first step
-        return best_of(opt.step, repeats)
-
-    (fixed, _), (big, act) = layer(1, 4, 8, 2), layer(4, 64, 64, 4)
-    (rest, _), (head, logits) = ends(1, 4, 8, 8), ends(4, 64, 64, 512)
-    per_tensor = adam(32, 1) / 32
-    per_element = (adam(1, 1 << 18) - per_tensor) / (1 << 18)
+def measure_engine():
+    """Time minipar's own Block, GPT ends and AdamW at a tiny and a moderate size (about 0.3 s);
+    the planned model's own sizes are timed when the planner first asks for them."""
+    # the tiny sizes' calls take a fraction of a millisecond: more of them find a quiet moment
+    (fixed, _), (big, nbytes) = layer_spent(1, 4, 8, 2, repeats=20), layer_spent(4, 64, 64, 4)
+    (rest, _), (head, logits) = ends_spent(1, 4, 8, 8, repeats=20), ends_spent(4, 64, 64, 512)
+    per_tensor = adam_seconds(32, 1) / 32
+    per_element = (adam_seconds(1, 1 << 18) - per_tensor) / (1 << 18)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return Engine(fixed, max(0.0, big - fixed) / act, rest, max(0.0, head - rest) / logits,
+    return Engine(fixed, max(0.0, big - fixed) / nbytes, rest, max(0.0, head - rest) / logits,
                   per_tensor, max(0.0, per_element), cores)
 
 

@@ -198,10 +198,10 @@ def engine_seconds(shape, L, engine, m, passes):
     s, b, h = shape.seq // L.cp, L.micro_batch, shape.hidden
     activations = float(megatron_activation_bytes(s, b, h, shape.heads, L.tp, L.tp > 1, "none"))
     layer = (gemms_seconds(layer_gemms(b, shape.seq, h, shape.heads, L.tp, L.cp)) + engine.layer
-             + engine.activation * activations)
+             + engine.per_byte(b, s, h, shape.heads) * activations)
     logits = b * s * shape.vocab // L.tp
     ends = (gemms_seconds([(1, b * s, h, shape.vocab // L.tp)]) + engine.rest
-            + engine.logit * logits)
+            + engine.per_logit(b, s, h, shape.vocab) * logits)
     micro = (layer * shape.layers * passes / 3 + ends) / L.pp
     # a Block's 12 weights and biases; wte, wpe, ln_f's two and the head
     tensors = (shape.layers * 12 + 5) / L.pp
