@@ -93,3 +93,14 @@ def test_bench_plan_refuses_an_unknown_layout():
     out = subprocess.run([sys.executable, str(SCRIPT), "--layouts", "serial,PP 9"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "unknown layout(s) PP 9" in out.stderr
+
+
+def test_small_sizes_are_timed_and_large_ones_priced_at_the_moderate_rate():
+    # a 175B model's layer and head cannot be built here: the moderate size's rates
+    assert ENGINE.per_byte(1, 2048, 12288, 96) == ENGINE.activation
+    assert ENGINE.per_logit(1, 2048, 12288, 51200) == ENGINE.logit
+    # a small one is timed at its own sizes, once
+    rate = ENGINE.per_byte(2, 16, 32, 4)
+    spent, nbytes = hardware.layer_spent(2, 16, 32, 4)
+    assert rate == max(0.0, spent - ENGINE.layer) / nbytes and nbytes == 16 * 2 * 32 * (34 + 10)
+    assert ENGINE.per_logit(2, 16, 32, 64) >= 0
