@@ -141,12 +141,14 @@ class Engine:
         """A rank's share of a core: ranks beyond the cores take turns (oversubscribed)."""
         return min(1.0, self.cores / ranks)
 
-    def per_byte(self, b, s, h, heads):
-        """Seconds per activation byte of a layer of these sizes."""
+    def layer_cost(self, b, s, h, heads, block="gpt"):
+        """(fixed seconds, seconds per activation byte) of a layer of these sizes, of minipar's
+        ``block`` kind (``BLOCKS``)."""
+        fixed = self.layer if block == "gpt" else layer_spent(*TINY, block, repeats=20)[0]
         if activation_bytes(b, s, h, heads) > TIMED_BYTES or 12 * h * h > TIMED_WEIGHTS:
-            return self.activation
-        spent, nbytes = layer_spent(b, s, h, heads)
-        return max(0.0, spent - self.layer) / nbytes
+            return fixed, self.activation
+        spent, nbytes = layer_spent(b, s, h, heads, block)
+        return fixed, max(0.0, spent - fixed) / nbytes
 
     def per_logit(self, b, s, h, vocab):
         """Seconds per logit of a GPT's ends of these sizes."""
@@ -162,9 +164,16 @@ def activation_bytes(b, s, h, heads):
     return float(megatron_activation_bytes(s, b, h, heads, 1, False, "none"))
 
 
+# The block minipar runs a layer with: nn.GPT's (serial, DP, ZeRO), or the 3D trainer's
+# TensorParallelGPT block (tp and pp layouts), which adds the tensor group's ops to each layer
+# (timed on a one-rank group), with sequence parallelism's when tp > 1
+BLOCKS = ("gpt", "tensor", "sequence")
+TINY = (1, 4, 8, 2)  # b, s, h, heads of the tiny Block: its fixed cost
+
+
 @functools.lru_cache(maxsize=None)
-def layer_spent(b, s, h, heads, repeats=5):
-    """(seconds of a ``Block`` forward + backward at these sizes less its GEMMs, its activation
+def layer_spent(b, s, h, heads, block="gpt", repeats=5):
+    """(seconds of a ``block`` forward + backward at these sizes less its GEMMs, its activation
     bytes), timed now."""
     import numpy as np
 
@@ -178,8 +187,16 @@ def layer_spent(b, s, h, heads, repeats=5):
     # denormal, which the BLAS runs many times slower
     rng = np.random.default_rng(0)
     x = minipar.tensor(asarray(rng.standard_normal((b, s, h), np.float32)), requires_grad=True)
-    block = nn.Block(h, heads)
-    spent = best_of(lambda: block(x).sum().backward(), repeats)
+    if block == "gpt":
+        layer = nn.Block(h, heads)
+    else:
+        from mpi4py import MPI
+
+        from minipar.comm.communicator import Communicator
+        from minipar.parallel.tensor.gpt import ParallelBlock
+        layer = ParallelBlock(h, heads, Communicator(MPI.COMM_SELF),
+                              sequence_parallel=block == "sequence")
+    spent = best_of(lambda: layer(x).sum().backward(), repeats)
     return spent - gemms_seconds(layer_gemms(b, s, h, heads)), activation_bytes(b, s, h, heads)
 
 
@@ -223,7 +240,7 @@ def measure_engine():
     """Time minipar's own Block, GPT ends and AdamW at a tiny and a moderate size (about 0.3 s);
     the planned model's own sizes are timed when the planner first asks for them."""
     # the tiny sizes' calls take a fraction of a millisecond: more of them find a quiet moment
-    (fixed, _), (big, nbytes) = layer_spent(1, 4, 8, 2, repeats=20), layer_spent(4, 64, 64, 4)
+    (fixed, _), (big, nbytes) = layer_spent(*TINY, repeats=20), layer_spent(4, 64, 64, 4)
     (rest, _), (head, logits) = ends_spent(1, 4, 8, 8, repeats=20), ends_spent(4, 64, 64, 512)
     per_tensor = adam_seconds(32, 1) / 32
     per_element = (adam_seconds(1, 1 << 18) - per_tensor) / (1 << 18)

@@ -197,8 +197,11 @@ def engine_seconds(shape, L, engine, m, passes):
     turns: the whole is divided by the rank's share of a core (``Engine.share``)."""
     s, b, h = shape.seq // L.cp, L.micro_batch, shape.hidden
     activations = float(megatron_activation_bytes(s, b, h, shape.heads, L.tp, L.tp > 1, "none"))
-    layer = (gemms_seconds(layer_gemms(b, shape.seq, h, shape.heads, L.tp, L.cp)) + engine.layer
-             + engine.per_byte(b, s, h, shape.heads) * activations)
+    # minipar runs tp and pp layouts with the 3D trainer's TensorParallelGPT (hardware.BLOCKS)
+    block = "sequence" if L.tp > 1 else "tensor" if L.pp > 1 or L.cp > 1 else "gpt"
+    fixed, per_byte = engine.layer_cost(b, s, h, shape.heads, block)
+    layer = (gemms_seconds(layer_gemms(b, shape.seq, h, shape.heads, L.tp, L.cp)) + fixed
+             + per_byte * activations)
     logits = b * s * shape.vocab // L.tp
     ends = (gemms_seconds([(1, b * s, h, shape.vocab // L.tp)]) + engine.rest
             + engine.per_logit(b, s, h, shape.vocab) * logits)
