@@ -98,12 +98,12 @@ def test_bench_plan_refuses_an_unknown_layout():
 def test_small_sizes_are_timed_and_large_ones_priced_at_the_moderate_rate():
     # a 175B model's layer and head cannot be built here: the moderate size's rates
     assert ENGINE.layer_cost(1, 2048, 12288, 96) == (ENGINE.layer, ENGINE.activation)
-    assert ENGINE.per_logit(1, 2048, 12288, 51200) == ENGINE.logit
+    assert ENGINE.ends_cost(1, 2048, 12288, 51200) == (ENGINE.rest, ENGINE.logit)
     # a small one is timed at its own sizes, once
     fixed, rate = ENGINE.layer_cost(2, 16, 32, 4)
     spent, nbytes = hardware.layer_spent(2, 16, 32, 4, "gpt")
     assert rate == max(0.0, spent - ENGINE.layer) / nbytes and nbytes == 16 * 2 * 32 * (34 + 10)
-    assert ENGINE.per_logit(2, 16, 32, 64) >= 0
+    assert ENGINE.ends_cost(2, 16, 32, 64, "tensor")[1] >= 0
     # the 3D trainer's block (tp and pp layouts) has its own fixed cost, timed on one rank
     tensor, _ = ENGINE.layer_cost(2, 16, 32, 4, "sequence")
     assert tensor == hardware.layer_spent(*hardware.TINY, "sequence", repeats=20)[0]

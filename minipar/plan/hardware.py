@@ -150,12 +150,14 @@ class Engine:
         spent, nbytes = layer_spent(b, s, h, heads, block)
         return fixed, max(0.0, spent - fixed) / nbytes
 
-    def per_logit(self, b, s, h, vocab):
-        """Seconds per logit of a GPT's ends of these sizes."""
+    def ends_cost(self, b, s, h, vocab, block="gpt"):
+        """(fixed seconds, seconds per logit) of a GPT's ends of these sizes, run by the model
+        of ``block``'s kind."""
+        fixed = self.rest if block == "gpt" else ends_spent(*TINY[:3], 8, block, repeats=20)[0]
         if b * s * vocab > TIMED_LOGITS or h * vocab > TIMED_WEIGHTS:
-            return self.logit
-        spent, logits = ends_spent(b, s, h, vocab)
-        return max(0.0, spent - self.rest) / logits
+            return fixed, self.logit
+        spent, logits = ends_spent(b, s, h, vocab, block)
+        return fixed, max(0.0, spent - fixed) / logits
 
 
 def activation_bytes(b, s, h, heads):
@@ -201,21 +203,31 @@ def layer_spent(b, s, h, heads, block="gpt", repeats=5):
 
 
 @functools.lru_cache(maxsize=None)
-def ends_spent(b, s, h, vocab, repeats=5):
+def ends_spent(b, s, h, vocab, block="gpt", repeats=5):
     """(seconds of a GPT's embedding, final LayerNorm, head and loss, forward + backward, at
-    these sizes less the head's GEMMs, its logits), timed now."""
+    these sizes less the head's GEMMs, its logits), timed now: nn.GPT's, or with another
+    ``block`` the 3D trainer's TensorParallelGPT's (vocabulary-parallel head and loss)."""
     import numpy as np
 
     import minipar
-    from minipar import functional as F
     from minipar import nn
     from minipar.backend import asarray
     minipar.manual_seed(0)
-    gpt = nn.GPT(nn.GPTConfig(vocab_size=vocab, block_size=s, n_layer=1, n_head=1, n_embd=h))
+    config = nn.GPTConfig(vocab_size=vocab, block_size=s, n_layer=1, n_head=1, n_embd=h)
+    if block == "gpt":
+        gpt = nn.GPT(config)
+        from minipar.functional import cross_entropy as loss
+    else:
+        from mpi4py import MPI
+
+        from minipar.comm.communicator import Communicator
+        from minipar.parallel.tensor.gpt import TensorParallelGPT
+        gpt = TensorParallelGPT(config, Communicator(MPI.COMM_SELF), block == "sequence")
+        loss = gpt.loss
     ids = asarray(np.random.default_rng(0).integers(0, vocab, (b, s)))
 
     def no_blocks():  # the GPT's forward without its one Block
-        F.cross_entropy(gpt.lm_head(gpt.ln_f(gpt.embed(ids))), ids).backward()
+        loss(gpt.lm_head(gpt.ln_f(gpt.embed(ids))), ids).backward()
     spent = best_of(no_blocks, repeats)
     return spent - gemms_seconds([(1, b * s, h, vocab)]), b * s * vocab
 
@@ -241,7 +253,8 @@ def measure_engine():
     the planned model's own sizes are timed when the planner first asks for them."""
     # the tiny sizes' calls take a fraction of a millisecond: more of them find a quiet moment
     (fixed, _), (big, nbytes) = layer_spent(*TINY, repeats=20), layer_spent(4, 64, 64, 4)
-    (rest, _), (head, logits) = ends_spent(1, 4, 8, 8, repeats=20), ends_spent(4, 64, 64, 512)
+    (rest, _), (head, logits) = (ends_spent(*TINY[:3], 8, repeats=20),
+                                 ends_spent(4, 64, 64, 512))
     per_tensor = adam_seconds(32, 1) / 32
     per_element = (adam_seconds(1, 1 << 18) - per_tensor) / (1 << 18)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

@@ -203,8 +203,8 @@ def engine_seconds(shape, L, engine, m, passes):
     layer = (gemms_seconds(layer_gemms(b, shape.seq, h, shape.heads, L.tp, L.cp)) + fixed
              + per_byte * activations)
     logits = b * s * shape.vocab // L.tp
-    ends = (gemms_seconds([(1, b * s, h, shape.vocab // L.tp)]) + engine.rest
-            + engine.per_logit(b, s, h, shape.vocab) * logits)
+    fixed, per_logit = engine.ends_cost(b, s, h, shape.vocab, block)
+    ends = gemms_seconds([(1, b * s, h, shape.vocab // L.tp)]) + fixed + per_logit * logits
     micro = (layer * shape.layers * passes / 3 + ends) / L.pp
     # a Block's 12 weights and biases; wte, wpe, ln_f's two and the head
     tensors = (shape.layers * 12 + 5) / L.pp
