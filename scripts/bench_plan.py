@@ -261,7 +261,8 @@ def report(table, here, model, steps, load):
           f"{os.cpu_count()} cores, load average {' -> '.join(f'{x:.1f}' for x in load)}")
     print(f"here: GEMMs timed at the model's shapes (256^3: {here.peak('fp32') / 1e9:.1f} "
           f"GFLOP/s), {1e3 * engine.layer:.2f} ms a Block's ops, {1e9 * engine.activation:.2f} "
-          f"ns per activation byte, {engine.cores} cores shared by the ranks")
+          f"ns per activation byte; {engine.cores} cores: ranks beyond them take turns, a "
+          f"rank's compute / min(1, {engine.cores}/ranks)")
     print(f"{'layout':18s}{'ranks':>6s}{'measured ms':>13s}{'best':>8s}{'cpu':>8s}"
           f"{'compute':>9s}"
           f"{'bubble':>8s} | {'predicted':>9s}{'compute':>9s}{'comm':>7s}{'bubble':>8s}"
