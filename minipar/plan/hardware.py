@@ -174,6 +174,17 @@ TINY = (1, 4, 8, 2)  # b, s, h, heads of the tiny Block: its fixed cost
 
 
 @functools.lru_cache(maxsize=None)
+def one_rank_group():
+    """A tensor group of this process alone (MPI.COMM_SELF): the 3D trainer's model timed
+    without its collectives (the planner prices those); one, as each Communicator duplicates
+    its MPI communicator."""
+    from mpi4py import MPI
+
+    from minipar.comm.communicator import Communicator
+    return Communicator(MPI.COMM_SELF)
+
+
+@functools.lru_cache(maxsize=None)
 def layer_spent(b, s, h, heads, block="gpt", repeats=5):
     """(seconds of a ``block`` forward + backward at these sizes less its GEMMs, its activation
     bytes), timed now."""
@@ -192,12 +203,8 @@ def layer_spent(b, s, h, heads, block="gpt", repeats=5):
     if block == "gpt":
         layer = nn.Block(h, heads)
     else:
-        from mpi4py import MPI
-
-        from minipar.comm.communicator import Communicator
         from minipar.parallel.tensor.gpt import ParallelBlock
-        layer = ParallelBlock(h, heads, Communicator(MPI.COMM_SELF),
-                              sequence_parallel=block == "sequence")
+        layer = ParallelBlock(h, heads, one_rank_group(), sequence_parallel=block == "sequence")
     spent = best_of(lambda: layer(x).sum().backward(), repeats)
     return spent - gemms_seconds(layer_gemms(b, s, h, heads)), activation_bytes(b, s, h, heads)
 
@@ -218,11 +225,8 @@ def ends_spent(b, s, h, vocab, block="gpt", repeats=5):
         gpt = nn.GPT(config)
         from minipar.functional import cross_entropy as loss
     else:
-        from mpi4py import MPI
-
-        from minipar.comm.communicator import Communicator
         from minipar.parallel.tensor.gpt import TensorParallelGPT
-        gpt = TensorParallelGPT(config, Communicator(MPI.COMM_SELF), block == "sequence")
+        gpt = TensorParallelGPT(config, one_rank_group(), block == "sequence")
         loss = gpt.loss
     ids = asarray(np.random.default_rng(0).integers(0, vocab, (b, s)))
 
@@ -252,9 +256,11 @@ def measure_engine():
     """Time minipar's own Block, GPT ends and AdamW at a tiny and a moderate size (about 0.3 s);
     the planned model's own sizes are timed when the planner first asks for them."""
     # the tiny sizes' calls take a fraction of a millisecond: more of them find a quiet moment
-    (fixed, _), (big, nbytes) = layer_spent(*TINY, repeats=20), layer_spent(4, 64, 64, 4)
-    (rest, _), (head, logits) = (ends_spent(*TINY[:3], 8, repeats=20),
-                                 ends_spent(4, 64, 64, 512))
+    # (the block passed by position: the cache keys are those layer_cost and ends_cost use)
+    (fixed, _), (big, nbytes) = layer_spent(*TINY, "gpt", repeats=20), \
+        layer_spent(4, 64, 64, 4, "gpt")
+    (rest, _), (head, logits) = (ends_spent(*TINY[:3], 8, "gpt", repeats=20),
+                                 ends_spent(4, 64, 64, 512, "gpt"))
     per_tensor = adam_seconds(32, 1) / 32
     per_element = (adam_seconds(1, 1 << 18) - per_tensor) / (1 << 18)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
