@@ -101,14 +101,14 @@ def data_parallel_steps(world, model, sizes):
 
 def trainer_steps(world, model, sizes, m):
     """(step, the trainer): Trainer3D with sequence parallelism under tp (as the planner
-    assumes), the schedule traced so that the bubble can be read off."""
+    assumes)."""
     from minipar.parallel.groups import ParallelGroups
     from minipar.parallel.hybrid import Trainer3D
 
     groups = ParallelGroups(world, tp=sizes.get("tp", 1), pp=sizes.get("pp", 1))
     run = Trainer3D(config(model), groups, schedule=sizes.get("schedule", "1f1b"),
                     microbatches=m, chunks=sizes.get("chunks"), make_optimizer=adamw,
-                    sequence_parallel=sizes.get("tp", 1) > 1, trace=sizes.get("pp", 1) > 1)
+                    sequence_parallel=sizes.get("tp", 1) > 1)
     ids, targets = batch(model, 0)
     return (lambda: run.step(ids, targets)), run
 
@@ -129,11 +129,14 @@ def serial_step(model):
     return step
 
 
-def measured_bubble(run):
-    """The last step's bubble, idle time over the makespan averaged over the ranks of this
-    rank's pipeline (the trace), on its first stage's rank (world rank 0's among them)."""
+def measured_bubble(run, step):
+    """The bubble of one more step, traced (the timed steps are not: the tracer's barrier
+    would add a wait), idle time over the makespan averaged over the ranks of this rank's
+    pipeline, on its first stage's rank (world rank 0's among them)."""
     from minipar.parallel.pipeline import bubble_fraction
     from minipar.parallel.pipeline.timeline import gather_events
+    run.pipe.trace = True
+    step()
     events = gather_events(run.groups.pipeline, run.pipe.events)
     return None if events is None else bubble_fraction(events, run.schedule.ranks)
 
@@ -181,7 +184,7 @@ def worker(model, names, steps):
             row["compute"] = statistics.median(fit.timed(world, extra, steps, warmup=1,
                                                          statistic=list))
         if run is not None and sizes.get("pp", 1) > 1:
-            fraction = measured_bubble(run)
+            fraction = measured_bubble(run, step)
             row["bubble"] = None if fraction is None else fraction * row["median"]
         results[name] = row
     if world.rank == 0:
