@@ -107,3 +107,22 @@ def test_small_sizes_are_timed_and_large_ones_priced_at_the_moderate_rate():
     # the 3D trainer's block (tp and pp layouts) has its own fixed cost, timed on one rank
     tensor, _ = ENGINE.layer_cost(2, 16, 32, 4, "sequence")
     assert tensor == hardware.layer_spent(*hardware.TINY, "sequence", repeats=20)[0]
+
+
+def test_tp_and_pp_layouts_are_priced_with_the_3d_trainers_block():
+    asked = []
+
+    @dataclasses.dataclass(frozen=True)
+    class Recording(hardware.Engine):
+        def layer_cost(self, b, s, h, heads, block="gpt"):
+            asked.append(block)
+            return self.layer, self.activation
+
+        def ends_cost(self, b, s, h, vocab, block="gpt"):
+            asked.append(block)
+            return self.rest, self.logit
+
+    engine = Recording(**dataclasses.asdict(ENGINE))
+    for layout in (Layout(dp=2), Layout(pp=2), Layout(tp=2)):
+        engine_seconds(SHAPE, layout, engine, 1, 3)
+    assert asked == ["gpt", "gpt", "tensor", "tensor", "sequence", "sequence"]
