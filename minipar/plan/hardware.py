@@ -3,13 +3,14 @@
 A profile's links are ``comm.cost.Model``s (alpha, beta, gamma), so the planner prices a
 collective with the library's own formula (``cost.predict``): one model inside a node (NVLink),
 one across nodes (InfiniBand). ``here()`` is this machine: the cost model fitted by ``minipar
-bench allreduce`` in this process (else ``MINIPAR_COST``, else cost.py's guess) and a GEMM rate
-timed now with NumPy.
+bench allreduce`` in this process (else ``MINIPAR_COST``, else cost.py's guess), and minipar's
+own engine timed now (``Engine``: GEMMs at the model's shapes, per-op and element-wise costs).
 
     h100 = PROFILES["h100"]
     h100.peak("bf16"), h100.link(inside_node=True)     # 989e12 FLOP/s; Model(alpha=3e-06, ...)
 """
 import dataclasses
+import functools
 import os
 import time
 
@@ -28,6 +29,8 @@ class Profile:
     alpha_inter: float   # ... across nodes
     efficiency: float = 0.5  # the share of peak the matmuls reach (the compute time's one guess)
     fitted: object = None    # ``here``: the cost.Model fitted on this machine, for every link
+    engine: object = None    # ``here``: minipar's own costs measured now (``Engine``); None:
+    #                          compute is the FLOPs at peak x efficiency
 
     def peak(self, precision):
         """Dense FLOP/s in ``precision``."""
@@ -66,25 +69,217 @@ def gemm_rate(n=256, repeats=5):
     ``repeats``): 2n³ FLOPs each."""
     import numpy as np
     a = np.ones((n, n), np.float32)
+    return 2 * n**3 / best_of(lambda: a @ a, repeats)
+
+
+# A GEMM above this many multiply-adds runs at the 256 x 256 product's rate (what ``gemm_rate``
+# measures): large products reach the BLAS's full rate, and timing a 175B model's would take
+# seconds each
+LARGE_GEMM = 256**3
+
+
+@functools.lru_cache(maxsize=None)
+def gemm_seconds(batch, m, k, n, repeats=3):
+    """Seconds of ``batch`` float32 (m x k) @ (k x n) products on this machine, timed at that
+    shape (best of ``repeats``): at a small model's shapes NumPy reaches a fraction of the
+    large-matrix rate, so the shape is what is timed."""
+    import numpy as np
+    if batch * m * k * n > LARGE_GEMM:
+        return 2 * batch * m * k * n / large_gemm_rate()
+    a, b = np.ones((batch, m, k), np.float32), np.ones((batch, k, n), np.float32)
+    return best_of(lambda: a @ b, repeats)
+
+
+@functools.lru_cache(maxsize=None)
+def large_gemm_rate():
+    return gemm_rate()
+
+
+def best_of(run, repeats):
+    """The least CPU time of ``repeats`` calls of ``run()``: the time the work itself takes on
+    a core. Wall time would count the other jobs a loaded machine runs meanwhile (a call longer
+    than a time slice is cut), CPU time does not; with one BLAS thread (each rank has one) it is
+    the wall time of a quiet machine."""
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ a
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best
+        t0 = time.process_time()
+        run()
+        best = min(best, time.process_time() - t0)
+    return best
+
+
+def gemms_seconds(gemms):
+    """Forward and backward of the matmuls ``gemms`` [(batch, m, k, n)]: the forward's product,
+    then dX (m, n, k) and dW (k, m, n) of the same FLOPs."""
+    return sum(gemm_seconds(b, m, k, n) + gemm_seconds(b, m, n, k) + gemm_seconds(1, k, b * m, n)
+               for b, m, k, n in gemms)
+
+
+# A layer or a head of at most this many activation bytes / logits, and weights, is timed at
+# its own sizes (a Block of them runs in about 20 ms); a larger one is priced per byte / logit
+# at the moderate size ``measure_engine`` times (a 175B model's layer cannot be built here)
+TIMED_BYTES, TIMED_LOGITS, TIMED_WEIGHTS = 1 << 23, 1 << 20, 1 << 22
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """What minipar's NumPy engine spends beyond the GEMMs, measured by ``measure_engine``. At
+    a small model's sizes most of a step is per-op Python and element-wise passes (LayerNorm,
+    GeLU, softmax, residual adds, their backwards), which a FLOP count does not see; each term
+    is a fixed cost (the ops' dispatch, timed at a tiny size) plus a cost per byte or per logit,
+    timed at the planned model's own sizes when they are small (the cost per element is not
+    the same at every size: caches, NumPy's per-call work), else at a moderate size."""
+    layer: float       # seconds: one Block forward + backward at a tiny size, less its GEMMs
+    activation: float  # seconds per byte of a layer's activations (Megatron's count), moderate
+    rest: float        # seconds: embedding, final LayerNorm, head and loss at a tiny size
+    logit: float       # seconds per logit (B·s·V) of the head's element-wise passes and loss
+    tensor: float      # AdamW step, seconds per parameter tensor
+    element: float     # AdamW step, seconds per parameter element
+    cores: int         # the cores the ranks share
+
+    def share(self, ranks):
+        """A rank's share of a core: ranks beyond the cores take turns (oversubscribed)."""
+        return min(1.0, self.cores / ranks)
+
+    def layer_cost(self, b, s, h, heads, block="gpt"):
+        """(fixed seconds, seconds per activation byte) of a layer of these sizes, of minipar's
+        ``block`` kind (``BLOCKS``)."""
+        fixed = self.layer if block == "gpt" else layer_spent(*TINY, block, repeats=20)[0]
+        if activation_bytes(b, s, h, heads) > TIMED_BYTES or 12 * h * h > TIMED_WEIGHTS:
+            return fixed, self.activation
+        spent, nbytes = layer_spent(b, s, h, heads, block)
+        return fixed, max(0.0, spent - fixed) / nbytes
+
+    def ends_cost(self, b, s, h, vocab, block="gpt"):
+        """(fixed seconds, seconds per logit) of a GPT's ends of these sizes, run by the model
+        of ``block``'s kind."""
+        fixed = self.rest if block == "gpt" else ends_spent(*TINY[:3], 8, block, repeats=20)[0]
+        if b * s * vocab > TIMED_LOGITS or h * vocab > TIMED_WEIGHTS:
+            return fixed, self.logit
+        spent, logits = ends_spent(b, s, h, vocab, block)
+        return fixed, max(0.0, spent - fixed) / logits
+
+
+def activation_bytes(b, s, h, heads):
+    """Megatron's count for one layer, the unit of the element-wise passes' cost."""
+    from .memory import megatron_activation_bytes
+    return float(megatron_activation_bytes(s, b, h, heads, 1, False, "none"))
+
+
+# The block minipar runs a layer with: nn.GPT's (serial, DP, ZeRO), or the 3D trainer's
+# TensorParallelGPT block (tp and pp layouts), which adds the tensor group's ops to each layer
+# (timed on a one-rank group), with sequence parallelism's when tp > 1
+BLOCKS = ("gpt", "tensor", "sequence")
+TINY = (1, 4, 8, 2)  # b, s, h, heads of the tiny Block: its fixed cost
+
+
+@functools.lru_cache(maxsize=None)
+def one_rank_group():
+    """A tensor group of this process alone (MPI.COMM_SELF): the 3D trainer's model timed
+    without its collectives (the planner prices those); one, as each Communicator duplicates
+    its MPI communicator."""
+    from mpi4py import MPI
+
+    from minipar.comm.communicator import Communicator
+    return Communicator(MPI.COMM_SELF)
+
+
+@functools.lru_cache(maxsize=None)
+def layer_spent(b, s, h, heads, block="gpt", repeats=5):
+    """(seconds of a ``block`` forward + backward at these sizes less its GEMMs, its activation
+    bytes), timed now."""
+    import numpy as np
+
+    import minipar
+    from minipar import nn
+    from minipar.backend import asarray
+
+    from .flops import layer_gemms
+    minipar.manual_seed(0)
+    # normal inputs: a constant row would make LayerNorm's output zero and its gradients
+    # denormal, which the BLAS runs many times slower
+    rng = np.random.default_rng(0)
+    x = minipar.tensor(asarray(rng.standard_normal((b, s, h), np.float32)), requires_grad=True)
+    if block == "gpt":
+        layer = nn.Block(h, heads)
+    else:
+        from minipar.parallel.tensor.gpt import ParallelBlock
+        layer = ParallelBlock(h, heads, one_rank_group(), sequence_parallel=block == "sequence")
+    spent = best_of(lambda: layer(x).sum().backward(), repeats)
+    return spent - gemms_seconds(layer_gemms(b, s, h, heads)), activation_bytes(b, s, h, heads)
+
+
+@functools.lru_cache(maxsize=None)
+def ends_spent(b, s, h, vocab, block="gpt", repeats=5):
+    """(seconds of a GPT's embedding, final LayerNorm, head and loss, forward + backward, at
+    these sizes less the head's GEMMs, its logits), timed now: nn.GPT's, or with another
+    ``block`` the 3D trainer's TensorParallelGPT's (vocabulary-parallel head and loss)."""
+    import numpy as np
+
+    import minipar
+    from minipar import nn
+    from minipar.backend import asarray
+    minipar.manual_seed(0)
+    config = nn.GPTConfig(vocab_size=vocab, block_size=s, n_layer=1, n_head=1, n_embd=h)
+    if block == "gpt":
+        gpt = nn.GPT(config)
+        from minipar.functional import cross_entropy as loss
+    else:
+        from minipar.parallel.tensor.gpt import TensorParallelGPT
+        gpt = TensorParallelGPT(config, one_rank_group(), block == "sequence")
+        loss = gpt.loss
+    ids = asarray(np.random.default_rng(0).integers(0, vocab, (b, s)))
+
+    def no_blocks():  # the GPT's forward without its one Block
+        loss(gpt.lm_head(gpt.ln_f(gpt.embed(ids))), ids).backward()
+    spent = best_of(no_blocks, repeats)
+    return spent - gemms_seconds([(1, b * s, h, vocab)]), b * s * vocab
+
+
+def adam_seconds(tensors, size, repeats=5):
+    """Seconds of an AdamW step on ``tensors`` parameters of ``size`` elements, timed now."""
+    import numpy as np
+
+    import minipar
+    from minipar import optim
+    from minipar.backend import asarray
+    params = [minipar.tensor(asarray(np.ones(size, np.float32)), requires_grad=True)
+              for _ in range(tensors)]
+    for p in params:
+        p.grad = asarray(np.ones(size, np.float32))
+    opt = optim.AdamW(params)
+    opt.step()  # the moments are made on the first step
+    return best_of(opt.step, repeats)
+
+
+def measure_engine():
+    """Time minipar's own Block, GPT ends and AdamW at a tiny and a moderate size (about 0.3 s);
+    the planned model's own sizes are timed when the planner first asks for them."""
+    # the tiny sizes' calls take a fraction of a millisecond: more of them find a quiet moment
+    # (the block passed by position: the cache keys are those layer_cost and ends_cost use)
+    (fixed, _), (big, nbytes) = layer_spent(*TINY, "gpt", repeats=20), \
+        layer_spent(4, 64, 64, 4, "gpt")
+    (rest, _), (head, logits) = (ends_spent(*TINY[:3], 8, "gpt", repeats=20),
+                                 ends_spent(4, 64, 64, 512, "gpt"))
+    per_tensor = adam_seconds(32, 1) / 32
+    per_element = (adam_seconds(1, 1 << 18) - per_tensor) / (1 << 18)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return Engine(fixed, max(0.0, big - fixed) / nbytes, rest, max(0.0, head - rest) / logits,
+                  per_tensor, max(0.0, per_element), cores)
 
 
 def here():
     """This machine: ranks are processes on one node, so both links are the cost model
     ``comm.cost.default_model()`` gives; the peak is the measured GEMM rate, reached in full
-    (efficiency 1: it was measured, not read off a sheet); memory is the host's RAM."""
+    (efficiency 1: it was measured, not read off a sheet); memory is the host's RAM; the
+    compute is priced by minipar's own costs (``Engine``, ``measure_engine``)."""
     model = cost.default_model()
-    rate = gemm_rate()
+    rate = large_gemm_rate()
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     bandwidth = 1 / model.beta(1 << 20)  # shown in the table; the link is the model itself
     return Profile("here", {p: rate for p in ("fp32", "bf16", "fp16")}, ram,
                    3 / model.gamma(1 << 20), bandwidth, bandwidth, model.alpha, model.alpha,
-                   efficiency=1.0, fitted=model)
+                   efficiency=1.0, fitted=model, engine=measure_engine())
 
 
 def profile(name):

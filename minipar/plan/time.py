@@ -18,7 +18,8 @@ from minipar.parallel.pipeline import build, makespan, peak_inflight, simulate, 
 from minipar.parallel.pipeline.schedules import CHUNKED, chunks_of
 
 from .activations import layout_activation_bytes
-from .flops import expert_flops_per_iteration, flops_per_iteration
+from .flops import expert_flops_per_iteration, flops_per_iteration, layer_gemms
+from .hardware import gemms_seconds
 from .memory import bytes_per_parameter, megatron_activation_bytes, model_state_bytes
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
@@ -115,6 +116,8 @@ def predict(shape, layout, cluster, global_batch):
            if shape.experts else 0) for r in (full, False))
     rate = hw.peak(L.precision) * hw.efficiency
     compute = executed / L.gpus / rate
+    if hw.engine is not None:  # this machine: minipar's own costs, measured (hardware.Engine)
+        compute = engine_seconds(shape, L, hw.engine, m, passes)
     # tensor parallel with sequence parallelism (Korthikanti et al.): per layer, 2 all-gathers
     # and 2 reduce-scatters of the s/cp x b x h activation in the forward, as many in the
     # backward, again in the recomputed forward; exposed (nothing overlaps them)
@@ -183,6 +186,33 @@ def predict(shape, layout, cluster, global_batch):
             "tokens_per_s": global_batch * s / total,
             "mfu": model_flops / (total * hw.peak(L.precision) * L.gpus),
             "fits": memory["total"] <= cluster.memory}
+
+
+def engine_seconds(shape, L, engine, m, passes):
+    """One rank's compute in a step on this machine, priced by minipar's measured costs: each
+    layer's GEMMs timed at its own shapes (the rank's tp and cp share), the engine's fixed cost
+    per layer and its element-wise passes per byte of the layer's activations (Megatron's
+    count, tp-split as Megatron splits them), the same for the GPT's two ends (embedding, head,
+    loss: per logit), all m micro-batches, a recomputed forward adding a third of a layer's
+    forward and backward, the ends spread over the pp stages as their FLOPs are; then AdamW's
+    step on the rank's parameters (1/(dp·cp) of them under ZeRO). Ranks beyond the cores take
+    turns: the whole is divided by the rank's share of a core (``Engine.share``)."""
+    s, b, h = shape.seq // L.cp, L.micro_batch, shape.hidden
+    activations = float(megatron_activation_bytes(s, b, h, shape.heads, L.tp, L.tp > 1, "none"))
+    # minipar runs tp and pp layouts with the 3D trainer's TensorParallelGPT (hardware.BLOCKS)
+    block = "sequence" if L.tp > 1 else "tensor" if L.pp > 1 or L.cp > 1 else "gpt"
+    fixed, per_byte = engine.layer_cost(b, s, h, shape.heads, block)
+    layer = (gemms_seconds(layer_gemms(b, shape.seq, h, shape.heads, L.tp, L.cp)) + fixed
+             + per_byte * activations)
+    logits = b * s * shape.vocab // L.tp
+    fixed, per_logit = engine.ends_cost(b, s, h, shape.vocab, block)
+    ends = gemms_seconds([(1, b * s, h, shape.vocab // L.tp)]) + fixed + per_logit * logits
+    micro = (layer * shape.layers * passes / 3 + ends) / L.pp
+    # a Block's 12 weights and biases; wte, wpe, ln_f's two and the head
+    tensors = (shape.layers * 12 + 5) / L.pp
+    elements = shape.parameters() / (L.tp * L.pp) / (L.dp * L.cp if L.zero else 1)
+    step = engine.tensor * tensors + engine.element * elements
+    return (m * micro + step) / engine.share(L.gpus)
 
 
 def memory_bytes(shape, L, width, inflight, microbatches):

@@ -1,0 +1,128 @@
+"""``--profile here`` (issue 26): the engine costs the profile measures at start, the compute
+term they price, and scripts/bench_plan.py run end to end at its smallest setting (its ratios
+are not asserted: performance is never a timed test)."""
+import dataclasses
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from minipar.plan import hardware
+from minipar.plan.flops import layer_forward_flops, layer_gemms
+from minipar.plan.models import GPTShape
+from minipar.plan.time import Cluster, Layout, engine_seconds, predict
+
+SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "bench_plan.py"
+SHAPE = GPTShape(4, 32, 4, 16, 64)
+# made-up costs: the tests check how predict combines them, not this machine's values
+ENGINE = hardware.Engine(layer=1e-4, activation=1e-9, rest=5e-5, logit=2e-9, tensor=1e-6,
+                         element=1e-9, cores=2)
+
+
+def test_layer_gemms_are_the_flops_megatron_counts():
+    for B, s, h, a in ((3, 8, 12, 4), (2, 16, 32, 2)):
+        gemms = layer_gemms(B, s, h, a)
+        assert sum(2 * b * m * k * n for b, m, k, n in gemms) == layer_forward_flops(B, s, h)
+        # tp and cp split every product: a rank's share is 1/(tp·cp) of the FLOPs
+        split = layer_gemms(B, s, h, a, tp=2, cp=2)
+        assert 4 * sum(2 * b * m * k * n for b, m, k, n in split) == layer_forward_flops(B, s, h)
+
+
+def test_gemm_seconds_times_the_shape_and_prices_large_ones_at_the_large_rate():
+    assert hardware.gemm_seconds(1, 8, 16, 8, repeats=2) > 0
+    big = 2 * 1024**3 / hardware.large_gemm_rate()
+    assert hardware.gemm_seconds(1, 1024, 1024, 1024) == big
+    # a forward and its two backward products
+    one = hardware.gemm_seconds(1, 8, 4, 6)
+    assert hardware.gemms_seconds([(1, 8, 4, 6)]) == pytest.approx(
+        one + hardware.gemm_seconds(1, 8, 6, 4) + hardware.gemm_seconds(1, 4, 8, 6))
+
+
+def test_measure_engine_gives_every_cost_and_a_core_count():
+    engine = hardware.measure_engine()
+    for field in dataclasses.fields(engine):
+        assert getattr(engine, field.name) >= 0, field.name
+    assert engine.layer > 0 and engine.rest > 0 and engine.cores >= 1
+    assert ENGINE.share(1) == ENGINE.share(2) == 1.0 and ENGINE.share(8) == 0.25
+
+
+def test_here_has_an_engine_and_the_named_profiles_none():
+    assert hardware.here().engine is not None
+    assert all(p.engine is None for p in hardware.PROFILES.values())
+
+
+def test_engine_seconds_prices_micro_batches_ranks_and_oversubscription():
+    serial = engine_seconds(SHAPE, Layout(micro_batch=2), ENGINE, 1, 3)
+    # each micro-batch costs the same again; the optimizer's step once a step
+    step = ENGINE.tensor * (12 * 4 + 5) + ENGINE.element * SHAPE.parameters()
+    two = engine_seconds(SHAPE, Layout(micro_batch=2), ENGINE, 2, 3)
+    assert two - serial == pytest.approx(serial - step)
+    # four ranks on two cores take turns: twice the time of one rank's work alone
+    dp4 = engine_seconds(SHAPE, Layout(dp=4, micro_batch=2), ENGINE, 1, 3)
+    assert dp4 == pytest.approx(2 * serial)
+    # ZeRO shards the optimizer's elements over dp
+    zero = engine_seconds(SHAPE, Layout(dp=4, zero=1, micro_batch=2), ENGINE, 1, 3)
+    assert dp4 - zero == pytest.approx(2 * ENGINE.element * SHAPE.parameters() * 3 / 4)
+    # a recomputed forward: a third more of each layer
+    assert engine_seconds(SHAPE, Layout(micro_batch=2), ENGINE, 1, 4) > serial
+
+
+def test_predict_on_here_uses_the_engine():
+    profile = dataclasses.replace(hardware.PROFILES["h100"], engine=ENGINE)
+    layout = Layout(micro_batch=2, recompute="none", precision="fp32")
+    got = predict(SHAPE, layout, Cluster(1, 1, profile), 4)
+    assert got["time_s"]["compute"] == engine_seconds(SHAPE, layout, ENGINE, 2, 3)
+
+
+@pytest.mark.mpi
+def test_bench_plan_runs_end_to_end_and_prints_its_summary():
+    """The smallest setting: the quick GPT, serial and DP on 2 ranks, 3 steps."""
+    out = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--layouts", "serial,DP 2"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split()[0] for line in lines if line.startswith(("serial", "DP 2"))] == \
+        ["serial", "DP"]
+    assert lines[-1].startswith("summary: ") and lines[-1].endswith(
+        " of 2 layouts predicted within 0.75-1.33 of the measured median step time "
+        "(--profile here)")
+
+
+def test_bench_plan_refuses_an_unknown_layout():
+    out = subprocess.run([sys.executable, str(SCRIPT), "--layouts", "serial,PP 9"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "unknown layout(s) PP 9" in out.stderr
+
+
+def test_small_sizes_are_timed_and_large_ones_priced_at_the_moderate_rate():
+    # a 175B model's layer and head cannot be built here: the moderate size's rates
+    assert ENGINE.layer_cost(1, 2048, 12288, 96) == (ENGINE.layer, ENGINE.activation)
+    assert ENGINE.ends_cost(1, 2048, 12288, 51200) == (ENGINE.rest, ENGINE.logit)
+    # a small one is timed at its own sizes, once
+    fixed, rate = ENGINE.layer_cost(2, 16, 32, 4)
+    spent, nbytes = hardware.layer_spent(2, 16, 32, 4, "gpt")
+    assert rate == max(0.0, spent - ENGINE.layer) / nbytes and nbytes == 16 * 2 * 32 * (34 + 10)
+    assert ENGINE.ends_cost(2, 16, 32, 64, "tensor")[1] >= 0
+    # the 3D trainer's block (tp and pp layouts) has its own fixed cost, timed on one rank
+    tensor, _ = ENGINE.layer_cost(2, 16, 32, 4, "sequence")
+    assert tensor == hardware.layer_spent(*hardware.TINY, "sequence", repeats=20)[0]
+
+
+def test_tp_and_pp_layouts_are_priced_with_the_3d_trainers_block():
+    asked = []
+
+    @dataclasses.dataclass(frozen=True)
+    class Recording(hardware.Engine):
+        def layer_cost(self, b, s, h, heads, block="gpt"):
+            asked.append(block)
+            return self.layer, self.activation
+
+        def ends_cost(self, b, s, h, vocab, block="gpt"):
+            asked.append(block)
+            return self.rest, self.logit
+
+    engine = Recording(**dataclasses.asdict(ENGINE))
+    for layout in (Layout(dp=2), Layout(pp=2), Layout(tp=2)):
+        engine_seconds(SHAPE, layout, engine, 1, 3)
+    assert asked == ["gpt", "gpt", "tensor", "tensor", "sequence", "sequence"]
