@@ -25,10 +25,11 @@ def run(argv, capsys):
 
 
 def test_175b_on_1024_gpus_is_ranked_in_under_5_seconds(capsys):
-    # about 1 s on the 2-core CI machine under load (2.7 s for the whole command, imports included)
-    start = time.perf_counter()
+    # about 1 s on the 2-core CI machine (2.7 s for the whole command, imports included); the
+    # process's CPU time, which other jobs on a shared machine do not inflate
+    start = time.process_time()
     code, out, _ = run(["plan", "--model", "gpt3-175b", "--gpus", "1024", "--json"], capsys)
-    assert time.perf_counter() - start < 5.0
+    assert time.process_time() - start < 5.0
     result = json.loads(out)
     assert code == 0 and result["layouts"] > 100
     times = [p["time_s"]["total"] for p in result["ranked"]]
@@ -178,3 +179,19 @@ def test_a_full_layout_that_does_not_fit_is_still_predicted(capsys):
     code, out, _ = run(["plan", "--model", "gpt3-175b", "--gpus", "8", "--tp", "8", "--pp", "1",
                         "--zero", "0", "--json"], capsys)
     assert code == 0 and json.loads(out)["fits"] is False
+
+
+def test_zero3_is_priced_unit_by_unit_as_minipar_gathers():
+    """ZeRO-3's collectives are per unit (a module holding parameters, ZeRO3's layer_units):
+    the planner counts the units of minipar's GPT, and each pays its own alpha steps."""
+    from minipar import nn
+    from minipar.parallel.data.zero3_units import layer_units
+    from minipar.plan.time import zero3_units
+    shape = GPTShape(4, 16, 2, 8, 10)
+    model = nn.GPT(nn.GPTConfig(n_layer=4, n_embd=16, n_head=2, block_size=8, vocab_size=10))
+    assert zero3_units(shape, 1, 1, "1f1b", None, 1) == len(layer_units(model)) == 28
+    cluster = Cluster(gpus=8, gpus_per_node=8, profile=PROFILES["h100"])
+    exposed = predict(shape, Layout(dp=8, zero=3), cluster, 8)["time_s"]["dp"]
+    # 28 units x (a reduce-scatter and two all-gathers) x 7 ring steps of alpha each, at least
+    # (one collective of all the parameters would pay 3 x 7 alphas)
+    assert exposed >= 28 * 3 * 7 * PROFILES["h100"].alpha_intra

@@ -20,6 +20,7 @@ from minipar.parallel.pipeline.schedules import CHUNKED, chunks_of
 from .activations import layout_activation_bytes
 from .flops import expert_flops_per_iteration, flops_per_iteration, layer_gemms
 from .hardware import gemms_seconds
+from .layout_bytes import rank_modules
 from .memory import bytes_per_parameter, megatron_activation_bytes, model_state_bytes
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
@@ -75,6 +76,20 @@ def expert_parameters(shape):
         return 0
     one, two = (dataclasses.replace(shape, experts=e, top_k=1).layer_parameters() for e in (1, 2))
     return shape.layers * shape.experts * (two - one - shape.hidden)
+
+
+@functools.lru_cache(maxsize=None)
+def zero3_units(shape, tp, pp, schedule, chunks, ep):
+    """The units ZeRO-3 gathers one by one on the pipeline rank holding most (of the first and
+    the last): minipar's modules holding parameters (``layer_units``), laid out as
+    ``layout_bytes.rank_modules`` lays them. A shape minipar's GPT cannot build (Llama's block,
+    a tied head) is counted as its block: 6 modules a layer (two LayerNorms, c_attn, c_proj,
+    c_fc, c_proj), and the 4 ends (wte, wpe, ln_f, the head) on the first and last stage."""
+    try:
+        return max(len(rank_modules(shape, tp, pp, rank, schedule, chunks, ep))
+                   for rank in {0, pp - 1})
+    except ValueError:
+        return -(-6 * shape.layers // pp) + (4 if pp == 1 else 2)
 
 
 @functools.lru_cache(maxsize=None)
@@ -166,11 +181,14 @@ def predict(shape, layout, cluster, global_batch):
             continue
         grads = n / (L.tp * L.pp) * width
 
-        def c(collective):
-            return comm_time(collective, "ring", group, grads, link[kind])
+        def c(collective, pieces=1):
+            return pieces * comm_time(collective, "ring", group, grads / pieces, link[kind])
+        # ZeRO-3 gathers and reduce-scatters unit by unit, each collective paying its own
+        # alpha steps: priced as that many equal pieces of the rank's parameters
+        units = zero3_units(shape, L.tp, L.pp, L.schedule, L.chunks, L.ep)
         dp_time += {0: c("all_reduce"), 1: c("reduce_scatter") + c("all_gather"),
                     2: m * c("reduce_scatter") + c("all_gather"),
-                    3: m * (c("reduce_scatter") + 2 * c("all_gather"))}[L.zero]
+                    3: m * (c("reduce_scatter", units) + 2 * c("all_gather", units))}[L.zero]
     window = compute if L.zero == 3 else stage * (passes - 1) / passes
     dp_exposed = max(0.0, dp_time - window)
     comm = m * (tp_per_mb + cp_time + ep_time) + pp_time + dp_exposed
