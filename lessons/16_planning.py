@@ -283,27 +283,25 @@ def part1_time(found, cluster, cores, steps):
                                                            "total"))
                 + (f"  {ratios[name]:.2f}x" if what == "measured" else ""))
     share = min(cores / cluster.gpus, 1)
-    # ZeRO-3's units are the modules holding parameters; a ring collective takes N - 1 steps
-    units, alpha = len(rank_modules(SHAPE)), cluster.profile.link(True).alpha
-    steps3 = 3 * units * (cluster.gpus - 1)
-    say(f"  The profile times one rank's GEMM on a core of its own; here {cluster.gpus} ranks "
-        f"share {cores} core(s),",
-        f"  {share:.2f} of a core each: compute alone should take about {1 / share:.1f}x its "
-        "prediction. Not priced:",
-        "  the optimizer step, the elementwise ops (LayerNorm, softmax, GeLU) and Python's "
-        "cost per op. The",
-        "  planner hides the dp exchange behind the last backward (dp above is what is left); "
-        "DDP here runs",
-        "  it after backward, all exposed, and each clock counts the wait for the slowest "
-        "rank too. ZeRO-3",
-        f"  gathers its {units} units (modules) one by one: 3 ring collectives each, {steps3:,} "
-        f"steps of α = {alpha * 1e3:.2f} ms,",
-        f"  {steps3 * alpha * 1e3:.0f} ms of latency alone, where the planner prices one "
-        f"collective of all the parameters. Timings",
-        "  are never a test here (a CI runner shares its cores among the ranks): the check "
-        "only asks the",
-        f"  ratio to lie in {RATIO_BAND[0]:g}-{RATIO_BAND[1]:g}x, a sanity band; on a quiet "
-        "machine the benchmark compares them (issue 26).")
+    units = len(rank_modules(SHAPE))
+    say(f"  The profile timed minipar's engine at this model's shapes (each GEMM, the per-op "
+        "cost of a layer, its",
+        "  element-wise passes, the ends and AdamW); here "
+        f"{cluster.gpus} ranks share {cores} core(s), {share:.2f} of a core each, and the",
+        "  prediction takes turns as they do. The planner hides the dp exchange behind the "
+        "last backward (dp",
+        "  above is what is left); DDP here runs it after backward, all exposed, and each "
+        "clock counts the wait",
+        f"  for the slowest rank too. ZeRO-3 gathers its {units} units (modules) one by one: "
+        "3 ring collectives",
+        "  each, each paying its own α steps, which the planner prices unit by unit. Not "
+        "priced: ZeRO-3's own",
+        "  work per unit and the pipeline runtime's Python per action. Timings are never a "
+        "test here (a CI",
+        "  runner shares its cores among the ranks): the check only asks the ratio to lie in "
+        f"{RATIO_BAND[0]:g}-{RATIO_BAND[1]:g}x,",
+        "  a sanity band; on a quiet machine scripts/bench_plan.py compares them, layout by "
+        "layout.")
     check(f"measured step time {RATIO_BAND[0]:g}-{RATIO_BAND[1]:g}x the predicted, every "
           "layout (a sanity band only)",
           all(RATIO_BAND[0] <= r <= RATIO_BAND[1] for r in ratios.values()), RATIO_BAND,
@@ -340,7 +338,8 @@ def why_first(result, ranked):
             "  what ranks them is the communication and the bubble each adds. For each size, "
             "the best layout",
             "  where it differs (the other sizes follow), its rank, and what moves against the "
-            "first (seconds by kind, memory):")
+            "first",
+            "  (seconds by kind, memory):")
     for axis in ("tp", "pp", "cp", "zero"):
         rank, other = next(((i, p) for i, p in enumerate(ranked, 1)
                             if p["layout"][axis] != L[axis]), (None, None))
