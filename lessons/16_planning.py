@@ -3,15 +3,15 @@
     mpiexec -n 4 python lessons/16_planning.py        (works with -n 8; add --quick)
 
 ``minipar plan`` (docs/plan.md) prices a layout with the library's own formulas. Part 1 fits this
-machine's α-β-γ and GEMM rate (``--profile here``), predicts four layouts of a small GPT (DP,
-ZeRO-3, TP 2 x DP, PP 2 x DP), runs each for real, and prints predicted beside measured: the
-model-state bytes of every rank by kind (exact to the byte), the activations (ActivationMemory),
-the step time by kind (the communicators' own clocks). Part 2 ranks every layout of GPT-3 175B
-on 1,024 H100s, as ``minipar plan --model gpt3-175b --gpus 1024`` does, and works out from the
-numbers why the top one wins. ``--plot DIR`` draws the ranking's memory and time by kind.
+machine's α-β-γ and engine (``--profile here``), predicts four layouts of a small GPT (DP,
+ZeRO-3, TP 2 x DP, PP 2 x DP), runs each, and prints predicted beside measured: each rank's
+model-state bytes by kind (to the byte), the activations (ActivationMemory), the step time by
+kind. Part 2 ranks every layout of GPT-3 175B on 1,024 H100s (``minipar plan --model gpt3-175b
+--gpus 1024``) and works out why the top one wins. ``--plot DIR`` draws memory and time by kind.
 
-Read next: minipar/plan/layout_bytes.py, time.py, search.py, hardware.py, then docs/plan.md;
-proved by tests/test_plan_measured.py and tests/test_plan_cli.py.
+Read next: minipar/plan/layout_bytes.py, activations.py, time.py, search.py, hardware.py, then
+docs/plan.md; proved by tests/test_plan_measured.py, tests/test_plan_activations.py and
+tests/test_plan_cli.py.
 """
 import dataclasses
 import os
