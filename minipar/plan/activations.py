@@ -86,10 +86,10 @@ EMBEDDING = [Op("token ids, int64", 8, TOKENS, WHOLE, "W"), Op("positions, int64
              WHOLE, "W"), Op("embedding dropout mask", 1, SBH, WHOLE, "dropout")]
 HEAD = [Op("ln_f: x̂", 1, SBH, SP), Op("ln_f: 1/σ per token", 1, SB, SP),
         Op("lm_head input (ln_f's output)", 1, SBH, WHOLE, "W"),
-        Op("logits (the loss keeps them)", 1, SBV, TP)]
-# functional.cross_entropy: log-sum-exp, row and target indices (int64), the kept-target mask
-CROSS_ENTROPY = [Op("log-sum-exp per token", 1, SB, WHOLE),
-                 Op("row and target indices, int64", 16, TOKENS, WHOLE),
+        Op("logits (the loss keeps them, or their softmax)", 1, SBV, TP)]
+# functional.cross_entropy: softmax(z) in place of the logits (counted with them), row and
+# target indices (int64), the kept-target mask
+CROSS_ENTROPY = [Op("row and target indices, int64", 16, TOKENS, WHOLE),
                  Op("kept-target mask, bool", 1, TOKENS, WHOLE), Op("their count n", 1, ONE, WHOLE)]
 # vocab_parallel_cross_entropy: exp(z − max) of the local vocabulary beside the logits, the sum
 VOCAB_PARALLEL_CROSS_ENTROPY = [Op("exp(z − max)", 1, SBV, TP),
