@@ -233,9 +233,9 @@ def _topological_order(roots):
         if expanded:
             order.append(node)
             continue
-        if id(node) in seen:
+        if node in seen:  # nodes hash by identity (as ``uses``' keys do)
             continue
-        seen.add(id(node))
+        seen.add(node)
         if node._backward is released_backward:
             released_backward(None)
         stack.append((node, True))
@@ -247,6 +247,6 @@ def _topological_order(roots):
                 continue
             if parent._backward is None:
                 uses[parent] = uses.get(parent, 0) + 1
-            if id(parent) not in seen:
+            if parent not in seen:
                 stack.append((parent, False))
     return order, uses

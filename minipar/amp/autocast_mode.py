@@ -94,8 +94,9 @@ def casts(x, dtype):
 
 
 def _cast(tensors, dtype):
-    out = tuple(t.astype(dtype) if dtype is not None and casts(t, dtype) else t for t in tensors)
-    return out[0] if len(out) == 1 else out
+    if dtype is not None:  # outside autocast (every op of a float32 model) nothing is looked at
+        tensors = tuple(t.astype(dtype) if casts(t, dtype) else t for t in tensors)
+    return tensors[0] if len(tensors) == 1 else tensors
 
 
 def to_lower_precision(*tensors):

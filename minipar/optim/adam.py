@@ -5,7 +5,7 @@ formula over all of them, as torch's fused AdamW.
     opt = AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
 """
 from .. import backend
-from ..flat import flatten_grads, flatten_parameters, views
+from ..flat import flatten_parameters, views
 from .optimizer import GroupValue, Optimizer
 
 
@@ -152,6 +152,8 @@ class Flat:
         self.names = (("master",) if backend.is_low_precision(self.data.dtype) else ()) + MOMENTS
         self.dtype = "float32" if self.names[0] == "master" else self.data.dtype  # the state's
         self.grad = xp.empty(self.data.shape, self.dtype)
+        # cut once, not at every step: on a small model cutting cost more than the copy
+        self.grad_views = views(self.grad, self.views)
         self.scratch = xp.empty(self.data.shape, self.dtype)
         self.vectors, self.states, self.state_views = {}, [], []  # see adopt
 
@@ -160,15 +162,23 @@ class Flat:
 
     def gather_grads(self, params):
         """The gradients laid end to end (a copy: the parameters' own ``.grad`` stay as they are)."""
-        return flatten_grads(params, self.grad)
+        for p, view in zip(params, self.grad_views):
+            view[...] = p.grad
+        return self.grad
 
     def holds_state(self, states):
         """Whether ``states`` (parameter i's state dict, or None) are this layout's own, all at
         one step (a step that skipped a parameter without a gradient leaves them apart)."""
-        return len(states) == len(self.states) and all(
-            s is mine and s["step"] == states[0]["step"]
-            and all(s[name] is view for name, view in views.items())
-            for s, mine, views in zip(states, self.states, self.state_views))
+        if len(states) != len(self.states) or states[0] is None:
+            return False
+        step = states[0]["step"]
+        for s, mine, views in zip(states, self.states, self.state_views):
+            if s is not mine or s["step"] != step:
+                return False
+            for name, view in views.items():
+                if s[name] is not view:
+                    return False
+        return True
 
     def adopt(self, states):
         """Lay the state arrays ``self.names`` end to end (where a parameter has none yet: zeros,
