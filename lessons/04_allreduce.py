@@ -133,28 +133,21 @@ if "shm" in exact and world.local.nodes == 1:
     bucket[...] = 1
     world.all_reduce(bucket, algorithm="shm", out=bucket)
     exact["shm, bucket"] = bool((bucket == p).all())
-    # bytes each rank reads and writes, and those of them that go through memory (past the
-    # cache), in units of n; what of the ring's stays in MPI's cells is MPI's to say
-    traffic = {"ring": (11 * (p - 1) / p, None), "shm": shm.memory_traffic(p),
-               "shm, bucket": shm.memory_traffic(p, in_place=True)}
-    chunks = -(-n_bytes // shm.chunk_bytes(p))
+    traffic = {"ring": 11 * (p - 1) / p, "shm": 3 + 2 * (p - 1) / p + 1 / p,  # x n, per rank
+               "shm, bucket": 1 + 1 / p + 2 * (p - 1) / p}
     syncs = {"ring": f"{2 * (p - 1)} messages, each through MPI's cells",
-             "shm": f"1 exchange + {chunks + 1} flags ({chunks} chunk{'s' * (chunks > 1)})",
-             "shm, bucket": "3 barriers, whatever p"}
+             "shm": "2 barriers, whatever p", "shm, bucket": "3 barriers, whatever p"}
     reference = {"ring": "mpi", "shm": "mpi", "shm, bucket": "mpi, in place"}
-
-    def line(a):
-        moved, memory = traffic[a]
-        through = f"{memory:5.2f} n = {memory * n_bytes / 1e6:7.1f} MB" if memory else "-"
-        return (f"  {a:13s} {t[a]:8.2f} {t[a] / t[reference[a]]:6.2f} {moved:10.2f} n "
-                f"{through:>19s}  {syncs[a]}")
     say(f"\nPart 3. Why shared memory wins on one node ({vector}, {p} ranks)",
-        f"  {'algorithm':13s} {'time ms':>8s} {'vs mpi':>6s} {'read+written':>12s} "
-        f"{'of it via memory':>19s}  synchronisation (bytes per rank)",
-        line("ring"), line("shm"),
+        f"  {'algorithm':13s} {'time ms':>8s} {'vs mpi':>6s} {'memory traffic per rank':>24s}"
+        f"  synchronisation",
+        *(f"  {a:13s} {t[a]:8.2f} {t[a] / t[reference[a]]:6.2f} {traffic[a]:7.2f} n = "
+          f"{traffic[a] * n_bytes / 1e6:7.1f} MB  {syncs[a]}" for a in ("ring", "shm")),
         f"  {'mpi':13s} {t['mpi']:8.2f} {1:6.2f}   (inside MPI: its ring or halving through "
         f"the same cells)",
-        line("shm, bucket"),
+        f"  {'shm, bucket':13s} {t['shm, bucket']:8.2f} "
+        f"{t['shm, bucket'] / t['mpi, in place']:6.2f} {traffic['shm, bucket']:7.2f} n = "
+        f"{traffic['shm, bucket'] * n_bytes / 1e6:7.1f} MB  {syncs['shm, bucket']}",
         f"  {'mpi, in place':13s} {t['mpi, in place']:8.2f} {1:6.2f}   (the reference of the "
         f"line above)",
         textwrap.fill(
@@ -163,11 +156,10 @@ if "shm" in exact and world.local.nodes == 1:
             "of n/p that is 4n/p bytes read and written, plus 3n/p for a reduction, so a ring "
             "moves 11(p-1)/p n. The shm all-reduce maps one window on every rank: each copies "
             "its vector in, reduces its 1/p reading the peers' copies where they lie, and "
-            "copies the whole result out, chunk by chunk through slots small enough to stay in "
-            "the cache the ranks share: of the bytes moved only x read and the result written "
-            "go through memory, and no message. DDP's gradient buckets live in such a window "
-            "from the start ('shm, bucket', in place): each rank reduces its slice into its "
-            "own bucket and copies the peers' slices from theirs.", width=terminal_width()))
+            "copies the whole result out: fewer bytes, fewer synchronisations, no message. "
+            "DDP's gradient buckets live in such a window from the start ('shm, bucket', in "
+            "place): each rank reduces its slice into its own bucket and copies the peers' "
+            "slices from theirs.", width=terminal_width()))
     check("shm: no byte went through a message (counters)", most_sent["shm"] == 0, "0 B",
           f"{most_sent['shm']:,} B")
     check(f"shm on a bucket in the window: every element is the exact sum {p}",

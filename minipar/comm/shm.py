@@ -6,15 +6,13 @@
 
 An MPI-3 window (``Win.Allocate_shared`` over ``Split_type(COMM_TYPE_SHARED)``) holds a slot
 S_r per rank and a result R (the design of NCCL's and MPICH's intra-node paths): each rank
-copies x into its slot, reduces its 1/p slice reading the peers' slots in place, and copies R
-out, chunk by chunk through cache-sized slots, the three steps pipelined (a flag in shared
-memory between steps; the first rendezvous: empty messages that carry the call's
-fingerprint). No data sent, and 2n bytes through memory per rank (x read, the result
-written), where a ring through MPICH's shared memory moves 5.5n at p = 2 and pays 2(p-1)
-handshakes. The steps, the bytes and the cost formula: docs/comm.md.
+copies x into its slot, barrier, reduces its 1/p slice reading the peers' slots in place,
+barrier, and copies R out. Two barriers (the first of empty messages that carry the call's
+fingerprint), no data sent: 4.5n bytes through memory per rank at p = 2, where a ring through
+MPICH's shared memory moves 5.5n and pays 2(p-1) handshakes. The steps, the bytes and the
+cost formula: docs/comm.md.
 """
 import functools
-import os
 import weakref
 
 from mpi4py import MPI
@@ -27,18 +25,7 @@ from minipar.comm.registry import OPS, algorithm
 
 PAGE = 4096
 TEXT = 512  # bytes for an error's words, in each of two areas of rank 0's segment
-LINE = 64  # bytes of a cache line: each rank's step flag has one of its own (no false sharing)
-# the staging every rank's slots and R share, both halves: well within a last-level cache, so
-# that a chunk a rank writes is still in the cache when its peers read it
-STAGE = 12 << 20
-SPIN = 50  # checks of the flags (about a microsecond each) before a waiting rank yields its core
 np = backend.numpy
-
-
-def chunk_bytes(p):
-    """The bytes of x one step of the pipeline stages: the p slots and R, each in two halves
-    (one being written while the other is read), fill STAGE."""
-    return max(PAGE, STAGE // (2 * (p + 1)) // PAGE * PAGE)
 
 
 def copy_cost(n, g):
@@ -52,43 +39,19 @@ def node_reduce_cost(p, n, g):
     return (p - 1) / p * copy_cost(n, g) + (p - 1) * n / p * g(n / p)
 
 
-def pipeline_cost(p, n, a, g):
-    """The pipeline (``pipeline``): a rendezvous a chunk besides the first barrier's; the copy
-    in and the reduction at the rate of a chunk (the stage stays in the cache); x read and the
-    result written, 2n bytes through memory, at the rate of a copy of n."""
-    m = max(1, min(n, chunk_bytes(p)))
-    chunks = max(1, -(-n // m))
-    return ((chunks + 1) * a + (p - 1) / p * 2 / 3 * n * g(m) + (p - 1) * n / p * g(m / p)
-            + copy_cost(n, g))
-
-
-def memory_traffic(p, in_place=False):
-    """(bytes read and written, bytes of them through memory) per rank, in units of n. The
-    pipeline: copy in 2(p-1)/p, reduce 1 + 1/p, copy out 2, all of it in the cache-sized
-    stage but x read and the result written (2). A shared_array in place: reduce 1 + 1/p,
-    the peers' slices out 2(p-1)/p, all through memory (the window is n large)."""
-    if in_place:
-        moved = 1 + 1 / p + 2 * (p - 1) / p
-        return moved, moved
-    return 2 * (p - 1) / p + 1 + 1 / p + 2, 2.0
-
-
 def _pages(nbytes):
     return -(-nbytes // PAGE) * PAGE
 
 
 class Window:
     """One shared segment over the ranks of ``mpi_comm`` (they must share a node): rank 0's
-    part holds the headers (p x 4 int64), the error text, the step flags (one int64 a cache
-    line) and R; every rank's part its slot. Slot and R hold ``nbytes`` to begin with."""
+    part holds the headers (p x 4 int64), the error text and R; every rank's part its slot."""
 
-    def __init__(self, mpi_comm, nbytes=0):
+    def __init__(self, mpi_comm):
         self.comm, self.win, self.cap = mpi_comm, None, -1
         self.p, self.rank = mpi_comm.Get_size(), mpi_comm.Get_rank()
-        self.flagged = -(-(self.p * 32 + 2 * (8 + TEXT)) // LINE) * LINE  # after the text
-        self.head = _pages(self.flagged + self.p * LINE)
-        self.steps = 0  # the pipeline steps this window has run (the flags count them)
-        self.allocate(nbytes)
+        self.head = _pages(self.p * 32 + 2 * (8 + TEXT))
+        self.allocate(0)
 
     def allocate(self, nbytes):
         """(Re)make the window with room for n-byte vectors (collective over the node); rank 0
@@ -113,7 +76,6 @@ class Window:
         if self.rank == 0:
             for text, old in zip(self.text, posted or [np.zeros(8, np.uint8)] * 2):
                 text[:old.size] = old
-        self.flags = parts[0][self.flagged:self.flagged + self.p * LINE].view(np.int64)[::LINE // 8]
         self.result = parts[0][self.head:self.head + cap]
         self.slots = [parts[0][self.head + cap:]] + [part[:cap] for part in parts[1:]]
         self.cap = cap
@@ -125,22 +87,6 @@ class Window:
         with watch.blocking("shared-memory barrier", ranks):
             self.win.Sync()
             (meet or self.comm.Barrier)()
-            self.win.Sync()
-
-    def rendezvous(self, done):
-        """Step ``done`` of the pipeline is over on this rank: say so, and wait until every
-        rank's flag says it (MPI-3's unified model: Win_sync on both sides of a flag in shared
-        memory is a rendezvous)."""
-        self.win.Sync()
-        self.flags[self.rank] = done
-        spins = 0
-        while (self.flags < done).any():
-            # a peer a few microseconds behind: spin (yielding at once hands the core to any
-            # other runnable process, for up to a scheduler tick a step); a peer that lost its
-            # core (more ranks than cores, other work): yield, so that it may get this one
-            spins += 1
-            if spins > SPIN:
-                os.sched_yield()
             self.win.Sync()
 
     def view(self, raw, dtype, n, offset=0):
@@ -204,11 +150,11 @@ def one_node(c):
 
 
 def window(c):
-    """c's Window, made on a communicator's first shm all-reduce (collective): slots and R of
-    two chunks, the pipeline's halves; its ranks must share one node (``one_node``)."""
+    """c's Window, made on a communicator's first shm all-reduce (collective; node_reduce grows
+    it when a larger vector comes); its ranks must share one node (``one_node``)."""
     if c not in _windows:
         one_node(c)
-        _windows[c] = Window(node.shared(c.mpi), 2 * chunk_bytes(c.size))
+        _windows[c] = Window(node.shared(c.mpi))
     return _windows[c]
 
 
@@ -259,36 +205,28 @@ def copy_out(result, buf):
         buf[...] = result
 
 
-def settle(w, x, op, tag, ranks, meet=None, agree=None):
-    """This call's header (tag, count, dtype, op), the first barrier (``meet()`` in its place,
-    Window.sync), then every rank compares the headers: ranks that disagree raise the same
-    CommError, each on its own, before any result. ``agree(error)``, when given, runs on every
-    rank after the check (hierarchical.py: the leaders compare nodes), and an error it returns
-    is raised."""
-    w.heads[w.rank] = (tag, x.size, dtype_tag(x.dtype), OPS.index(op))
+def node_reduce(w, x, op, tag, ranks, agree=None, offset=0, in_slot=False, meet=None):
+    """Steps 1 and 2 over the window's ranks: returns R (a view of n elements), the reduction
+    of every rank's x, once every rank has written its slice. Headers that differ raise here;
+    ``agree(error)``, when given, runs on every rank after the check and before the reduction
+    (hierarchical.py: the leaders compare nodes), and an error it returns is raised. The
+    vectors sit ``offset`` bytes into the slots (a part of a shared_array); with ``in_slot``
+    (x is this rank's slot) each rank's slice goes back into x instead of R; ``meet``: the
+    first barrier's rendezvous (Window.sync)."""
+    n, dtype = x.size, x.dtype
+    lo, hi = bounds(n, w.p)[w.rank:w.rank + 2]
+    # this call's header, compared by every rank after the first barrier: ranks that disagree
+    # raise the same CommError, each on its own, before any result
+    w.heads[w.rank] = (tag, n, dtype_tag(dtype), OPS.index(op))
+    fits = x.nbytes <= w.cap
+    if fits:
+        own = copy_in(x, w.view(w.slots[w.rank], dtype, n, offset), lo, hi)
     w.sync(ranks, meet)
     error = header_error(w, ranks)
     if agree is not None:
         error = agree(error)
     if error:
-        # every rank raises: they meet once more, so that none writes its next call's header
-        # before every other has read this one's
-        w.sync(ranks)
         raise CommError(error)
-
-
-def node_reduce(w, x, op, tag, ranks, agree=None, offset=0, in_slot=False, meet=None):
-    """Steps 1 and 2 over the window's ranks: returns R (a view of n elements), the reduction
-    of every rank's x, once every rank has written its slice (``settle`` checks the call
-    first, ``agree`` and ``meet`` are its). The vectors sit ``offset`` bytes into the slots (a
-    part of a shared_array); with ``in_slot`` (x is this rank's slot) each rank's slice goes
-    back into x instead of R."""
-    n, dtype = x.size, x.dtype
-    lo, hi = bounds(n, w.p)[w.rank:w.rank + 2]
-    fits = x.nbytes <= w.cap
-    if fits:
-        own = copy_in(x, w.view(w.slots[w.rank], dtype, n, offset), lo, hi)
-    settle(w, x, op, tag, ranks, meet, agree)
     if not fits:  # every rank holds the same count here: they grow the window together
         w.allocate(x.nbytes)
         own = copy_in(x, w.view(w.slots[w.rank], dtype, n), lo, hi)
@@ -298,73 +236,22 @@ def node_reduce(w, x, op, tag, ranks, agree=None, offset=0, in_slot=False, meet=
     result = w.view(w.result, dtype, n, offset)
     # the sum runs in rank order; in x itself only on ranks 0 and 1 (x's slice is read first)
     mine = own[lo:hi] if in_slot and w.rank < 2 else result[lo:hi]
-    reduce_slice(op, slots, mine)
+    # 16 bits: added in float32 and rounded once (a node of one rank: its vector is the sum)
+    total = Accumulator(op, mine)
+    for s in slots:
+        total.add(s)
+    total.done()
     if in_slot and w.rank >= 2:
         own[lo:hi] = mine
     w.sync(ranks)
     return result
 
 
-def reduce_slice(op, parts, out):
-    """op over the p ranks' parts, in rank order, into out (16 bits: added in float32 and
-    rounded once; a node of one rank: its vector is the sum)."""
-    total = Accumulator(op, out)
-    for part in parts:
-        total.add(part)
-    total.done()
-
-
-def pipeline(w, x, out, op):
-    """Steps 1 to 3 chunk by chunk through the window's cache-sized halves: in step k every
-    rank copies chunk k in, reduces its 1/p of chunk k-1 and copies chunk k-2 out, then meets
-    the others at a flag (Window.rendezvous). x and out may be one array (chunk k is copied
-    out two steps after it was read)."""
-    half = w.cap // 2  # bytes
-    size = half // x.itemsize
-    chunks = -(-x.size // size)
-
-    def piece(k):  # chunk k: its first element, its length, where it lies (half k % 2)
-        start = k * size
-        return start, min(size, x.size - start), k % 2 * half
-
-    def copy_chunk_in(k):
-        start, m, at = piece(k)
-        lo, hi = bounds(m, w.p)[w.rank:w.rank + 2]
-        copy_in(x[start:start + m], w.view(w.slots[w.rank], x.dtype, m, at), lo, hi)
-
-    def reduce_chunk(k):
-        start, m, at = piece(k)
-        lo, hi = bounds(m, w.p)[w.rank:w.rank + 2]
-        parts = [w.view(s, x.dtype, m, at)[lo:hi] for s in w.slots]
-        parts[w.rank] = x[start + lo:start + hi]  # this rank's own part: read where it is
-        reduce_slice(op, parts, w.view(w.result, x.dtype, m, at)[lo:hi])
-
-    def copy_chunk_out(k):
-        start, m, at = piece(k)
-        out[start:start + m] = w.view(w.result, x.dtype, m, at)
-
-    # Half k % 2 is written again in step k + 2, after every rank met the flag of step k + 1,
-    # by which its reads of chunk k (the reduction in step k + 1) are over; R's half, read in
-    # step k + 2, is written again in step k + 3: two halves are enough. Written by one rank
-    # and read by the others a step later, the stage stays in the cache they share: of the
-    # bytes moved, only x read and the result written go through memory.
-    for k in range(chunks + 2):
-        if k < chunks:
-            copy_chunk_in(k)
-        if 0 < k <= chunks:
-            reduce_chunk(k - 1)
-        if k > 1:
-            copy_chunk_out(k - 2)
-        if k <= chunks:
-            w.rendezvous(w.steps + k + 1)
-    w.steps += chunks + 1
-
-
-@algorithm("all_reduce", "shm", lambda p, n, a, b, g: pipeline_cost(p, n, a, g))
+@algorithm("all_reduce", "shm",
+           lambda p, n, a, b, g: 2 * a + node_reduce_cost(p, n, g) + copy_cost(n, g))
 def _all_reduce_shm(c, x, buf, op, tag):
-    """Copy in, reduce my 1/p reading the peers' slots in place, copy the result out, chunk by
-    chunk (pipeline); a shared_array: reduce my 1/p into it, then copy the peers' slices out
-    of theirs."""
+    """Copy in, reduce my 1/p reading the peers' slots in place, copy the result out; a
+    shared_array: reduce my 1/p into it, then copy the peers' slices out of theirs."""
     ranks, found = tuple(c.world_ranks), owner(x, buf)
     one_node(c)
     # the window and its barriers are MPI's, where a peer inside another collective never
@@ -374,16 +261,7 @@ def _all_reduce_shm(c, x, buf, op, tag):
     if found is None:
         if c not in _windows:
             meet()
-        w = window(c)
-        settle(w, x, op, tag, ranks, meet)
-        with watch.blocking("shared-memory pipeline", ranks, x.nbytes):
-            if backend.is_gpu_array(x):
-                # staged as MPI's staging is (one copy each way), and reduced on the host
-                host = x.get()
-                pipeline(w, host, host, op)
-                copy_out(host, buf)
-            else:
-                pipeline(w, x, buf, op)
+        copy_out(node_reduce(window(c), x, op, tag, ranks, meet=meet), buf)
         return
     w, offset = found
     node_reduce(w, x, op, tag, ranks, offset=offset, in_slot=True, meet=meet)
