@@ -195,6 +195,36 @@ def test_ranks_that_disagree_get_an_error_on_every_rank():
             assert len(set(messages)) == 1, messages  # one node: the very same words everywhere
 
 
+
+def back_to_back_body(rounds=20):
+    """Calls that agree and calls where the last rank's count differs, back to back: each
+    mismatch is the same error on every rank, and the next call agrees."""
+    from minipar import comm
+    from minipar.comm import CommError
+
+    world = comm.world()
+    x = np.ones(1000, np.float32)
+    seen = []
+    for _ in range(rounds):
+        total = float(world.all_reduce(x, algorithm="shm")[0])
+        try:
+            world.all_reduce(x[:-1] if world.rank == world.size - 1 else x, algorithm="shm")
+            seen.append((total, None))
+        except CommError as err:
+            seen.append((total, str(err)))
+    return seen
+
+
+@pytest.mark.mpi
+def test_a_mismatch_right_after_a_call_names_the_same_mismatch_everywhere():
+    """A rank that raised on differing headers waits for every peer to read them before its
+    next call writes its own header over them (a slow peer read the next call's before)."""
+    per_rank = run_on_ranks(back_to_back_body, 3, timeout=120)
+    for calls in zip(*per_rank):
+        assert [total for total, _ in calls] == [3.0] * 3, calls
+        errors = {error for _, error in calls}
+        assert len(errors) == 1 and "counts" in errors.pop(), calls
+
 def ddp_body():
     """DDP's buckets on shared memory: with ``auto`` on one node they run shm (no message is
     sent), overlapped or not, and training equals serial training (float64, 1e-10). The cost

@@ -226,6 +226,9 @@ def node_reduce(w, x, op, tag, ranks, agree=None, offset=0, in_slot=False, meet=
     if agree is not None:
         error = agree(error)
     if error:
+        # every rank raises: they meet once more, so that none writes its next call's header
+        # before every other has read this one's (a slow peer would name the wrong mismatch)
+        w.sync(ranks)
         raise CommError(error)
     if not fits:  # every rank holds the same count here: they grow the window together
         w.allocate(x.nbytes)
