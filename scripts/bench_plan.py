@@ -14,6 +14,10 @@ layouts within 0.75-1.33. Ranks beyond the cores share them: docs/plan.md.
 import argparse
 import json
 import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    # one BLAS thread, as each rank runs: the here profile times the engine in this process
+    os.environ.setdefault(_var, "1")
 import statistics
 import subprocess
 import sys
