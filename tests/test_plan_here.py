@@ -11,7 +11,7 @@ import pytest
 from minipar.plan import hardware
 from minipar.plan.flops import layer_forward_flops, layer_gemms
 from minipar.plan.models import GPTShape
-from minipar.plan.time import Cluster, Layout, engine_seconds, predict
+from minipar.plan.time import Cluster, Layout, engine_seconds, predict, zero3_units
 
 SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "bench_plan.py"
 SHAPE = GPTShape(4, 32, 4, 16, 64)
@@ -126,3 +126,19 @@ def test_tp_and_pp_layouts_are_priced_with_the_3d_trainers_block():
     for layout in (Layout(dp=2), Layout(pp=2), Layout(tp=2)):
         engine_seconds(SHAPE, layout, engine, 1, 3)
     assert asked == ["gpt", "gpt", "tensor", "tensor", "sequence", "sequence"]
+
+
+def test_zero3_adds_its_own_work_per_unit_measured_on_one_rank():
+    @dataclasses.dataclass(frozen=True)
+    class PerUnit(hardware.Engine):
+        def zero3_unit_cost(self, b, s, h, heads, vocab, layers):
+            return 1e-3
+
+    engine = PerUnit(**dataclasses.asdict(ENGINE))
+    units = zero3_units(SHAPE, 1, 1, "1f1b", None, 1)
+    plain, sharded = (engine_seconds(SHAPE, Layout(dp=4, zero=z, micro_batch=2), engine, 2, 3)
+                      for z in (2, 3))
+    # every micro-batch gathers every unit; 4 ranks on 2 cores take turns
+    assert sharded - plain == pytest.approx(2 * units * 1e-3 * 2)
+    # measured: a ZeRO3 step on a one-rank group costs more than the plain step
+    assert hardware.zero3_spent(2, 16, 32, 4, 64, 2, repeats=2) > 0

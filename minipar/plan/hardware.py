@@ -159,6 +159,19 @@ class Engine:
         spent, logits = ends_spent(b, s, h, vocab, block)
         return fixed, max(0.0, spent - fixed) / logits
 
+    def zero3_unit_cost(self, b, s, h, heads, vocab, layers):
+        """Seconds of ZeRO-3's own work per unit in a micro-batch's step (``zero3_spent``): at
+        this GPT's sizes when it is small enough to build, else at a moderate GPT's."""
+        if (activation_bytes(b, s, h, heads) > TIMED_BYTES or b * s * vocab > TIMED_LOGITS
+                or layers * 12 * h * h + h * vocab > TIMED_WEIGHTS):
+            return zero3_spent(*MODERATE_ZERO3)
+        return zero3_spent(b, s, h, heads, vocab, layers)
+
+
+# the moderate GPT ZeRO-3's work per unit is timed on when the planned one is too large:
+# b, s, h, heads, V, layers
+MODERATE_ZERO3 = (4, 64, 64, 4, 512, 2)
+
 
 def activation_bytes(b, s, h, heads):
     """Megatron's count for one layer, the unit of the element-wise passes' cost."""
@@ -234,6 +247,40 @@ def ends_spent(b, s, h, vocab, block="gpt", repeats=5):
         loss(gpt.lm_head(gpt.ln_f(gpt.embed(ids))), ids).backward()
     spent = best_of(no_blocks, repeats)
     return spent - gemms_seconds([(1, b * s, h, vocab)]), b * s * vocab
+
+
+@functools.lru_cache(maxsize=None)
+def zero3_spent(b, s, h, heads, vocab, layers=1, repeats=5):
+    """Seconds ZeRO-3's own work adds to a step, per unit it gathers: a ``ZeRO3`` step of a
+    GPT of these sizes on a one-rank group (its gathers into slots, hooks and flat gradients;
+    the collectives themselves, priced by the planner, do nothing on one rank) less the plain
+    step of the same GPT and AdamW, over its ``layer_units``; timed now."""
+    import numpy as np
+
+    import minipar
+    from minipar import nn, optim
+    from minipar.backend import asarray
+    from minipar.parallel.data import ZeRO3
+    from minipar.parallel.data.zero3_units import layer_units
+    config = nn.GPTConfig(vocab_size=vocab, block_size=s, n_layer=layers, n_head=heads,
+                          n_embd=h, dropout=0.0)
+    ids = asarray(np.random.default_rng(0).integers(0, vocab, (b, s)))
+
+    def step_of(sharded):
+        minipar.manual_seed(0)
+        gpt = nn.GPT(config)
+        units = len(layer_units(gpt))
+        opt = (ZeRO3(gpt, optim.AdamW, one_rank_group()) if sharded
+               else optim.AdamW(gpt.parameters()))
+
+        def step():
+            opt.zero_grad()
+            gpt(ids, ids)[1].backward()
+            opt.step()
+        step()  # the moments (and ZeRO-3's slots) are made on the first step
+        return best_of(step, repeats), units
+    (plain, _), (sharded, units) = step_of(False), step_of(True)
+    return max(0.0, sharded - plain) / units
 
 
 def adam_seconds(tensors, size, repeats=5):

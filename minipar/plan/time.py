@@ -235,6 +235,11 @@ def engine_seconds(shape, L, engine, m, passes):
     tensors = (shape.layers * 12 + 5) / L.pp
     elements = shape.parameters() / (L.tp * L.pp) / (L.dp * L.cp if L.zero else 1)
     step = engine.tensor * tensors + engine.element * elements
+    if L.zero == 3:  # its gathers into slots, hooks and flat gradients, unit by unit, each
+        # micro-batch (on one rank a ZeRO3 step of the bench's GPT costs 60 % more than a plain
+        # one): measured per unit, at the rank's micro-batch
+        units = zero3_units(shape, L.tp, L.pp, L.schedule, L.chunks, L.ep)
+        micro += units * engine.zero3_unit_cost(b, s, h, shape.heads, shape.vocab, shape.layers)
     return (m * micro + step) / engine.share(L.gpus)
 
 
