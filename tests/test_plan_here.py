@@ -142,3 +142,25 @@ def test_zero3_adds_its_own_work_per_unit_measured_on_one_rank():
     assert sharded - plain == pytest.approx(2 * units * 1e-3 * 2)
     # measured: a ZeRO3 step on a one-rank group costs more than the plain step
     assert hardware.zero3_spent(2, 16, 32, 4, 64, 2, repeats=2) > 0
+
+
+def test_tp_on_here_adds_the_3d_trainers_own_collectives():
+    from minipar.comm import cost
+    h100 = hardware.PROFILES["h100"]
+    layout = Layout(tp=2, micro_batch=2, recompute="none", precision="fp32")
+    named, here = (predict(SHAPE, layout, Cluster(2, 2, p), 4)["time_s"]["tp"]
+                   for p in (h100, dataclasses.replace(h100, engine=ENGINE)))
+    link = h100.link(True)
+    act = SHAPE.seq * 2 * SHAPE.hidden * 4
+
+    def all_reduce(n):
+        return cost.predict("all_reduce", cost.cheapest("all_reduce", cost.AUTO_CANDIDATES, 2,
+                                                        n, link), 2, n, link)
+    pair = (cost.predict("all_gather", "ring", 2, act, link)
+            + cost.predict("reduce_scatter", "ring", 2, act, link))
+    # each of m = 2 micro-batches: the ends' two pairs, the loss's three all-reduces of b·s
+    # floats; once a step: the replicated gradients one by one (6 a layer, ln_f's 2, wpe)
+    per_mb = 2 * pair + 3 * all_reduce(2 * SHAPE.seq * 4)
+    once = (6 * SHAPE.layers + 2) * all_reduce(4 * SHAPE.hidden) + all_reduce(
+        4 * SHAPE.seq * SHAPE.hidden)
+    assert here - named == pytest.approx(2 * per_mb + once)

@@ -12,6 +12,7 @@ and ``activations.py`` (or Megatron's). What overlaps what, and what is counted:
 import dataclasses
 import functools
 
+from minipar.comm import cost
 from minipar.comm.cost import predict as comm_time
 from minipar.parallel.groups import RankGrid
 from minipar.parallel.pipeline import build, makespan, peak_inflight, simulate, unit_cost
@@ -140,6 +141,9 @@ def predict(shape, layout, cluster, global_batch):
     tp_pair = (comm_time("all_gather", "ring", L.tp, act, link["tp"])
                + comm_time("reduce_scatter", "ring", L.tp, act, link["tp"])) if L.tp > 1 else 0
     tp_per_mb = 2 * (passes - 1) * tp_pair * layers / L.pp
+    tp_step = 0
+    if hw.engine is not None and L.tp > 1:
+        tp_per_mb, tp_step = minipar_tp_extras(shape, L, link["tp"], tp_pair, tp_per_mb)
     # context parallel (ring attention): k and v of the whole sequence go round the cp ring in
     # the forward (an all-gather: (cp-1)/cp of them per rank), and again with their gradients
     # in the backward (all-gather + reduce-scatter); exposed
@@ -196,19 +200,39 @@ def predict(shape, layout, cluster, global_batch):
     if hw.engine is not None and L.gpus >= hw.engine.cores:
         window = 0.0
     dp_exposed = max(0.0, dp_time - window)
-    comm = m * (tp_per_mb + cp_time + ep_time) + pp_time + dp_exposed
+    comm = m * (tp_per_mb + cp_time + ep_time) + tp_step + pp_time + dp_exposed
     total = compute + comm + bubble
 
     memory = memory_bytes(shape, L, width, inflight, m)
     return {"layout": dataclasses.asdict(L) | {"v": L.v, "m": m},
             "memory_bytes": memory,
-            "time_s": {"compute": compute, "tp": m * tp_per_mb, "cp": m * cp_time, "pp": pp_time,
+            "time_s": {"compute": compute, "tp": m * tp_per_mb + tp_step, "cp": m * cp_time, "pp": pp_time,
                        "dp": dp_exposed, "ep": m * ep_time, "comm": comm, "bubble": bubble,
                        "total": total},
             "flops_per_step": model_flops,
             "tokens_per_s": global_batch * s / total,
             "mfu": model_flops / (total * hw.peak(L.precision) * L.gpus),
             "fits": memory["total"] <= cluster.memory}
+
+
+def minipar_tp_extras(shape, L, link, tp_pair, tp_per_mb):
+    """(tp seconds per micro-batch, tp seconds once a step) of minipar's 3D trainer, which
+    ``here`` runs: beside the layers' collectives, the GPT's ends gather and scatter the
+    sequence too (the embedding's reduce-scatter, the head's all-gather, their backwards: one
+    pair each on a stage with both ends, one on the first or last), the vocabulary-parallel
+    loss all-reduces three rows of b·s floats (max, sum, target logit) in the forward, and once
+    a step every replicated parameter's gradient is all-reduced on its own (6 tensors of h a
+    layer, ln_f's 2, wpe's s x h), each by the algorithm ``auto`` picks, paying its alpha.
+    (Megatron fuses these; a GPU profile does not price them.)"""
+    def all_reduce(nbytes):
+        return comm_time("all_reduce", cost.cheapest("all_reduce", cost.AUTO_CANDIDATES, L.tp,
+                                                     nbytes, link), L.tp, nbytes, link)
+    ends = 2 if L.pp == 1 else 1
+    rows = L.micro_batch * shape.seq // L.cp * 4
+    tp_per_mb += ends * tp_pair + 3 * all_reduce(rows)
+    h = shape.hidden * 4
+    step = (6 * shape.layers / L.pp + 2) * all_reduce(h) + all_reduce(shape.seq * h)
+    return tp_per_mb, step
 
 
 def engine_seconds(shape, L, engine, m, passes):
