@@ -6,7 +6,8 @@
 For each layout (serial, DP, ZeRO-1/2/3, TP, PP with 1F1B, GPipe and interleaved, 3D) one
 mpiexec launch per rank count trains the GPT with minipar's own wrappers, one BLAS thread per
 rank, and times the median step of the slowest rank; beside it ``minipar.plan.time.predict``
-with ``hardware.profile("here")`` (the engine measured now, the α-β-γ fitted in the launch),
+with ``hardware.profile("here")`` (the engine measured now; the α-β-γ fitted in the launch,
+and what a collective waits for ranks coming from work, ``hardware.sync_seconds``),
 and predicted / measured. Where a layout separates them: DP's compute (a step without its
 all-reduce) and a pipeline's bubble (the runtime's trace). The summary line counts the
 layouts within 0.75-1.33. Ranks beyond the cores share them: docs/plan.md.
@@ -161,15 +162,16 @@ def cpu_timed(world, step, steps):
 def worker(model, names, steps):
     """On rank 0, RESULT {layout: {median, best, cpu, compute, bubble}} (seconds per step of
     the slowest rank; compute and bubble None where the layout does not separate them) and FIT,
-    the α-β-γ fitted over the world (none on one rank)."""
+    the α-β-γ fitted over the world and ``sync_seconds`` (none on one rank)."""
     from minipar import comm
     from minipar.comm import fit
 
     world = comm.world()
     fitted = None
     if world.size > 1:
+        from minipar.plan.hardware import sync_seconds
         m = fit.fit(world, sizes=FIT_SIZES, rounds=2, retries=1)
-        fitted = [m.alpha, m.betas, m.gammas, m.alphas]
+        fitted = [m.alpha, m.betas, m.gammas, m.alphas, sync_seconds(world)]
     results = {}
     for name in names:
         ranks, sizes, micro = LAYOUTS[name]
@@ -218,9 +220,10 @@ def launch(ranks, names, model, steps):
         raise RuntimeError(f"mpiexec -n {ranks} failed:\n{out.stdout}\n{out.stderr}")
     fitted = json.loads(lines["FIT"])
     if fitted is not None:
-        alpha, betas, gammas, alphas = fitted
+        alpha, betas, gammas, alphas, sync = fitted
         fitted = cost.Model(alpha, {int(k): v for k, v in betas.items()},
                             {int(k): v for k, v in gammas.items()}, alphas)
+        fitted.sync = sync  # what a collective waits for ranks coming from work (hardware.py)
     return json.loads(lines["RESULT"]), fitted
 
 
@@ -247,7 +250,9 @@ def rows(measured, fits, model):
     out = []
     for name, got in measured.items():
         ranks = LAYOUTS[name][0]
-        profile = dataclasses.replace(here, fitted=fits.get(ranks) or here.fitted)
+        fitted = fits.get(ranks)
+        profile = dataclasses.replace(here, fitted=fitted or here.fitted,
+                                      sync=getattr(fitted, "sync", 0.0))
         p = predicted(name, model, profile)["time_s"]
         out.append({"layout": name, "ranks": ranks, **{f"measured_{k}": v for k, v in got.items()},
                     "predicted": p["total"], "predicted_compute": p["compute"],
@@ -260,7 +265,7 @@ def ms(value):
     return "-" if value is None else f"{1e3 * value:.1f}"
 
 
-def report(table, here, model, steps, load):
+def report(table, here, model, steps, load, fits):
     layers, hidden, heads, seq, vocab, size = model
     engine = here.engine
     print(f"GPT {layers} layers, hidden {hidden}, {heads} heads, seq {seq}, vocab {vocab}, "
@@ -270,6 +275,9 @@ def report(table, here, model, steps, load):
           f"GFLOP/s), {1e3 * engine.layer:.2f} ms a Block's ops, {1e9 * engine.activation:.2f} "
           f"ns per activation byte; {engine.cores} cores: ranks beyond them take turns, a "
           f"rank's compute / min(1, {engine.cores}/ranks)")
+    alphas = ", ".join(f"{ranks} ranks {1e6 * model.alpha:.0f} + {1e6 * model.sync:.0f}"
+                       for ranks, model in sorted(fits.items()) if model is not None)
+    print(f"alpha + sync fitted in each launch (µs a collective): {alphas or '-'}")
     print(f"{'layout':18s}{'ranks':>6s}{'measured ms':>13s}{'best':>8s}{'cpu':>8s}"
           f"{'compute':>9s}"
           f"{'bubble':>8s} | {'predicted':>9s}{'compute':>9s}{'comm':>7s}{'bubble':>8s}"
@@ -318,7 +326,7 @@ def main():
         measured.update(got)
         load.append(os.getloadavg()[0])
     table, here = rows({n: measured[n] for n in names}, fits, model)
-    report(table, here, model, steps, load)
+    report(table, here, model, steps, load, fits)
     if args.json:
         print(json.dumps(table))
 

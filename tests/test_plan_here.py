@@ -164,3 +164,14 @@ def test_tp_on_here_adds_the_3d_trainers_own_collectives():
     once = (6 * SHAPE.layers + 2) * all_reduce(4 * SHAPE.hidden) + all_reduce(
         4 * SHAPE.seq * SHAPE.hidden)
     assert here - named == pytest.approx(2 * per_mb + once)
+
+
+def test_each_collective_waits_the_measured_sync_for_its_ranks():
+    h100 = hardware.PROFILES["h100"]
+    layout = Layout(pp=2, micro_batch=1, recompute="none", precision="fp32")
+    plain, waiting = (predict(SHAPE, layout, Cluster(2, 2, p), 4)["time_s"]
+                      for p in (h100, dataclasses.replace(h100, sync=1e-3)))
+    # m = 4 micro-batches, each an activation forward and a gradient back: 8 messages
+    assert waiting["pp"] - plain["pp"] == pytest.approx(8 * 1e-3)
+    # measured on a group's ranks (here one: it waits for no one, but it runs)
+    assert hardware.sync_seconds(hardware.one_rank_group(), iters=2, rounds=1) >= 0

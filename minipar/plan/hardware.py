@@ -31,6 +31,9 @@ class Profile:
     fitted: object = None    # ``here``: the cost.Model fitted on this machine, for every link
     engine: object = None    # ``here``: minipar's own costs measured now (``Engine``); None:
     #                          compute is the FLOPs at peak x efficiency
+    sync: float = 0.0        # seconds each collective waits beyond its formula when the ranks
+    #                          come to it from computing (``sync_seconds``, measured on the ranks
+    #                          by scripts/bench_plan.py); 0: the ranks arrive together
 
     def peak(self, precision):
         """Dense FLOP/s in ``precision``."""
@@ -297,6 +300,30 @@ def adam_seconds(tensors, size, repeats=5):
     opt = optim.AdamW(params)
     opt.step()  # the moments are made on the first step
     return best_of(opt.step, repeats)
+
+
+def sync_seconds(comm, iters=20, rounds=5):
+    """Seconds a collective costs on ``comm``'s ranks beyond its back-to-back time when they
+    come to it from computing: a tiny all-reduce after each burst of NumPy work (three 128 x 128
+    products, about a layer's ops between two collectives here), less the bursts alone and the
+    tight loop's all-reduce; the least of ``rounds``. The fitted alpha is timed back to back,
+    the ranks in step; after work they arrive apart (a rank descheduled, another job's slice,
+    ranks beyond the cores taking turns) and the first waits for the last, at every collective."""
+    import numpy as np
+
+    from minipar.comm import fit
+    x = np.random.default_rng(0).standard_normal((128, 128)).astype(np.float32)
+    tiny = np.ones(16, np.float32)
+
+    def burst():
+        for _ in range(3):
+            x @ x
+
+    def each(run):
+        return min(fit.timed(comm, lambda: [run() for _ in range(iters)], 3, warmup=1) / iters
+                   for _ in range(rounds))
+    after = each(lambda: (burst(), comm.all_reduce(tiny)))
+    return max(0.0, after - each(burst) - each(lambda: comm.all_reduce(tiny)))
 
 
 def measure_engine():

@@ -13,7 +13,6 @@ import dataclasses
 import functools
 
 from minipar.comm import cost
-from minipar.comm.cost import predict as comm_time
 from minipar.parallel.groups import RankGrid
 from minipar.parallel.pipeline import build, makespan, peak_inflight, simulate, unit_cost
 from minipar.parallel.pipeline.schedules import CHUNKED, chunks_of
@@ -123,6 +122,11 @@ def predict(shape, layout, cluster, global_batch):
     link = {kind: hw.link(not spans_nodes(grid, kind, cluster.gpus_per_node))
             for kind in ("tp", "dp-cp", "pp", "cp", "ep", "edp")}
     full = L.recompute == "full"
+
+    def comm_time(collective, algorithm, p, nbytes, model):
+        # each collective by comm.cost's formula, plus what it waits for its ranks to arrive
+        # (``Profile.sync``, measured on this machine's ranks; 0 on a GPU profile)
+        return cost.predict(collective, algorithm, p, nbytes, model) + hw.sync
     passes = 4 if full else 3  # forward, backward (2x), and the recomputed forward
 
     # compute: the FLOPs the GPUs execute (recompute included), a 1/GPUs share each
@@ -143,7 +147,8 @@ def predict(shape, layout, cluster, global_batch):
     tp_per_mb = 2 * (passes - 1) * tp_pair * layers / L.pp
     tp_step = 0
     if hw.engine is not None and L.tp > 1:
-        tp_per_mb, tp_step = minipar_tp_extras(shape, L, link["tp"], tp_pair, tp_per_mb)
+        tp_per_mb, tp_step = minipar_tp_extras(shape, L, link["tp"], tp_pair, tp_per_mb,
+                                               comm_time)
     # context parallel (ring attention): k and v of the whole sequence go round the cp ring in
     # the forward (an all-gather: (cp-1)/cp of them per rank), and again with their gradients
     # in the backward (all-gather + reduce-scatter); exposed
@@ -215,7 +220,7 @@ def predict(shape, layout, cluster, global_batch):
             "fits": memory["total"] <= cluster.memory}
 
 
-def minipar_tp_extras(shape, L, link, tp_pair, tp_per_mb):
+def minipar_tp_extras(shape, L, link, tp_pair, tp_per_mb, comm_time):
     """(tp seconds per micro-batch, tp seconds once a step) of minipar's 3D trainer, which
     ``here`` runs: beside the layers' collectives, the GPT's ends gather and scatter the
     sequence too (the embedding's reduce-scatter, the head's all-gather, their backwards: one
