@@ -12,6 +12,7 @@ own engine timed now (``Engine``: GEMMs at the model's shapes, per-op and elemen
 import dataclasses
 import functools
 import os
+import statistics
 import time
 
 from minipar.comm import cost
@@ -306,7 +307,7 @@ def sync_seconds(comm, iters=20, rounds=5):
     """Seconds a collective costs on ``comm``'s ranks beyond its back-to-back time when they
     come to it from computing: a tiny all-reduce after each burst of NumPy work (three 128 x 128
     products, about a layer's ops between two collectives here), less the bursts alone and the
-    tight loop's all-reduce; the least of ``rounds``. The fitted alpha is timed back to back,
+    tight loop's all-reduce; the median of ``rounds``. The fitted alpha is timed back to back,
     the ranks in step; after work they arrive apart (a rank descheduled, another job's slice,
     ranks beyond the cores taking turns) and the first waits for the last, at every collective."""
     import numpy as np
@@ -320,10 +321,12 @@ def sync_seconds(comm, iters=20, rounds=5):
             x @ x
 
     def each(run):
-        return min(fit.timed(comm, lambda: [run() for _ in range(iters)], 3, warmup=1) / iters
-                   for _ in range(rounds))
-    after = each(lambda: (burst(), comm.all_reduce(tiny)))
-    return max(0.0, after - each(burst) - each(lambda: comm.all_reduce(tiny)))
+        return fit.timed(comm, lambda: [run() for _ in range(iters)], 3, warmup=1) / iters
+    # the three side by side each round, the median round: a burst of other work spoils a
+    # round, and a difference of each one's least would pair unlike rounds
+    waits = [each(lambda: (burst(), comm.all_reduce(tiny))) - each(burst)
+             - each(lambda: comm.all_reduce(tiny)) for _ in range(rounds)]
+    return max(0.0, statistics.median(waits))
 
 
 def measure_engine():
