@@ -192,12 +192,15 @@ def predict(shape, layout, cluster, global_batch):
 
         def c(collective, pieces=1):
             return pieces * comm_time(collective, "ring", group, grads / pieces, link[kind])
-        # ZeRO-3 gathers and reduce-scatters unit by unit, each collective paying its own
-        # alpha steps: priced as that many equal pieces of the rank's parameters
-        units = zero3_units(shape, L.tp, L.pp, L.schedule, L.chunks, L.ep)
-        dp_time += {0: c("all_reduce"), 1: c("reduce_scatter") + c("all_gather"),
-                    2: m * c("reduce_scatter") + c("all_gather"),
-                    3: m * (c("reduce_scatter", units) + 2 * c("all_gather", units))}[L.zero]
+        if L.zero == 0:
+            dp_time += c("all_reduce")
+        elif L.zero == 3:
+            # ZeRO-3 gathers and reduce-scatters unit by unit, each collective paying its own
+            # alpha steps: priced as that many equal pieces of the rank's parameters
+            units = zero3_units(shape, L.tp, L.pp, L.schedule, L.chunks, L.ep)
+            dp_time += m * (c("reduce_scatter", units) + 2 * c("all_gather", units))
+        else:
+            dp_time += (1 if L.zero == 1 else m) * c("reduce_scatter") + c("all_gather")
     window = compute if L.zero == 3 else stage * (passes - 1) / passes
     # on a machine whose cores the ranks fill (a profile with a measured engine), nothing
     # hides it: the background all-reduce is CPU work, and DDP turns overlap off there
@@ -211,8 +214,8 @@ def predict(shape, layout, cluster, global_batch):
     memory = memory_bytes(shape, L, width, inflight, m)
     return {"layout": dataclasses.asdict(L) | {"v": L.v, "m": m},
             "memory_bytes": memory,
-            "time_s": {"compute": compute, "tp": m * tp_per_mb + tp_step, "cp": m * cp_time, "pp": pp_time,
-                       "dp": dp_exposed, "ep": m * ep_time, "comm": comm, "bubble": bubble,
+            "time_s": {"compute": compute, "tp": m * tp_per_mb + tp_step, "cp": m * cp_time,
+                       "pp": pp_time, "dp": dp_exposed, "ep": m * ep_time, "comm": comm, "bubble": bubble,
                        "total": total},
             "flops_per_step": model_flops,
             "tokens_per_s": global_batch * s / total,
