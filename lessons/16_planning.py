@@ -14,7 +14,6 @@ docs/plan.md; proved by tests/test_plan_measured.py, tests/test_plan_activations
 tests/test_plan_cli.py.
 """
 import dataclasses
-import os
 import statistics
 import time
 
@@ -194,7 +193,7 @@ def part1_here(world, quick):
                                                          1 << 20, 1 << 22)
     model = fit(world, sizes=sizes, rounds=1 if quick else 2, retries=0 if quick else 1)
     profile = here()  # takes the fit just made (cost.default_model) and times a GEMM
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = profile.engine.cores  # the cores the profile found the ranks share
     say("Part 1: the planner on this machine (--profile here), beside a real run",
         f"  fitted now on {world.size} ranks: α = {model.alpha * 1e6:.1f} µs a step, β = "
         f"{1 / model.beta(1 << 20) / 1e9:.2f} GB/s at 1 MiB;",
@@ -282,7 +281,7 @@ def part1_time(found, cluster, cores, steps):
                 + " ".join(f"{row[k] * 1e3:9.2f}" for k in ("compute", "tp", "pp", "dp",
                                                            "total"))
                 + (f"  {ratios[name]:.2f}x" if what == "measured" else ""))
-    share = min(cores / cluster.gpus, 1)
+    share = cluster.profile.engine.share(cluster.gpus)
     units = len(rank_modules(SHAPE))
     # where the ranks fill the cores no core is free for the background all-reduce (the
     # planner's rule and DDP's overlap_default alike)

@@ -109,6 +109,14 @@ def choose_overlap(comm, choice="auto"):
     return choice, f"overlap={choice} given"
 
 
+def usable_cores():
+    """The cores this process may run on: its CPU affinity mask (``os.sched_getaffinity``),
+    else all of the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return os.sched_getaffinity(0)
+    return set(range(os.cpu_count() or 1))
+
+
 def overlap_default(comm):
     """(overlap, why) for ``overlap="auto"``: on when every node has a usable core that none of
     the job's ranks uses (for the background all-reduce), else off. Usable cores are the CPU
@@ -120,8 +128,7 @@ def overlap_default(comm):
     # behind backward only on a core that backward does not use; where some node has none idle,
     # overlap takes compute's core and costs more than it hides (scripts/bench_dp.py and lesson
     # 05 measure both).
-    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(
-        os.cpu_count() or 1)
+    cores = usable_cores()
     job = max([int(os.environ[v]) for v in LOCAL_SIZE if os.environ.get(v, "").isdigit()] or [0])
     nodes = {}
     # one all_gather_object, so every rank takes the same decision (blocking and non-blocking

@@ -340,7 +340,8 @@ def measure_engine():
                                  ends_spent(4, 64, 64, 512, "gpt"))
     per_tensor = adam_seconds(32, 1) / 32
     per_element = (adam_seconds(1, 1 << 18) - per_tensor) / (1 << 18)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    from minipar.comm.node import usable_cores
+    cores = len(usable_cores())
     return Engine(fixed, max(0.0, big - fixed) / nbytes, rest, max(0.0, head - rest) / logits,
                   per_tensor, max(0.0, per_element), cores)
 
