@@ -7,8 +7,9 @@ For each layout (serial, DP, ZeRO-1/2/3, TP, PP with 1F1B, GPipe and interleaved
 mpiexec launch per rank count trains the GPT with minipar's own wrappers, one BLAS thread per
 rank, and times the median step of the slowest rank; beside it ``minipar.plan.time.predict``
 with ``hardware.profile("here")`` (the engine measured now; the α-β-γ fitted in the launch,
-and what a collective waits for ranks coming from work, ``hardware.sync_seconds``),
-and predicted / measured. Where a layout separates them: DP's compute (a step without its
+what a collective waits for ranks coming from work, ``hardware.sync_seconds``, and how much
+slower the ranks compute together than one alone, ``hardware.contention``), and predicted /
+measured. Where a layout separates them: DP's compute (a step without its
 all-reduce) and a pipeline's bubble (the runtime's trace). The summary line counts the
 layouts within 0.75-1.33. Ranks beyond the cores share them: docs/plan.md.
 """
@@ -162,16 +163,16 @@ def cpu_timed(world, step, steps):
 def worker(model, names, steps):
     """On rank 0, RESULT {layout: {median, best, cpu, compute, bubble}} (seconds per step of
     the slowest rank; compute and bubble None where the layout does not separate them) and FIT,
-    the α-β-γ fitted over the world and ``sync_seconds`` (none on one rank)."""
+    the α-β-γ fitted over the world, ``sync_seconds`` and ``contention`` (none on one rank)."""
     from minipar import comm
     from minipar.comm import fit
 
     world = comm.world()
     fitted = None
     if world.size > 1:
-        from minipar.plan.hardware import sync_seconds
+        from minipar.plan.hardware import contention, sync_seconds
         m = fit.fit(world, sizes=FIT_SIZES, rounds=2, retries=1)
-        fitted = [m.alpha, m.betas, m.gammas, m.alphas, sync_seconds(world)]
+        fitted = [m.alpha, m.betas, m.gammas, m.alphas, sync_seconds(world), contention(world)]
     results = {}
     for name in names:
         ranks, sizes, micro = LAYOUTS[name]
@@ -220,10 +221,12 @@ def launch(ranks, names, model, steps):
         raise RuntimeError(f"mpiexec -n {ranks} failed:\n{out.stdout}\n{out.stderr}")
     fitted = json.loads(lines["FIT"])
     if fitted is not None:
-        alpha, betas, gammas, alphas, sync = fitted
+        alpha, betas, gammas, alphas, sync, crowded = fitted
         fitted = cost.Model(alpha, {int(k): v for k, v in betas.items()},
                             {int(k): v for k, v in gammas.items()}, alphas)
-        fitted.sync = sync  # what a collective waits for ranks coming from work (hardware.py)
+        # what a collective waits for ranks coming from work, and how much slower the ranks
+        # compute beside each other than one alone (hardware.py)
+        fitted.sync, fitted.contention = sync, crowded
     return json.loads(lines["RESULT"]), fitted
 
 
@@ -251,7 +254,8 @@ def rows(measured, fits, model):
     for name, got in measured.items():
         ranks = LAYOUTS[name][0]
         fitted = fits.get(ranks)
-        profile = dataclasses.replace(here, fitted=fitted or here.fitted,
+        engine = dataclasses.replace(here.engine, contention=getattr(fitted, "contention", None))
+        profile = dataclasses.replace(here, fitted=fitted or here.fitted, engine=engine,
                                       sync=getattr(fitted, "sync", 0.0))
         p = predicted(name, model, profile)["time_s"]
         out.append({"layout": name, "ranks": ranks, **{f"measured_{k}": v for k, v in got.items()},
@@ -273,11 +277,16 @@ def report(table, here, model, steps, load, fits):
           f"{os.cpu_count()} cores, load average {' -> '.join(f'{x:.1f}' for x in load)}")
     print(f"here: GEMMs timed at the model's shapes (256^3: {here.peak('fp32') / 1e9:.1f} "
           f"GFLOP/s), {1e3 * engine.layer:.2f} ms a Block's ops, {1e9 * engine.activation:.2f} "
-          f"ns per activation byte; {engine.cores} cores: ranks beyond them take turns, a "
-          f"rank's compute / min(1, {engine.cores}/ranks)")
+          f"ns per activation byte; {engine.cores} cores, a rank's compute x how much slower "
+          f"the ranks compute together than one alone (turns alone: x max(1, ranks/"
+          f"{engine.cores}))")
     alphas = ", ".join(f"{ranks} ranks {1e6 * model.alpha:.0f} + {1e6 * model.sync:.0f}"
                        for ranks, model in sorted(fits.items()) if model is not None)
     print(f"alpha + sync fitted in each launch (µs a collective): {alphas or '-'}")
+    crowded = ", ".join(f"{ranks} ranks x {model.contention:.2f}"
+                        for ranks, model in sorted(fits.items()) if model is not None)
+    print(f"contention measured in each launch (a Block's step together / alone): "
+          f"{crowded or '-'}")
     print(f"{'layout':18s}{'ranks':>6s}{'measured ms':>13s}{'best':>8s}{'cpu':>8s}"
           f"{'compute':>9s}"
           f"{'bubble':>8s} | {'predicted':>9s}{'compute':>9s}{'comm':>7s}{'bubble':>8s}"

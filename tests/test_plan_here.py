@@ -12,6 +12,7 @@ from minipar.plan import hardware
 from minipar.plan.flops import layer_forward_flops, layer_gemms
 from minipar.plan.models import GPTShape
 from minipar.plan.time import Cluster, Layout, engine_seconds, predict, zero3_units
+from minipar.testing import run_on_ranks
 
 SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "bench_plan.py"
 SHAPE = GPTShape(4, 32, 4, 16, 64)
@@ -41,7 +42,9 @@ def test_gemm_seconds_times_the_shape_and_prices_large_ones_at_the_large_rate():
 
 def test_measure_engine_gives_every_cost_and_a_core_count():
     engine = hardware.measure_engine()
-    for field in dataclasses.fields(engine):
+    # contention is measured on the ranks, where there are some (contention below)
+    assert engine.contention is None
+    for field in dataclasses.fields(engine)[:-1]:
         assert getattr(engine, field.name) >= 0, field.name
     assert engine.layer > 0 and engine.rest > 0 and engine.cores >= 1
     assert ENGINE.share(1) == ENGINE.share(2) == 1.0 and ENGINE.share(8) == 0.25
@@ -61,6 +64,10 @@ def test_engine_seconds_prices_micro_batches_ranks_and_oversubscription():
     # four ranks on two cores take turns: twice the time of one rank's work alone
     dp4 = engine_seconds(SHAPE, Layout(dp=4, micro_batch=2), ENGINE, 1, 3)
     assert dp4 == pytest.approx(2 * serial)
+    # ... unless how much slower they compute together was measured on them: that, instead
+    crowded = dataclasses.replace(ENGINE, contention=2.5)
+    assert engine_seconds(SHAPE, Layout(dp=4, micro_batch=2), crowded, 1, 3) == \
+        pytest.approx(2.5 * serial)
     # ZeRO shards the optimizer's elements over dp
     zero = engine_seconds(SHAPE, Layout(dp=4, zero=1, micro_batch=2), ENGINE, 1, 3)
     assert dp4 - zero == pytest.approx(2 * ENGINE.element * SHAPE.parameters() * 3 / 4)
@@ -73,6 +80,20 @@ def test_predict_on_here_uses_the_engine():
     layout = Layout(micro_batch=2, recompute="none", precision="fp32")
     got = predict(SHAPE, layout, Cluster(1, 1, profile), 4)
     assert got["time_s"]["compute"] == engine_seconds(SHAPE, layout, ENGINE, 2, 3)
+
+
+def contention_on_ranks():
+    from minipar import comm
+    return hardware.contention(comm.world(), rounds=2, iters=2)
+
+
+@pytest.mark.mpi
+def test_contention_is_measured_on_the_ranks_and_agreed():
+    # one rank alone computes as fast as it does alone (the median of the same calls: about 1)
+    assert 0.5 < hardware.contention(hardware.one_rank_group(), rounds=3, iters=2) < 2
+    # on 3 ranks (beyond 2 cores where CI runs) every rank gets rank 0's number
+    got = run_on_ranks(contention_on_ranks, 3, timeout=120)
+    assert len(set(got)) == 1 and got[0] > 0
 
 
 @pytest.mark.mpi

@@ -140,10 +140,17 @@ class Engine:
     tensor: float      # AdamW step, seconds per parameter tensor
     element: float     # AdamW step, seconds per parameter element
     cores: int         # the cores the ranks share
+    contention: float = None  # how many times longer a rank computes beside the layout's other
+    #                           ranks than alone, measured on them (``contention``); None: unknown
 
     def share(self, ranks):
         """A rank's share of a core: ranks beyond the cores take turns (oversubscribed)."""
         return min(1.0, self.cores / ranks)
+
+    def slowdown(self, ranks):
+        """How many times longer a rank's compute takes among ``ranks`` than alone: measured
+        (``contention``), else 1 / ``share``, the ranks taking turns and nothing else."""
+        return self.contention if self.contention is not None else 1 / self.share(ranks)
 
     def layer_cost(self, b, s, h, heads, block="gpt"):
         """(fixed seconds, seconds per activation byte) of a layer of these sizes, of minipar's
@@ -327,6 +334,44 @@ def sync_seconds(comm, iters=20, rounds=5):
     waits = [each(lambda: (burst(), comm.all_reduce(tiny))) - each(burst)
              - each(lambda: comm.all_reduce(tiny)) for _ in range(rounds)]
     return max(0.0, statistics.median(waits))
+
+
+def contention(comm, rounds=5, iters=8):
+    """How many times longer a rank computes when all of ``comm``'s ranks compute at once than
+    when it computes alone, the same on every rank: the wall seconds of a moderate Block's
+    forward + backward (b = 4, s = 64, h = 64: the engine's mix of GEMMs, per-op Python and
+    element-wise passes), the median of ``rounds`` of the slowest rank's mean over ``iters``
+    calls, over rank 0's alone. Ranks that share the caches and the memory bus slow each other
+    (two ranks on two cores: about 1.05 here); ranks beyond the cores take turns and evict each
+    other's caches at every switch (four on two cores: about 2.5, where turns alone give 2)."""
+    import numpy as np
+
+    import minipar
+    from minipar import nn
+    from minipar.backend import asarray
+    minipar.manual_seed(0)
+    x = minipar.tensor(asarray(np.random.default_rng(0).standard_normal((4, 64, 64), np.float32)),
+                       requires_grad=True)
+    layer = nn.Block(64, 4)
+
+    def mean_call():
+        start = time.perf_counter()
+        for _ in range(iters):
+            layer(x).sum().backward()
+        return (time.perf_counter() - start) / iters
+    mean_call()  # warm-up: the first calls allocate
+    alone = statistics.median(mean_call() for _ in range(rounds)) if comm.rank == 0 else None
+    # the others wait without spinning (a test every millisecond), so rank 0 has a core to
+    # itself: a waiting MPI rank polls, and beyond the cores it would take rank 0's turns
+    done = comm.mpi.Ibarrier()
+    while not done.Test():
+        time.sleep(0.001)
+    together = []
+    for _ in range(rounds):
+        comm.barrier()
+        together.append(max(comm.all_gather_object(mean_call())))
+    return comm.broadcast_object(statistics.median(together) / alone if comm.rank == 0
+                                 else None)
 
 
 def measure_engine():

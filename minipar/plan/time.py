@@ -250,8 +250,9 @@ def engine_seconds(shape, L, engine, m, passes):
     count, tp-split as Megatron splits them), the same for the GPT's two ends (embedding, head,
     loss: per logit), all m micro-batches, a recomputed forward adding a third of a layer's
     forward and backward, the ends spread over the pp stages as their FLOPs are; then AdamW's
-    step on the rank's parameters (1/(dp·cp) of them under ZeRO). Ranks beyond the cores take
-    turns: the whole is divided by the rank's share of a core (``Engine.share``)."""
+    step on the rank's parameters (1/(dp·cp) of them under ZeRO). The whole is a rank's
+    alone, so it is multiplied by how much slower ranks compute beside each other
+    (``Engine.slowdown``: measured on them, else ranks beyond the cores taking turns)."""
     s, b, h = shape.seq // L.cp, L.micro_batch, shape.hidden
     activations = float(megatron_activation_bytes(s, b, h, shape.heads, L.tp, L.tp > 1, "none"))
     # minipar runs tp and pp layouts with the 3D trainer's TensorParallelGPT (hardware.BLOCKS)
@@ -272,7 +273,7 @@ def engine_seconds(shape, L, engine, m, passes):
         # one): measured per unit, at the rank's micro-batch
         units = zero3_units(shape, L.tp, L.pp, L.schedule, L.chunks, L.ep)
         micro += units * engine.zero3_unit_cost(b, s, h, shape.heads, shape.vocab, shape.layers)
-    return (m * micro + step) / engine.share(L.gpus)
+    return (m * micro + step) * engine.slowdown(L.gpus)
 
 
 def memory_bytes(shape, L, width, inflight, microbatches):
