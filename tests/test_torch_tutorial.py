@@ -8,6 +8,7 @@ synthetic data of its shape (1 × 28 × 28 images, 10 classes) takes its place.
 import inspect
 import math
 import os
+import time
 import warnings
 from random import Random
 
@@ -361,21 +362,49 @@ def serial_sgd(size):
     return [p.detach().tolist() for p in model.parameters()], losses
 
 
-def tutorial_body():
-    """Every program on this rank, after the tutorial's MPI start (rank and size 0, ignored)."""
+def start():
+    """The tutorial's MPI start (rank and size 0, ignored): the warnings it gave."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         init_process(0, 0, lambda rank, size: None, backend="mpi")
+    return [str(w.message) for w in caught]
+
+
+def run_programs(programs, late=()):
+    """{name: program(rank, size)} of each program in turn on this rank; the ranks in ``late``
+    start each one a second after the others (the order a loaded machine may give)."""
     rank, size = dist.get_rank(), dist.get_world_size()
-    out = {"warning": [str(w.message) for w in caught]}
-    if size == 2:  # the tutorial's point-to-point programs are for two processes
-        out["blocking"] = run_blocking(rank, size)
-        out["nonblocking"] = run_nonblocking(rank, size)
-    for name, program in (("any_source", run_any_source),
-                          ("group_all_reduce", run_group_all_reduce), ("ring", run_ring),
-                          ("collectives", run_collectives), ("objects", run_objects),
-                          ("batch", run_batch_isend_irecv), ("sgd", run_sgd)):
+    out = {}
+    for name, program in programs:
+        if rank in late:
+            time.sleep(1.0)
         out[name] = program(rank, size)
+        # the tutorial launches each program on its own; here they share one launch, so the
+        # ranks meet between them: else a rank done early sends the next program's tag-0
+        # messages while rank 0 still receives run_any_source's from any rank, and takes them
+        dist.barrier()
+    return out
+
+
+PROGRAMS = (("any_source", run_any_source), ("group_all_reduce", run_group_all_reduce),
+            ("ring", run_ring), ("collectives", run_collectives), ("objects", run_objects),
+            ("batch", run_batch_isend_irecv), ("sgd", run_sgd))
+
+
+def tutorial_body():
+    """Every program on this rank, after the tutorial's MPI start."""
+    out = {"warning": start()}
+    if dist.get_world_size() == 2:  # the tutorial's point-to-point programs are for two processes
+        out.update(run_programs((("blocking", run_blocking), ("nonblocking", run_nonblocking))))
+    out.update(run_programs(PROGRAMS))
+    dist.destroy_process_group()
+    return out
+
+
+def late_body():
+    """run_any_source, then the ring, with ranks 1 and 2 late to both."""
+    start()
+    out = run_programs((("any_source", run_any_source), ("ring", run_ring)), late=(1, 2))
     dist.destroy_process_group()
     return out
 
@@ -423,6 +452,19 @@ def test_the_tutorial_runs_with_only_the_import_changed(size):
         for p, w in zip(got["sgd"]["params"], params):
             assert torch.allclose(torch.tensor(p), torch.tensor(w), atol=1e-6), rank
         assert got["sgd"]["losses"] == pytest.approx(losses[rank], abs=1e-6)
+
+
+@pytest.mark.mpi
+def test_a_rank_late_to_receive_from_any_rank_gets_only_that_programs_messages():
+    """Rank 0 receives run_any_source's messages from whichever rank sends first; ranks 1 and 2
+    send theirs late, and rank 3, done, starts the ring, whose first message to rank 0 (tag 0,
+    20 bytes) arrives before theirs. Once, under load in CI, rank 0 took it: "message from rank
+    3 is larger than the 4-byte receive buffer". Each program's messages stay in it."""
+    size = 4
+    for rank, got in enumerate(run_on_ranks(late_body, size, timeout=120)):
+        senders = [[r, float(r)] for r in range(1, size)] + [[size - 1, size - 1.0]]
+        assert got["any_source"] == (senders if rank == 0 else [])
+        assert got["ring"] == [i * size * (size + 1) / 2 for i in range(5)]
 
 
 def test_the_tutorial_network_runs_on_minipar_layers():
