@@ -76,6 +76,29 @@ def test_mismatch_ends_the_job_with_a_clear_error(kind, algorithm):
     assert "CommError" in text and "differ across ranks" in text, text
 
 
+def truncated_body():
+    """Rank 1 sends 8 bytes with tag 5 where rank 0 receives 4: rank 0's error, as text."""
+    from minipar import comm
+
+    world = comm.world()
+    if world.rank == 1:
+        world.send(np.ones(2, np.float32), 0, tag=5)
+        return None
+    try:
+        world.recv(np.ones(1, np.float32), 1, tag=5)
+    except comm.CommError as error:
+        return str(error)
+
+
+@pytest.mark.mpi
+def test_a_message_larger_than_its_receive_names_another_send_of_that_tag():
+    """A point-to-point receive takes the sender's first message with its tag, which may be
+    one sent for a later receive: the error says so beside the lengths."""
+    assert run_on_ranks(truncated_body, 2)[0] == (
+        "rank 0: message from rank 1 is larger than the 4-byte receive buffer: lengths or "
+        "dtypes differ across ranks, or this receive took another of rank 1's tag-5 messages")
+
+
 def raising_body():
     """Rank 1 raises in the middle of a ring all-reduce; its peers are left waiting."""
     from minipar import comm

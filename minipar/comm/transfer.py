@@ -107,11 +107,15 @@ class Transfer(watch.blocking):
                             f"{expected} were expected: lengths or dtypes differ across ranks")
 
     def _truncated(self, error):
-        if error.Get_error_class() == MPI.ERR_TRUNCATE:
-            return CommError(f"rank {self.comm.rank}: message from rank {self.source} is larger "
-                             f"than the {self.rbuf.nbytes}-byte receive buffer: lengths or dtypes "
-                             f"differ across ranks")
-        return error
+        if error.Get_error_class() != MPI.ERR_TRUNCATE:
+            return error
+        why = "lengths or dtypes differ across ranks"
+        if not self.comm.strict_tags:
+            # a receive takes the first message of its source and tag still unreceived, which
+            # may be one the sender meant for a later receive (a receive from any rank, say)
+            why += f", or this receive took another of rank {self.source}'s tag-{self.tag} messages"
+        return CommError(f"rank {self.comm.rank}: message from rank {self.source} is larger than "
+                         f"the {self.rbuf.nbytes}-byte receive buffer: {why}")
 
 
 # NumPy arrays go straight to MPI; CuPy arrays directly (CUDA-aware MPI) or staged through the
