@@ -3,15 +3,15 @@
     python scripts/bench_plan.py            (a few minutes: 1, 2, 4 and 8 ranks)
     python scripts/bench_plan.py --quick    (a smoke run: a smaller GPT, 3 steps, no 8 ranks)
 
-For each layout (serial, DP, ZeRO-1/2/3, TP, PP with 1F1B, GPipe and interleaved, 3D) one
-mpiexec launch per rank count trains the GPT with minipar's own wrappers, one BLAS thread per
-rank, and times the median step of the slowest rank; beside it ``minipar.plan.time.predict``
-with ``hardware.profile("here")`` (the engine measured now; the α-β-γ fitted in the launch,
-what a collective waits for ranks coming from work, ``hardware.sync_seconds``, and how much
-slower the ranks compute together than one alone, ``hardware.contention``), and predicted /
-measured. Where a layout separates them: DP's compute (a step without its
-all-reduce) and a pipeline's bubble (the runtime's trace). The summary line counts the
-layouts within 0.75-1.33. Ranks beyond the cores share them: docs/plan.md.
+For each layout (serial, DP, ZeRO-1/2/3, TP, PP with 1F1B, GPipe, interleaved, ZB-H1 and ZB-V,
+CP, 3D) one mpiexec launch per rank count trains the GPT with minipar's own wrappers, one BLAS
+thread per rank, and times the median step of the slowest rank; beside it
+``minipar.plan.time.predict`` with ``hardware.profile("here")`` (the engine measured now; the
+α-β-γ fitted in the launch, what a collective waits for ranks coming from work,
+``hardware.sync_seconds``, and how much slower the ranks compute together than one alone,
+``hardware.contention``), and predicted / measured. Where a layout separates them: DP's compute
+(a step without its all-reduce) and a pipeline's bubble (the runtime's trace). The summary line
+counts the layouts within 0.75-1.33. Ranks beyond the cores share them: docs/plan.md.
 """
 import argparse
 import json
@@ -37,6 +37,9 @@ LAYOUTS = {
     "PP 2 1F1B": (2, dict(pp=2, schedule="1f1b"), 4),
     "PP 2 GPipe": (2, dict(pp=2, schedule="gpipe"), 4),
     "PP 2 interleaved": (2, dict(pp=2, schedule="interleaved", chunks=2), 4),
+    "PP 2 ZB-H1": (2, dict(pp=2, schedule="zb-h1"), 4),
+    "PP 2 ZB-V": (2, dict(pp=2, schedule="zb-v"), 4),
+    "CP 2": (2, dict(cp=2), 1),
     "DP 4": (4, dict(dp=4), 1),
     "ZeRO-1 4": (4, dict(dp=4, zero=1), 1),
     "ZeRO-2 4": (4, dict(dp=4, zero=2), 1),
@@ -111,7 +114,8 @@ def trainer_steps(world, model, sizes, m):
     from minipar.parallel.groups import ParallelGroups
     from minipar.parallel.hybrid import Trainer3D
 
-    groups = ParallelGroups(world, tp=sizes.get("tp", 1), pp=sizes.get("pp", 1))
+    groups = ParallelGroups(world, tp=sizes.get("tp", 1), pp=sizes.get("pp", 1),
+                            cp=sizes.get("cp", 1))
     run = Trainer3D(config(model), groups, schedule=sizes.get("schedule", "1f1b"),
                     microbatches=m, chunks=sizes.get("chunks"), make_optimizer=adamw,
                     sequence_parallel=sizes.get("tp", 1) > 1)
@@ -179,7 +183,7 @@ def worker(model, names, steps):
         extra, run = None, None
         if ranks == 1:
             step = serial_step(model)
-        elif "tp" in sizes or "pp" in sizes:
+        elif {"tp", "pp", "cp"} & set(sizes):
             step, run = trainer_steps(world, model, sizes, micro)
         else:
             step, extra = data_parallel_steps(world, model, sizes)

@@ -122,12 +122,12 @@ def test_small_sizes_are_timed_and_large_ones_priced_at_the_moderate_rate():
     assert ENGINE.ends_cost(1, 2048, 12288, 51200) == (ENGINE.rest, ENGINE.logit)
     # a small one is timed at its own sizes, once
     fixed, rate = ENGINE.layer_cost(2, 16, 32, 4)
-    spent, nbytes = hardware.layer_spent(2, 16, 32, 4, "gpt")
+    spent, nbytes = hardware.layer_spent(2, 16, 32, 4, "gpt", 1)
     assert rate == max(0.0, spent - ENGINE.layer) / nbytes and nbytes == 16 * 2 * 32 * (34 + 10)
     assert ENGINE.ends_cost(2, 16, 32, 64, "tensor")[1] >= 0
     # the 3D trainer's block (tp and pp layouts) has its own fixed cost, timed on one rank
     tensor, _ = ENGINE.layer_cost(2, 16, 32, 4, "sequence")
-    assert tensor == hardware.layer_spent(*hardware.TINY, "sequence", repeats=20)[0]
+    assert tensor == hardware.layer_spent(*hardware.TINY, "sequence", 1, repeats=20)[0]
 
 
 def test_tp_and_pp_layouts_are_priced_with_the_3d_trainers_block():
@@ -135,8 +135,8 @@ def test_tp_and_pp_layouts_are_priced_with_the_3d_trainers_block():
 
     @dataclasses.dataclass(frozen=True)
     class Recording(hardware.Engine):
-        def layer_cost(self, b, s, h, heads, block="gpt"):
-            asked.append(block)
+        def layer_cost(self, b, s, h, heads, block="gpt", cp=1):
+            asked.append((block, cp))
             return self.layer, self.activation
 
         def ends_cost(self, b, s, h, vocab, block="gpt"):
@@ -144,9 +144,32 @@ def test_tp_and_pp_layouts_are_priced_with_the_3d_trainers_block():
             return self.rest, self.logit
 
     engine = Recording(**dataclasses.asdict(ENGINE))
-    for layout in (Layout(dp=2), Layout(pp=2), Layout(tp=2)):
+    for layout in (Layout(dp=2), Layout(pp=2), Layout(tp=2), Layout(cp=2)):
         engine_seconds(SHAPE, layout, engine, 1, 3)
-    assert asked == ["gpt", "gpt", "tensor", "tensor", "sequence", "sequence"]
+    assert asked == [("gpt", 1), "gpt", ("tensor", 1), "tensor", ("sequence", 1), "sequence",
+                     ("tensor", 2), "tensor"]
+
+
+def test_ring_attention_is_timed_on_one_process_with_its_messages_looped_back():
+    import numpy as np
+
+    from minipar.parallel.context.ring import ring_attention
+    from minipar.parallel.context.work import RingLog
+    import minipar
+    q = minipar.tensor(np.random.default_rng(0).standard_normal((1, 2, 8, 4)).astype(np.float32),
+                       requires_grad=True)
+    with RingLog() as log:
+        ring_attention(q, q, q, hardware.LoopbackRing(2)).sum().backward()
+    # rank 0 of a balanced ring of 2 (chunks 0 and 3): its own block, then rank 1's (1 and 2),
+    # as a real ring's rank 0 computes and skips them
+    assert log.steps("forward") == [[(0, 0, "diagonal"), (0, 3, "skipped"), (3, 0, "full"),
+                                     (3, 3, "diagonal")],
+                                    [(0, 1, "skipped"), (0, 2, "skipped"), (3, 1, "full"),
+                                     (3, 2, "full")]]
+    assert log.work("backward")["blocks"] == 5
+    # the layer's time under cp: the ring's work less the rank's GEMMs, for s/cp of 16 tokens
+    spent, nbytes = hardware.layer_spent(2, 8, 16, 2, "tensor", 2)
+    assert nbytes == hardware.activation_bytes(2, 8, 16, 2) and spent > 0
 
 
 def test_zero3_adds_its_own_work_per_unit_measured_on_one_rank():

@@ -152,13 +152,15 @@ class Engine:
         (``contention``), else 1 / ``share``, the ranks taking turns and nothing else."""
         return self.contention if self.contention is not None else 1 / self.share(ranks)
 
-    def layer_cost(self, b, s, h, heads, block="gpt"):
-        """(fixed seconds, seconds per activation byte) of a layer of these sizes, of minipar's
-        ``block`` kind (``BLOCKS``)."""
-        fixed = self.layer if block == "gpt" else layer_spent(*TINY, block, repeats=20)[0]
+    def layer_cost(self, b, s, h, heads, block="gpt", cp=1):
+        """(fixed seconds, seconds per activation byte) of a layer of these sizes (s: a rank's
+        share of the sequence), of minipar's ``block`` kind (``BLOCKS``), its attention the ring
+        over cp ranks when cp > 1."""
+        fixed = (self.layer if (block, cp) == ("gpt", 1)
+                 else layer_spent(*TINY, block, cp, repeats=20)[0])
         if activation_bytes(b, s, h, heads) > TIMED_BYTES or 12 * h * h > TIMED_WEIGHTS:
             return fixed, self.activation
-        spent, nbytes = layer_spent(b, s, h, heads, block)
+        spent, nbytes = layer_spent(b, s, h, heads, block, cp)
         return fixed, max(0.0, spent - fixed) / nbytes
 
     def ends_cost(self, b, s, h, vocab, block="gpt"):
@@ -208,10 +210,36 @@ def one_rank_group():
     return Communicator(MPI.COMM_SELF)
 
 
+class LoopbackRing:
+    """A ring of ``size`` ranks that one process runs, to time ring attention's compute alone:
+    what rank 0 sends to the next rank comes back as what it receives from the one before (a
+    real ring's blocks hold other tokens; the blocks computed, skipped and folded are the same)."""
+
+    def __init__(self, size):
+        self.size, self.rank = size, 0
+
+    def isend(self, a, dest, tag):
+        self.sent = a
+        return Arrived(None)
+
+    def irecv(self, buf, source, tag):
+        buf[...] = self.sent  # a receive's copy into its buffer
+        return Arrived(buf)
+
+
+@dataclasses.dataclass
+class Arrived:
+    """A request that is already done: ``wait()`` gives what it received."""
+    value: object
+
+    def wait(self):
+        return self.value
+
+
 @functools.lru_cache(maxsize=None)
-def layer_spent(b, s, h, heads, block="gpt", repeats=5):
+def layer_spent(b, s, h, heads, block="gpt", cp=1, repeats=5):
     """(seconds of a ``block`` forward + backward at these sizes less its GEMMs, its activation
-    bytes), timed now."""
+    bytes), timed now; s is a rank's share of the sequence, which cp > 1 splits over a ring."""
     import numpy as np
 
     import minipar
@@ -228,9 +256,13 @@ def layer_spent(b, s, h, heads, block="gpt", repeats=5):
         layer = nn.Block(h, heads)
     else:
         from minipar.parallel.tensor.gpt import ParallelBlock
-        layer = ParallelBlock(h, heads, one_rank_group(), sequence_parallel=block == "sequence")
+        # under cp the attention is the ring over cp ranks, its messages looped back
+        layer = ParallelBlock(h, heads, one_rank_group(), sequence_parallel=block == "sequence",
+                              context=LoopbackRing(cp) if cp > 1 else None)
     spent = best_of(lambda: layer(x).sum().backward(), repeats)
-    return spent - gemms_seconds(layer_gemms(b, s, h, heads)), activation_bytes(b, s, h, heads)
+    # a rank's GEMMs under cp: its s queries against all s·cp keys
+    return (spent - gemms_seconds(layer_gemms(b, s * cp, h, heads, cp=cp)),
+            activation_bytes(b, s, h, heads))
 
 
 @functools.lru_cache(maxsize=None)
@@ -378,9 +410,10 @@ def measure_engine():
     """Time minipar's own Block, GPT ends and AdamW at a tiny and a moderate size (about 0.3 s);
     the planned model's own sizes are timed when the planner first asks for them."""
     # the tiny sizes' calls take a fraction of a millisecond: more of them find a quiet moment
-    # (the block passed by position: the cache keys are those layer_cost and ends_cost use)
-    (fixed, _), (big, nbytes) = layer_spent(*TINY, "gpt", repeats=20), \
-        layer_spent(4, 64, 64, 4, "gpt")
+    # (the block and cp passed by position: the cache keys are those layer_cost and ends_cost
+    # use)
+    (fixed, _), (big, nbytes) = layer_spent(*TINY, "gpt", 1, repeats=20), \
+        layer_spent(4, 64, 64, 4, "gpt", 1)
     (rest, _), (head, logits) = (ends_spent(*TINY[:3], 8, "gpt", repeats=20),
                                  ends_spent(4, 64, 64, 512, "gpt"))
     per_tensor = adam_seconds(32, 1) / 32

@@ -257,7 +257,7 @@ def engine_seconds(shape, L, engine, m, passes):
     activations = float(megatron_activation_bytes(s, b, h, shape.heads, L.tp, L.tp > 1, "none"))
     # minipar runs tp and pp layouts with the 3D trainer's TensorParallelGPT (hardware.BLOCKS)
     block = "sequence" if L.tp > 1 else "tensor" if L.pp > 1 or L.cp > 1 else "gpt"
-    fixed, per_byte = engine.layer_cost(b, s, h, shape.heads, block)
+    fixed, per_byte = engine.layer_cost(b, s, h, shape.heads, block, L.cp)
     layer = (gemms_seconds(layer_gemms(b, shape.seq, h, shape.heads, L.tp, L.cp)) + fixed
              + per_byte * activations)
     logits = b * s * shape.vocab // L.tp
