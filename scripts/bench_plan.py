@@ -4,7 +4,7 @@
     python scripts/bench_plan.py --quick    (a smoke run: a smaller GPT, 3 steps, no 8 ranks)
 
 For each layout (serial, DP, ZeRO-1/2/3, TP, PP with 1F1B, GPipe, interleaved, ZB-H1 and ZB-V,
-CP, 3D) one mpiexec launch per rank count trains the GPT with minipar's own wrappers, one BLAS
+CP, 3D, 4D with experts) one mpiexec launch per rank count trains the GPT with minipar's own wrappers, one BLAS
 thread per rank, and times the median step of the slowest rank; beside it
 ``minipar.plan.time.predict`` with ``hardware.profile("here")`` (the engine measured now; the
 α-β-γ fitted in the launch, what a collective waits for ranks coming from work,
@@ -45,7 +45,11 @@ LAYOUTS = {
     "ZeRO-2 4": (4, dict(dp=4, zero=2), 1),
     "ZeRO-3 4": (4, dict(dp=4, zero=3), 1),
     "3D tp2 pp2 dp2": (8, dict(tp=2, pp=2, dp=2, schedule="1f1b"), 4),
+    # the GPT with a mixture of 4 experts (top 2) in each block, the 4D trainer
+    "4D ep2 dp4": (4, dict(dp=4, ep=2, experts=4, top_k=2), 1),
+    "4D ep2 pp2 dp2": (4, dict(pp=2, dp=2, ep=2, experts=4, top_k=2, schedule="1f1b"), 4),
 }
+MOE = ("experts", "top_k")  # a layout's sizes that are the model's
 MODELS = {  # layers, hidden, heads, seq, vocab, global batch
     "default": (4, 64, 4, 64, 256, 16),
     "quick": (4, 32, 2, 16, 64, 8),
@@ -110,15 +114,20 @@ def data_parallel_steps(world, model, sizes):
 
 def trainer_steps(world, model, sizes, m):
     """(step, the trainer): Trainer3D with sequence parallelism under tp (as the planner
-    assumes)."""
+    assumes), or Trainer4D where the layout has experts."""
     from minipar.parallel.groups import ParallelGroups
     from minipar.parallel.hybrid import Trainer3D
+    from minipar.parallel.hybrid4d import Trainer4D
+    from minipar.parallel.tensor.moe import MoEConfig
 
     groups = ParallelGroups(world, tp=sizes.get("tp", 1), pp=sizes.get("pp", 1),
-                            cp=sizes.get("cp", 1))
-    run = Trainer3D(config(model), groups, schedule=sizes.get("schedule", "1f1b"),
-                    microbatches=m, chunks=sizes.get("chunks"), make_optimizer=adamw,
-                    sequence_parallel=sizes.get("tp", 1) > 1)
+                            cp=sizes.get("cp", 1), ep=sizes.get("ep", 1))
+    common = dict(schedule=sizes.get("schedule", "1f1b"), microbatches=m,
+                  chunks=sizes.get("chunks"), make_optimizer=adamw,
+                  sequence_parallel=sizes.get("tp", 1) > 1)
+    run = (Trainer4D(config(model), MoEConfig(sizes["experts"], sizes["top_k"]), groups,
+                     **common) if "experts" in sizes else
+           Trainer3D(config(model), groups, **common))
     ids, targets = batch(model, 0)
     return (lambda: run.step(ids, targets)), run
 
@@ -183,7 +192,7 @@ def worker(model, names, steps):
         extra, run = None, None
         if ranks == 1:
             step = serial_step(model)
-        elif {"tp", "pp", "cp"} & set(sizes):
+        elif {"tp", "pp", "cp", "ep"} & set(sizes):
             step, run = trainer_steps(world, model, sizes, micro)
         else:
             step, extra = data_parallel_steps(world, model, sizes)
@@ -242,9 +251,10 @@ def predicted(name, model, profile):
     layers, hidden, heads, seq, vocab, size = model
     ranks, sizes, m = LAYOUTS[name]
     dp = sizes.get("dp", 1)
-    layout = Layout(micro_batch=size // (dp * m), recompute="none", precision="fp32", **sizes)
-    return predict(GPTShape(layers, hidden, heads, seq, vocab), layout,
-                   Cluster(ranks, ranks, profile), size)
+    layout = Layout(micro_batch=size // (dp * m), recompute="none", precision="fp32",
+                    **{k: v for k, v in sizes.items() if k not in MOE})
+    shape = GPTShape(layers, hidden, heads, seq, vocab, **{k: sizes[k] for k in MOE if k in sizes})
+    return predict(shape, layout, Cluster(ranks, ranks, profile), size)
 
 
 def rows(measured, fits, model):

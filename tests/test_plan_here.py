@@ -11,7 +11,10 @@ import pytest
 from minipar.plan import hardware
 from minipar.plan.flops import layer_forward_flops, layer_gemms
 from minipar.plan.models import GPTShape
-from minipar.plan.time import Cluster, Layout, engine_seconds, predict, zero3_units
+from minipar.plan import time as time_module
+from minipar.plan.search import LayoutError, check
+from minipar.plan.time import (Cluster, Layout, engine_seconds, expert_parameters, predict,
+                               zero3_units)
 from minipar.testing import run_on_ranks
 
 SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "bench_plan.py"
@@ -122,12 +125,12 @@ def test_small_sizes_are_timed_and_large_ones_priced_at_the_moderate_rate():
     assert ENGINE.ends_cost(1, 2048, 12288, 51200) == (ENGINE.rest, ENGINE.logit)
     # a small one is timed at its own sizes, once
     fixed, rate = ENGINE.layer_cost(2, 16, 32, 4)
-    spent, nbytes = hardware.layer_spent(2, 16, 32, 4, "gpt", 1)
+    spent, nbytes = hardware.layer_spent(2, 16, 32, 4, "gpt", 1, 0, 1)
     assert rate == max(0.0, spent - ENGINE.layer) / nbytes and nbytes == 16 * 2 * 32 * (34 + 10)
     assert ENGINE.ends_cost(2, 16, 32, 64, "tensor")[1] >= 0
     # the 3D trainer's block (tp and pp layouts) has its own fixed cost, timed on one rank
     tensor, _ = ENGINE.layer_cost(2, 16, 32, 4, "sequence")
-    assert tensor == hardware.layer_spent(*hardware.TINY, "sequence", 1, repeats=20)[0]
+    assert tensor == hardware.layer_spent(*hardware.TINY, "sequence", 1, 0, 1, repeats=20)[0]
 
 
 def test_tp_and_pp_layouts_are_priced_with_the_3d_trainers_block():
@@ -148,6 +151,49 @@ def test_tp_and_pp_layouts_are_priced_with_the_3d_trainers_block():
         engine_seconds(SHAPE, layout, engine, 1, 3)
     assert asked == [("gpt", 1), "gpt", ("tensor", 1), "tensor", ("sequence", 1), "sequence",
                      ("tensor", 2), "tensor"]
+
+
+def test_an_moe_layer_is_priced_by_its_router_and_the_ranks_experts(monkeypatch):
+    asked = []
+
+    @dataclasses.dataclass(frozen=True)
+    class Recording(hardware.Engine):
+        def layer_cost(self, b, s, h, heads, block="gpt", cp=1, experts=0, top_k=1):
+            asked.append((block, experts, top_k))
+            return 0.0, 0.0
+
+        def ends_cost(self, b, s, h, vocab, block="gpt"):
+            return 0.0, 0.0
+
+    # the GEMMs priced at nothing: what is left is the optimizer's step
+    monkeypatch.setattr(time_module, "gemms_seconds", lambda gemms: 0.0)
+    engine = Recording(**dataclasses.asdict(ENGINE))
+    moe = GPTShape(4, 32, 4, 16, 64, experts=4, top_k=2)
+    serial = engine_seconds(moe, Layout(micro_batch=2), engine, 1, 3)
+    ep = engine_seconds(moe, Layout(dp=2, ep=2, micro_batch=2), engine, 1, 3)
+    # nn.MoEBlock alone, the 4D trainer's block under ep: each timed with its experts
+    assert asked == [("gpt", 4, 2), ("tensor", 4, 2)]
+    # AdamW steps the rank's E/ep experts: 2 of 4 fewer, 4 tensors each, in each of 4 layers
+    assert serial - ep == pytest.approx(ENGINE.tensor * 4 * 2 * 4
+                                        + ENGINE.element * expert_parameters(moe) / 2)
+    # the GEMMs: the router's, then top_k MLPs' FLOPs per token in E/ep products of T·k·ep/E
+    # rows each
+    T, h = 2 * 16, 32
+    gemms = layer_gemms(2, 16, h, 4, experts=4, top_k=2, ep=2)
+    assert gemms[4] == (1, T, h, 4) and gemms[5:] == 2 * [(1, T, h, 4 * h), (1, T, 4 * h, h)]
+    # timed with all E experts on one process, less those GEMMs at ep = 1
+    spent, _ = hardware.layer_spent(2, 16, 32, 4, "gpt", 1, 4, 2)
+    assert spent > 0
+
+
+def test_here_refuses_tensor_parallel_experts_by_name():
+    profile = dataclasses.replace(hardware.PROFILES["h100"], engine=ENGINE)
+    moe = GPTShape(4, 32, 4, 16, 64, experts=4, top_k=2)
+    with pytest.raises(LayoutError, match="tp=2 with 4 experts: --profile here prices MoE "
+                                          "layers at tp = 1 only") as err:
+        check(moe, Layout(tp=2, micro_batch=2), Cluster(2, 2, profile), 4)
+    assert err.value.reason == "not priced here"
+    check(moe, Layout(tp=2, micro_batch=2), Cluster(2, 2, hardware.PROFILES["h100"]), 4)
 
 
 def test_ring_attention_is_timed_on_one_process_with_its_messages_looped_back():

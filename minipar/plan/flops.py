@@ -16,15 +16,22 @@ def layer_forward_flops(B, s, h):
     return 24 * B * s * h * h + 4 * B * s * s * h
 
 
-def layer_gemms(B, s, h, heads, tp=1, cp=1):
+def layer_gemms(B, s, h, heads, tp=1, cp=1, experts=0, top_k=1, ep=1):
     """The forward matmuls of one layer as (batch, m, k, n), one rank's share under tp (Megatron's
     split: QKV and the first MLP matmul by columns, both output projections by rows, heads/tp
     heads each) and cp (its s/cp queries against all s keys): the shapes ``layer_forward_flops``
     counts, 2·batch·m·k·n FLOPs each. A backward runs two of the same FLOPs, dX = dY Wᵀ (m, n, k)
-    and dW = Xᵀ dY (k, m, n)."""
+    and dW = Xᵀ dY (k, m, n). With ``experts`` (minipar's MoE layer) the MLP's two products are
+    the router's (h -> E) and, for each of the rank's E/ep experts, its MLP on the rows routed
+    to it: T·top_k·ep/E when routing is balanced (the capacity factor keeps it near)."""
     T, q, d = B * s // cp, s // cp, h // heads
-    return [(1, T, h, 3 * h // tp), (B * heads // tp, q, d, s), (B * heads // tp, q, s, d),
-            (1, T, h // tp, h), (1, T, h, 4 * h // tp), (1, T, 4 * h // tp, h)]
+    attention = [(1, T, h, 3 * h // tp), (B * heads // tp, q, d, s), (B * heads // tp, q, s, d),
+                 (1, T, h // tp, h)]
+    if not experts:
+        return attention + [(1, T, h, 4 * h // tp), (1, T, 4 * h // tp, h)]
+    rows = T * top_k * ep // experts
+    return attention + [(1, T, h, experts)] + experts // ep * [(1, rows, h, 4 * h // tp),
+                                                               (1, rows, 4 * h // tp, h)]
 
 
 def flops_per_iteration(B, s, l, h, V, recompute=False):

@@ -152,15 +152,17 @@ class Engine:
         (``contention``), else 1 / ``share``, the ranks taking turns and nothing else."""
         return self.contention if self.contention is not None else 1 / self.share(ranks)
 
-    def layer_cost(self, b, s, h, heads, block="gpt", cp=1):
+    def layer_cost(self, b, s, h, heads, block="gpt", cp=1, experts=0, top_k=1):
         """(fixed seconds, seconds per activation byte) of a layer of these sizes (s: a rank's
         share of the sequence), of minipar's ``block`` kind (``BLOCKS``), its attention the ring
-        over cp ranks when cp > 1."""
-        fixed = (self.layer if (block, cp) == ("gpt", 1)
-                 else layer_spent(*TINY, block, cp, repeats=20)[0])
-        if activation_bytes(b, s, h, heads) > TIMED_BYTES or 12 * h * h > TIMED_WEIGHTS:
+        over cp ranks when cp > 1, its MLP a mixture of ``experts`` when given."""
+        kind = (block, cp, experts, top_k)
+        fixed = (self.layer if kind == ("gpt", 1, 0, 1)
+                 else layer_spent(*TINY, *kind, repeats=20)[0])
+        weights = 12 * h * h * max(1, experts)
+        if activation_bytes(b, s, h, heads) > TIMED_BYTES or weights > TIMED_WEIGHTS:
             return fixed, self.activation
-        spent, nbytes = layer_spent(b, s, h, heads, block, cp)
+        spent, nbytes = layer_spent(b, s, h, heads, *kind)
         return fixed, max(0.0, spent - fixed) / nbytes
 
     def ends_cost(self, b, s, h, vocab, block="gpt"):
@@ -237,9 +239,11 @@ class Arrived:
 
 
 @functools.lru_cache(maxsize=None)
-def layer_spent(b, s, h, heads, block="gpt", cp=1, repeats=5):
+def layer_spent(b, s, h, heads, block="gpt", cp=1, experts=0, top_k=1, repeats=5):
     """(seconds of a ``block`` forward + backward at these sizes less its GEMMs, its activation
-    bytes), timed now; s is a rank's share of the sequence, which cp > 1 splits over a ring."""
+    bytes), timed now; s is a rank's share of the sequence, which cp > 1 splits over a ring.
+    With ``experts`` the block's MLP is minipar's mixture of experts, all of them on this
+    process (an expert group of one rank)."""
     import numpy as np
 
     import minipar
@@ -253,16 +257,20 @@ def layer_spent(b, s, h, heads, block="gpt", cp=1, repeats=5):
     rng = np.random.default_rng(0)
     x = minipar.tensor(asarray(rng.standard_normal((b, s, h), np.float32)), requires_grad=True)
     if block == "gpt":
-        layer = nn.Block(h, heads)
+        layer = nn.MoEBlock(h, heads, experts, top_k) if experts else nn.Block(h, heads)
     else:
         from minipar.parallel.tensor.gpt import ParallelBlock
+        from minipar.parallel.tensor.moe import TensorExpertParallelMoE
+        # the 4D trainer's experts: the tensor and expert groups both this process alone
+        mlp = (TensorExpertParallelMoE(h, experts, top_k, group=one_rank_group(),
+                                       tensor_group=one_rank_group()) if experts else None)
         # under cp the attention is the ring over cp ranks, its messages looped back
         layer = ParallelBlock(h, heads, one_rank_group(), sequence_parallel=block == "sequence",
-                              context=LoopbackRing(cp) if cp > 1 else None)
+                              mlp=mlp, context=LoopbackRing(cp) if cp > 1 else None)
     spent = best_of(lambda: layer(x).sum().backward(), repeats)
     # a rank's GEMMs under cp: its s queries against all s·cp keys
-    return (spent - gemms_seconds(layer_gemms(b, s * cp, h, heads, cp=cp)),
-            activation_bytes(b, s, h, heads))
+    gemms = layer_gemms(b, s * cp, h, heads, cp=cp, experts=experts, top_k=top_k)
+    return spent - gemms_seconds(gemms), activation_bytes(b, s, h, heads)
 
 
 @functools.lru_cache(maxsize=None)
@@ -410,10 +418,10 @@ def measure_engine():
     """Time minipar's own Block, GPT ends and AdamW at a tiny and a moderate size (about 0.3 s);
     the planned model's own sizes are timed when the planner first asks for them."""
     # the tiny sizes' calls take a fraction of a millisecond: more of them find a quiet moment
-    # (the block and cp passed by position: the cache keys are those layer_cost and ends_cost
-    # use)
-    (fixed, _), (big, nbytes) = layer_spent(*TINY, "gpt", 1, repeats=20), \
-        layer_spent(4, 64, 64, 4, "gpt", 1)
+    # (the block, cp and experts passed by position: the cache keys are those layer_cost and
+    # ends_cost use)
+    (fixed, _), (big, nbytes) = layer_spent(*TINY, "gpt", 1, 0, 1, repeats=20), \
+        layer_spent(4, 64, 64, 4, "gpt", 1, 0, 1)
     (rest, _), (head, logits) = (ends_spent(*TINY[:3], 8, "gpt", repeats=20),
                                  ends_spent(4, 64, 64, 512, "gpt"))
     per_tensor = adam_seconds(32, 1) / 32

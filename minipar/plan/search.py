@@ -15,7 +15,7 @@ from minipar.parallel.pipeline.schedules import ArgumentError, check_arguments
 from .memory import PRECISIONS, RECOMPUTE
 from .time import SCHEDULES, Layout, predict
 
-REASONS = ("tp beyond a node", "divisibility", "memory")
+REASONS = ("tp beyond a node", "divisibility", "not priced here", "memory")
 
 
 class LayoutError(ValueError):
@@ -60,6 +60,10 @@ def check(shape, layout, cluster, global_batch):
     for broken, why in rules:
         if broken:
             raise LayoutError("divisibility", why)
+    # --profile here times minipar's own blocks; its tensor-parallel experts are not timed
+    if cluster.profile.engine is not None and shape.experts and L.tp > 1:
+        raise LayoutError("not priced here", f"tp={L.tp} with {shape.experts} experts: "
+                                             f"--profile here prices MoE layers at tp = 1 only")
     try:
         check_arguments(L.schedule, L.pp, global_batch // (L.dp * L.micro_batch), L.chunks)
     except (ArgumentError, ValueError) as err:

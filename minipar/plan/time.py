@@ -255,18 +255,26 @@ def engine_seconds(shape, L, engine, m, passes):
     (``Engine.slowdown``: measured on them, else ranks beyond the cores taking turns)."""
     s, b, h = shape.seq // L.cp, L.micro_batch, shape.hidden
     activations = float(megatron_activation_bytes(s, b, h, shape.heads, L.tp, L.tp > 1, "none"))
-    # minipar runs tp and pp layouts with the 3D trainer's TensorParallelGPT (hardware.BLOCKS)
-    block = "sequence" if L.tp > 1 else "tensor" if L.pp > 1 or L.cp > 1 else "gpt"
-    fixed, per_byte = engine.layer_cost(b, s, h, shape.heads, block, L.cp)
-    layer = (gemms_seconds(layer_gemms(b, shape.seq, h, shape.heads, L.tp, L.cp)) + fixed
-             + per_byte * activations)
+    # minipar runs tp, pp, cp and ep layouts with the 3D (4D) trainer's TensorParallelGPT
+    # (hardware.BLOCKS); an MoE layer is its router and the rank's E/ep experts
+    block = "sequence" if L.tp > 1 else "tensor" if L.pp > 1 or L.cp > 1 or L.ep > 1 else "gpt"
+    moe = dict(experts=shape.experts, top_k=shape.top_k) if shape.experts else {}
+    fixed, per_byte = engine.layer_cost(b, s, h, shape.heads, block, L.cp, **moe)
+    layer = (gemms_seconds(layer_gemms(b, shape.seq, h, shape.heads, L.tp, L.cp, ep=L.ep, **moe))
+             + fixed + per_byte * activations)
     logits = b * s * shape.vocab // L.tp
     fixed, per_logit = engine.ends_cost(b, s, h, shape.vocab, block)
     ends = gemms_seconds([(1, b * s, h, shape.vocab // L.tp)]) + fixed + per_logit * logits
     micro = (layer * shape.layers * passes / 3 + ends) / L.pp
-    # a Block's 12 weights and biases; wte, wpe, ln_f's two and the head
-    tensors = (shape.layers * 12 + 5) / L.pp
-    elements = shape.parameters() / (L.tp * L.pp) / (L.dp * L.cp if L.zero else 1)
+    # a Block's 12 weights and biases (an MoE block: the MLP's 4 are the router's weight and
+    # the rank's E/ep experts' 4 each); wte, wpe, ln_f's two and the head
+    block_tensors = 12 + (4 * shape.experts // L.ep - 3 if shape.experts else 0)
+    tensors = (shape.layers * block_tensors + 5) / L.pp
+    # the rank's parameters: ep splits the experts; ZeRO shards every one over dp·cp (the
+    # experts' 1/ep over dp·cp/ep)
+    experts = expert_parameters(shape)
+    elements = (shape.parameters() / (L.dp * L.cp) if L.zero
+                else shape.parameters() - experts + experts / L.ep) / (L.tp * L.pp)
     step = engine.tensor * tensors + engine.element * elements
     if L.zero == 3:  # its gathers into slots, hooks and flat gradients, unit by unit, each
         # micro-batch (on one rank a ZeRO3 step of the bench's GPT costs 60 % more than a plain
