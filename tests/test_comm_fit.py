@@ -247,3 +247,21 @@ def test_one_way_time_on_two_fake_ranks_sends_from_rank_0_and_receives_on_rank_1
         fit.one_way_time(r, 64, iters=2, span=2)
     assert ranks[0].calls == [("send", 64, 1)] * 5  # 3 warm-up calls and 2 timed
     assert ranks[1].calls == [("recv", 64, 0)] * 5 and ranks[2].calls == []
+
+
+def test_auto_keeps_its_choice_per_model_and_asks_again_for_a_new_fit(monkeypatch):
+    from minipar.comm import allreduce, cost
+    monkeypatch.setattr(cost, "_fitted", {})
+    latency = cost.Model(1e-3, {1: 1e-12}, {1: 1e-12})  # steps dominate: the fewest win
+    bandwidth = cost.Model(0.0, {1: 1e-9}, {1: 1e-9})   # bytes dominate: the fewest sent win
+    picks = []
+    for model in (latency, bandwidth, latency):
+        cost.use(model)  # what fit does with each new fit
+        picks.append(allreduce.choose(8, 1 << 20))
+        assert picks[-1] == cost.cheapest("all_reduce", cost.AUTO_CANDIDATES, 8, 1 << 20, model)
+    assert picks[0] == picks[2] != picks[1]
+    # MINIPAR_COST's text is read into one model, whose choices are kept like a fit's
+    monkeypatch.setattr(cost, "_fitted", {})
+    monkeypatch.setenv("MINIPAR_COST", "1e-3,1e-12,1e-12")
+    assert cost.default_model() is cost.default_model()
+    assert allreduce.choose(8, 1 << 20) == picks[0]

@@ -12,6 +12,8 @@ An algorithm ``run(c, x, buf, op, tag)`` reads the flat input x and writes the f
 recursive ones never copy x into buf first. Reductions run in rank order where ranks would
 otherwise add in different orders, so every rank computes the same bits.
 """
+import functools
+
 from minipar.comm import cost, node
 from minipar.comm.buffers import (Accumulator, bounds, check_same, finish, reducer, result_buffer,
                                   wait_all)
@@ -48,6 +50,13 @@ def choose(p, nbytes, params=None, nodes=None):
     """``auto``: the hand-coded all-reduce the cost model predicts fastest for n bytes on p
     ranks spanning ``nodes`` nodes (None: unknown): shm competes when they all share one node,
     hierarchical when some of them share one (1 < nodes < p)."""
+    return _cheapest(p, nbytes, params or cost.default_model(), nodes)
+
+
+# auto asks on every all-reduce, and four formulas cost about 12 µs of Python a call: the
+# answer is kept per size and model (a new fit is a new model, so it asks again)
+@functools.lru_cache(maxsize=4096)
+def _cheapest(p, nbytes, params, nodes):
     times = {a: cost.predict("all_reduce", a, p, nbytes, params) for a in AUTO_CANDIDATES}
     if nodes == 1:
         times["shm"] = cost.predict("all_reduce", "shm", p, nbytes, params)

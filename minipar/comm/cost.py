@@ -12,6 +12,7 @@ beta, or the one-way beta for an algorithm registered ``one_way``. fit.py measur
 size on this machine; why per size, and what alpha holds: docs/comm.md.
 """
 import collections
+import functools
 import math
 import os
 
@@ -85,6 +86,9 @@ def default_model():
     return from_text(env) if env else GUESS
 
 
+# one Model per text: auto asks for the default model on every all-reduce (and remembers its
+# choices per model: allreduce.choose)
+@functools.lru_cache(maxsize=16)
 def from_text(text):
     """The Model of ``"alpha,beta,gamma"`` or ``"alpha,beta,gamma,one_way_beta"`` (one value
     each, at every size), or a ValueError naming what is wrong."""
