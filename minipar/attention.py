@@ -18,7 +18,7 @@ import math
 from . import backend, ops, random
 from .amp.autocast_mode import to_float32, to_lower_precision
 from .autograd import as_tensor, make_result
-from .sums import sum_last
+from .sums import max_last, sum_last
 
 _MASKS = {}  # (array module, T, dtype) -> M, made once
 
@@ -36,7 +36,7 @@ def exp_scores(s, scale):
     xp = backend.get_array_module(s)
     s *= scale
     s += causal_mask(xp, s.shape[-1], s.dtype)
-    s -= s.max(axis=-1, keepdims=True)  # the diagonal is never masked: every row max is finite
+    s -= max_last(s)  # the diagonal is never masked: every row max is finite
     return xp.exp(s, out=s)
 
 
