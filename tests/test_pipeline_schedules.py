@@ -126,3 +126,24 @@ def test_simulator_takes_costs_and_latency():
     fast = simulate(s)
     assert max(e.end for e in slow) == max(e.end for e in fast) + 2 * 0.5  # two hops on the path
     assert {e.kind for e in slow} >= {"F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "OPT_STEP"}
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"])
+def test_stages_of_equal_cost_simulate_as_the_textbook_units(name):
+    from minipar.parallel.pipeline import cost_by_stage, makespan, unit_cost
+    s = build(name, 2, 4, 2 if name == "interleaved" else None)
+    # a stage of cost v (F : B : W = 1 : 1 : 1) is unit_cost's rank of 1 per pass, split in v
+    equal = simulate(s, cost_by_stage(s, [3 / s.chunks] * s.n_stages))
+    assert makespan(equal) == pytest.approx(makespan(simulate(s, unit_cost(s))))
+
+
+def test_a_dearer_stage_holds_up_the_pipeline():
+    from minipar.parallel.pipeline import cost_by_stage, makespan
+    s = build("gpipe", 2, 1)
+    # one micro-batch goes down and back: every pass in turn, the two stages' costs added
+    assert makespan(simulate(s, cost_by_stage(s, [3.0, 1.0]))) == pytest.approx(4.0)
+    # 1F1B's steady state runs at the dearer stage's pace: 4 more micro-batches add 4 x 3
+    few, many = (makespan(simulate(build("1f1b", 2, m), cost_by_stage(build("1f1b", 2, m),
+                                                                      [3.0, 1.0])))
+                 for m in (4, 8))
+    assert many - few == pytest.approx(4 * 3.0)

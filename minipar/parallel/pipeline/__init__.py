@@ -18,13 +18,14 @@ from .runtime import Pipeline
 from .pipedream import PipeDream
 from .actions import Action, Schedule, ScheduleError, message_tag
 from .schedules import BUILDERS, build
-from .simulate import simulate, unit_cost
+from .simulate import cost_by_stage, simulate, unit_cost
 from .theory import bubble_theory
 from .timeline import (Event, Tracer, bubble_fraction, bubble_per_rank, chrome_trace, gather_events,
                        makespan, peak_inflight, text_gantt, write_chrome_trace)
 from .validate import validate
 
 __all__ = ["Action", "Schedule", "ScheduleError", "BUILDERS", "build", "bubble_theory", "message_tag",
-           "validate", "simulate", "unit_cost", "balanced_split", "split_after", "stage_costs",
+           "validate", "simulate", "unit_cost", "cost_by_stage", "balanced_split", "split_after",
+           "stage_costs",
            "Pipeline", "PipeDream", "Event", "Tracer", "gather_events", "makespan", "bubble_fraction",
            "bubble_per_rank", "peak_inflight", "text_gantt", "chrome_trace", "write_chrome_trace"]

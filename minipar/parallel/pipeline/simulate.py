@@ -21,6 +21,15 @@ def unit_cost(schedule, f=1.0, b=1.0, w=1.0):
     return lambda action: table.get(action.kind, 0.0) / v
 
 
+def cost_by_stage(schedule, stages, f=1.0, b=1.0, w=1.0):
+    """Costs per action when one micro-batch's passes through stage s cost ``stages[s]`` in
+    all, split f : b : w between F, B and W (R as F; B takes W's share when W is not separate):
+    stages of unequal cost, as a model's layers cut them; messages and OPT_STEP are free."""
+    total = f + b + w
+    share = {F: f, R: f, W: w, B: b if schedule.split_backward else b + w}
+    return lambda action: stages[action.stage] * share.get(action.kind, 0.0) / total
+
+
 def simulate(schedule, cost=None, latency=None):
     """Replay ``schedule`` with ``cost(action)`` seconds per action (default ``unit_cost``) and
     ``latency(send_action)`` seconds in flight per message (default 0); return the Events."""
