@@ -265,3 +265,41 @@ def test_each_collective_waits_the_measured_sync_for_its_ranks():
     assert waiting["pp"] - plain["pp"] == pytest.approx(8 * 1e-3)
     # measured on a group's ranks (here one: it waits for no one, but it runs)
     assert hardware.sync_seconds(hardware.one_rank_group(), iters=2, rounds=1) >= 0
+
+
+@pytest.mark.parametrize("schedule, chunks", [("1f1b", None), ("interleaved", 2), ("zb-v", None)])
+def test_a_pipeline_rank_is_priced_by_the_blocks_the_trainer_gives_it(schedule, chunks,
+                                                                     monkeypatch):
+    from minipar.plan.layout_bytes import rank_modules
+    from minipar.plan.time import stages_by_rank, trainer_cut
+
+    shape, layout = GPTShape(4, 32, 4, 16, 64), Layout(pp=2, schedule=schedule, chunks=chunks)
+    cut = trainer_cut(shape.layers + 3, 2 * layout.v)
+    # the same cut the memory side counts, to the byte, against the trainer: each rank's blocks
+    for rank, stages in enumerate(stages_by_rank(layout)):
+        timed = sum(min(stop, 5) - max(start, 1) for start, stop in (cut[s] for s in stages)
+                    if min(stop, 5) > max(start, 1))
+        held = {name.split(".")[1] for module in rank_modules(shape, pp=2, pp_rank=rank,
+                                                              schedule=schedule, chunks=chunks)
+                for name, _ in module if name.startswith("blocks.")}
+        assert timed == len(held)
+
+    # a block at 1 s, the ends free: the busiest rank's blocks are the step's compute
+    @dataclasses.dataclass(frozen=True)
+    class Blocks(hardware.Engine):
+        def layer_cost(self, *args, **kwargs):
+            return 1.0, 0.0
+
+        def ends_cost(self, *args):
+            return 0.0, 0.0
+
+        def embedding_cost(self, *args):
+            return 0.0
+
+    monkeypatch.setattr(time_module, "gemms_seconds", lambda gemms: 0.0)
+    engine = Blocks(**{**dataclasses.asdict(ENGINE), "tensor": 0.0, "element": 0.0})
+    busiest = max(len({name.split(".")[1] for module in rank_modules(
+        shape, pp=2, pp_rank=r, schedule=schedule, chunks=chunks) for name, _ in module
+        if name.startswith("blocks.")}) for r in range(2))
+    assert engine_seconds(shape, layout, engine, 1, 3) == pytest.approx(busiest)
+    assert time_module.engine_bubble(shape, layout, engine, 4, 3, 0.0) >= 0

@@ -174,6 +174,14 @@ class Engine:
         spent, logits = ends_spent(b, s, h, vocab, block)
         return fixed, max(0.0, spent - fixed) / logits
 
+    def embedding_cost(self, b, s, h, vocab, block="gpt"):
+        """Seconds of the embedding's part of ``ends_cost``, timed at these sizes; 0 for a
+        model too large to build, whose ends are all priced on the last stage (its embedding
+        is a gather and a scatter-add: little beside the head)."""
+        if b * s * vocab > TIMED_LOGITS or h * vocab > TIMED_WEIGHTS:
+            return 0.0
+        return embedding_spent(b, s, h, vocab, block)
+
     def zero3_unit_cost(self, b, s, h, heads, vocab, layers):
         """Seconds of ZeRO-3's own work per unit in a micro-batch's step (``zero3_spent``): at
         this GPT's sizes when it is small enough to build, else at a moderate GPT's."""
@@ -273,11 +281,10 @@ def layer_spent(b, s, h, heads, block="gpt", cp=1, experts=0, top_k=1, repeats=5
     return spent - gemms_seconds(gemms), activation_bytes(b, s, h, heads)
 
 
-@functools.lru_cache(maxsize=None)
-def ends_spent(b, s, h, vocab, block="gpt", repeats=5):
-    """(seconds of a GPT's embedding, final LayerNorm, head and loss, forward + backward, at
-    these sizes less the head's GEMMs, its logits), timed now: nn.GPT's, or with another
-    ``block`` the 3D trainer's TensorParallelGPT's (vocabulary-parallel head and loss)."""
+def gpt_ends(b, s, h, vocab, block):
+    """(a GPT of one Block whose ends are timed, its loss, ids of b x s sequences): nn.GPT's, or
+    with another ``block`` the 3D trainer's TensorParallelGPT's (vocabulary-parallel head and
+    loss)."""
     import numpy as np
 
     import minipar
@@ -292,12 +299,27 @@ def ends_spent(b, s, h, vocab, block="gpt", repeats=5):
         from minipar.parallel.tensor.gpt import TensorParallelGPT
         gpt = TensorParallelGPT(config, one_rank_group(), block == "sequence")
         loss = gpt.loss
-    ids = asarray(np.random.default_rng(0).integers(0, vocab, (b, s)))
+    return gpt, loss, asarray(np.random.default_rng(0).integers(0, vocab, (b, s)))
+
+
+@functools.lru_cache(maxsize=None)
+def ends_spent(b, s, h, vocab, block="gpt", repeats=5):
+    """(seconds of a GPT's embedding, final LayerNorm, head and loss, forward + backward, at
+    these sizes less the head's GEMMs, its logits), timed now (``gpt_ends``)."""
+    gpt, loss, ids = gpt_ends(b, s, h, vocab, block)
 
     def no_blocks():  # the GPT's forward without its one Block
         loss(gpt.lm_head(gpt.ln_f(gpt.embed(ids))), ids).backward()
     spent = best_of(no_blocks, repeats)
     return spent - gemms_seconds([(1, b * s, h, vocab)]), b * s * vocab
+
+
+@functools.lru_cache(maxsize=None)
+def embedding_spent(b, s, h, vocab, block="gpt", repeats=5):
+    """Seconds of the ends' embedding alone, forward + backward, timed now: the first pipeline
+    stage's part of ``ends_spent``, the rest is the last stage's."""
+    gpt, _, ids = gpt_ends(b, s, h, vocab, block)
+    return best_of(lambda: gpt.embed(ids).sum().backward(), repeats)
 
 
 @functools.lru_cache(maxsize=None)

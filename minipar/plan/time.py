@@ -14,7 +14,8 @@ import functools
 
 from minipar.comm import cost
 from minipar.parallel.groups import RankGrid
-from minipar.parallel.pipeline import build, makespan, peak_inflight, simulate, unit_cost
+from minipar.parallel.pipeline import (balanced_split, build, cost_by_stage, makespan,
+                                       peak_inflight, simulate, stage_costs, unit_cost)
 from minipar.parallel.pipeline.schedules import CHUNKED, chunks_of
 
 from .activations import layout_activation_bytes
@@ -175,6 +176,8 @@ def predict(shape, layout, cluster, global_batch):
                if L.pp > 1 else 0)
     bubble_units, inflight = pipeline_shape(L.schedule, L.pp, m, L.v, passes)
     bubble = bubble_units * stage
+    if hw.engine is not None and L.pp > 1:  # this machine: the trainer's stages, unequal
+        bubble = engine_bubble(shape, L, hw.engine, m, passes, stage - compute / m)
     # data parallel over dp x cp (each cp rank saw other tokens of the same samples): ZeRO
     # 0 all-reduces the gradients once a step, 1 reduce-scatters them and all-gathers the
     # updated parameters, 2 reduce-scatters every micro-batch's, 3 also gathers the
@@ -244,28 +247,13 @@ def minipar_tp_extras(shape, L, link, tp_pair, tp_per_mb, comm_time):
 
 
 def engine_seconds(shape, L, engine, m, passes):
-    """One rank's compute in a step on this machine, priced by minipar's measured costs: each
-    layer's GEMMs timed at its own shapes (the rank's tp and cp share), the engine's fixed cost
-    per layer and its element-wise passes per byte of the layer's activations (Megatron's
-    count, tp-split as Megatron splits them), the same for the GPT's two ends (embedding, head,
-    loss: per logit), all m micro-batches, a recomputed forward adding a third of a layer's
-    forward and backward, the ends spread over the pp stages as their FLOPs are; then AdamW's
+    """One rank's compute in a step on this machine, priced by minipar's measured costs: the
+    busiest pipeline rank's m micro-batches of its stages (``stage_seconds``); then AdamW's
     step on the rank's parameters (1/(dp·cp) of them under ZeRO). The whole is a rank's
     alone, so it is multiplied by how much slower ranks compute beside each other
     (``Engine.slowdown``: measured on them, else ranks beyond the cores taking turns)."""
-    s, b, h = shape.seq // L.cp, L.micro_batch, shape.hidden
-    activations = float(megatron_activation_bytes(s, b, h, shape.heads, L.tp, L.tp > 1, "none"))
-    # minipar runs tp, pp, cp and ep layouts with the 3D (4D) trainer's TensorParallelGPT
-    # (hardware.BLOCKS); an MoE layer is its router and the rank's E/ep experts
-    block = "sequence" if L.tp > 1 else "tensor" if L.pp > 1 or L.cp > 1 or L.ep > 1 else "gpt"
-    moe = dict(experts=shape.experts, top_k=shape.top_k) if shape.experts else {}
-    fixed, per_byte = engine.layer_cost(b, s, h, shape.heads, block, L.cp, **moe)
-    layer = (gemms_seconds(layer_gemms(b, shape.seq, h, shape.heads, L.tp, L.cp, ep=L.ep, **moe))
-             + fixed + per_byte * activations)
-    logits = b * s * shape.vocab // L.tp
-    fixed, per_logit = engine.ends_cost(b, s, h, shape.vocab, block)
-    ends = gemms_seconds([(1, b * s, h, shape.vocab // L.tp)]) + fixed + per_logit * logits
-    micro = (layer * shape.layers * passes / 3 + ends) / L.pp
+    stages = stage_seconds(shape, L, engine, passes)
+    micro = max(sum(stages[s] for s in ranks) for ranks in stages_by_rank(L))
     # a Block's 12 weights and biases (an MoE block: the MLP's 4 are the router's weight and
     # the rank's E/ep experts' 4 each); wte, wpe, ln_f's two and the head
     block_tensors = 12 + (4 * shape.experts // L.ep - 3 if shape.experts else 0)
@@ -280,8 +268,65 @@ def engine_seconds(shape, L, engine, m, passes):
         # micro-batch (on one rank a ZeRO3 step of the bench's GPT costs 60 % more than a plain
         # one): measured per unit, at the rank's micro-batch
         units = zero3_units(shape, L.tp, L.pp, L.schedule, L.chunks, L.ep)
+        b, s, h = L.micro_batch, shape.seq // L.cp, shape.hidden
         micro += units * engine.zero3_unit_cost(b, s, h, shape.heads, shape.vocab, shape.layers)
     return (m * micro + step) * engine.slowdown(L.gpus)
+
+
+def stage_seconds(shape, L, engine, passes):
+    """One micro-batch's compute, alone on a core, in each of the pp·v pipeline stages as
+    minipar's trainer cuts the GPT (``trainer_cut``): a block is its GEMMs timed at its own
+    shapes (the rank's tp and cp share), the engine's fixed cost per layer and its element-wise
+    passes per byte of the layer's activations (Megatron's count, tp-split as Megatron splits
+    them), x passes/3 (a recomputed forward adds a third); the embedding on the first stage,
+    the rest of the ends (final LayerNorm, head and loss: per logit) on the head's."""
+    s, b, h = shape.seq // L.cp, L.micro_batch, shape.hidden
+    activations = float(megatron_activation_bytes(s, b, h, shape.heads, L.tp, L.tp > 1, "none"))
+    # minipar runs tp, pp, cp and ep layouts with the 3D (4D) trainer's TensorParallelGPT
+    # (hardware.BLOCKS); an MoE layer is its router and the rank's E/ep experts
+    block = "sequence" if L.tp > 1 else "tensor" if L.pp > 1 or L.cp > 1 or L.ep > 1 else "gpt"
+    moe = dict(experts=shape.experts, top_k=shape.top_k) if shape.experts else {}
+    fixed, per_byte = engine.layer_cost(b, s, h, shape.heads, block, L.cp, **moe)
+    layer = (gemms_seconds(layer_gemms(b, shape.seq, h, shape.heads, L.tp, L.cp, ep=L.ep, **moe))
+             + fixed + per_byte * activations)
+    logits = b * s * shape.vocab // L.tp
+    fixed, per_logit = engine.ends_cost(b, s, h, shape.vocab, block)
+    ends = gemms_seconds([(1, b * s, h, shape.vocab // L.tp)]) + fixed + per_logit * logits
+    embedding = min(ends, engine.embedding_cost(b, s, h, shape.vocab, block))
+    # the trainer's pipeline layers: the embedding, the blocks, ln_f, the head with the loss
+    costs = [embedding] + [layer * passes / 3] * shape.layers + [0.0, ends - embedding]
+    return stage_costs(costs, trainer_cut(len(costs), L.pp * L.v))
+
+
+@functools.lru_cache(maxsize=None)
+def trainer_cut(n_layers, n_stages):
+    """The (start, stop) of each stage's layers: equally many (``balanced_split`` of unit
+    costs), as Trainer3D cuts the GPT and ``layout_bytes.rank_modules`` counts it."""
+    return tuple(balanced_split([1] * n_layers, n_stages))
+
+
+def stages_by_rank(L):
+    """The stages each pipeline rank holds under L's schedule (ZB-V's in a V)."""
+    plan = build(L.schedule, L.pp, L.pp, L.chunks) if L.pp > 1 else None
+    return [plan.stages_of(r) for r in range(L.pp)] if plan else [[0]]
+
+
+def engine_bubble(shape, L, engine, m, passes, comm_per_mb):
+    """The pipeline's idle time in a step on this machine: L's schedule simulated with each
+    stage at its measured cost (``stage_seconds`` x the contention) plus its blocks' share of
+    a micro-batch's tp, cp and ep communication (``comm_per_mb``, a rank's), F : B : W as the
+    passes share them; the makespan less the busiest rank's work. At most 2p micro-batches are
+    simulated: each one more adds the busiest rank's work and no idle time (the steady state)."""
+    stages = [c * engine.slowdown(L.gpus) for c in stage_seconds(shape, L, engine, passes)]
+    cut = trainer_cut(shape.layers + 3, L.pp * L.v)
+    # a stage's blocks: its layers less the embedding (first), ln_f and the head (last two)
+    blocks = [min(stop, shape.layers + 1) - max(start, 1) for start, stop in cut]
+    stages = [c + max(0, n) * comm_per_mb * L.pp / shape.layers for c, n in zip(stages, blocks)]
+    simulated = min(m, 2 * L.pp)
+    schedule = build(L.schedule, L.pp, simulated, L.v if L.schedule in CHUNKED else None)
+    events = simulate(schedule, cost_by_stage(schedule, stages, 1, passes - 2, 1))
+    busiest = max(sum(stages[s] for s in schedule.stages_of(r)) for r in range(L.pp))
+    return max(0.0, makespan(events) - simulated * busiest)
 
 
 def memory_bytes(shape, L, width, inflight, microbatches):
