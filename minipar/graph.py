@@ -103,7 +103,8 @@ def run_backward(roots, grads, retain_graph=False, defer=None):
         g = pending.pop(id(node), None)
         if g is None:
             continue
-        g = _apply_hooks(node, g)
+        if node._hooks:
+            g = _apply_hooks(node, g)
         if node._backward is None:  # a leaf not finished below (a root, or some use got no grad)
             _finish_leaf(node, g)
             continue
@@ -194,7 +195,7 @@ def release(node):
 
 
 def _accumulate(pending, node, g):
-    if g.shape != node.shape:
+    if g.shape != node.data.shape:
         raise RuntimeError(f"internal error: op {node._op!r} produced a gradient of shape "
                            f"{g.shape} for a tensor of shape {node.shape}")
     # torch's rule, a gradient in its tensor's dtype: a backward that mixed a Python number or
