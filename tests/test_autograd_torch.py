@@ -165,13 +165,17 @@ def test_gelu_far_from_zero_stays_finite(dtype):
 
 
 def test_row_and_column_sums_above_the_blas_size():
-    """Above sums.SMALL elements the sums run as products with ones: the same results."""
+    """Above sums.SMALL elements the sums run as products with ones, the max at the argmax:
+    the same results."""
     from minipar import sums
     n = sums.SMALL  # 2·n rows of 64: both helpers take the BLAS path
     x = rand(2, n // 64, 64)
     assert x.size >= sums.SMALL
     np.testing.assert_allclose(sums.sum_last(x), x.sum(axis=-1, keepdims=True), rtol=1e-12)
     np.testing.assert_allclose(sums.sum_rows(x), x.reshape(-1, 64).sum(axis=0), rtol=1e-12)
+    y = x.copy()  # the max read at the argmax: the same values, a NaN or all -inf row too
+    y[0, 0, 5], y[1, 3] = np.nan, -np.inf
+    np.testing.assert_array_equal(sums.max_last(y), y.max(axis=-1, keepdims=True))
     compare(lambda a, w, b: F.layer_norm(a, w, b), lambda a, w, b: TF.layer_norm(a, (64,), w, b),
             x, rand(64), rand(64))
     compare(lambda a, w, b: F.linear(a, w, b), lambda a, w, b: TF.linear(a, w, b),
