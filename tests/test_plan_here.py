@@ -24,6 +24,20 @@ ENGINE = hardware.Engine(layer=1e-4, activation=1e-9, rest=5e-5, logit=2e-9, ten
                          element=1e-9, cores=2)
 
 
+@dataclasses.dataclass(frozen=True)
+class Blocks(hardware.Engine):
+    """An engine whose block costs 1 s and whose ends cost nothing (with GEMMs priced at 0)."""
+
+    def layer_cost(self, *args, **kwargs):
+        return 1.0, 0.0
+
+    def ends_cost(self, *args):
+        return 0.0, 0.0
+
+    def embedding_cost(self, *args):
+        return 0.0
+
+
 def test_layer_gemms_are_the_flops_megatron_counts():
     for B, s, h, a in ((3, 8, 12, 4), (2, 16, 32, 2)):
         gemms = layer_gemms(B, s, h, a)
@@ -47,8 +61,10 @@ def test_measure_engine_gives_every_cost_and_a_core_count():
     engine = hardware.measure_engine()
     # contention is measured on the ranks, where there are some (contention below)
     assert engine.contention is None
-    for field in dataclasses.fields(engine)[:-1]:
+    for field in dataclasses.fields(engine)[:-2]:
         assert getattr(engine, field.name) >= 0, field.name
+    # a Block's F, B and W: B and W together about one whole backward, each more than nothing
+    assert len(engine.fbw) == 3 and min(engine.fbw) > 0
     assert engine.layer > 0 and engine.rest > 0 and engine.cores >= 1
     assert ENGINE.share(1) == ENGINE.share(2) == 1.0 and ENGINE.share(8) == 0.25
 
@@ -285,17 +301,6 @@ def test_a_pipeline_rank_is_priced_by_the_blocks_the_trainer_gives_it(schedule, 
         assert timed == len(held)
 
     # a block at 1 s, the ends free: the busiest rank's blocks are the step's compute
-    @dataclasses.dataclass(frozen=True)
-    class Blocks(hardware.Engine):
-        def layer_cost(self, *args, **kwargs):
-            return 1.0, 0.0
-
-        def ends_cost(self, *args):
-            return 0.0, 0.0
-
-        def embedding_cost(self, *args):
-            return 0.0
-
     monkeypatch.setattr(time_module, "gemms_seconds", lambda gemms: 0.0)
     engine = Blocks(**{**dataclasses.asdict(ENGINE), "tensor": 0.0, "element": 0.0})
     busiest = max(len({name.split(".")[1] for module in rank_modules(
@@ -303,3 +308,13 @@ def test_a_pipeline_rank_is_priced_by_the_blocks_the_trainer_gives_it(schedule, 
         if name.startswith("blocks.")}) for r in range(2))
     assert engine_seconds(shape, layout, engine, 1, 3) == pytest.approx(busiest)
     assert time_module.engine_bubble(shape, layout, engine, 4, 3, 0.0) >= 0
+
+
+def test_zero_bubble_fills_less_idle_time_with_a_cheaper_w(monkeypatch):
+    monkeypatch.setattr(time_module, "gemms_seconds", lambda gemms: 0.0)
+    shape, layout = GPTShape(6, 32, 4, 16, 64), Layout(pp=2, schedule="zb-h1")
+    bubbles = [time_module.engine_bubble(shape, layout, Blocks(**{**dataclasses.asdict(ENGINE),
+                                                                  "fbw": fbw}), 4, 3, 0.0)
+               for fbw in ((1.0, 1.0, 1.0), (1.0, 1.1, 0.5))]
+    # the textbook's W of a full third fills the drain; minipar's W, half a forward, less of it
+    assert bubbles[1] > bubbles[0] >= 0

@@ -140,6 +140,8 @@ class Engine:
     tensor: float      # AdamW step, seconds per parameter tensor
     element: float     # AdamW step, seconds per parameter element
     cores: int         # the cores the ranks share
+    fbw: tuple = (1.0, 1.0, 1.0)  # seconds of a Block's F, B and W (its backward split as a
+    #                               zero-bubble pipeline splits it): a stage's time among them
     contention: float = None  # how many times longer a rank computes beside the layout's other
     #                           ranks than alone, measured on them (``contention``); None: unknown
 
@@ -436,6 +438,37 @@ def contention(comm, rounds=5, iters=8):
                                  else None)
 
 
+@functools.lru_cache(maxsize=None)
+def pass_split(b, s, h, heads, repeats=5):
+    """(F, B, W) seconds of a Block at these sizes, timed now (the least of ``repeats`` each):
+    its forward; the backward down to its input with the weights' gradients deferred
+    (``graph.WeightPass``), a zero-bubble pipeline's B; then those gradients, its W. Together B
+    and W cost what one whole backward does; W is about half a forward here, not the textbook's
+    equal third."""
+    import numpy as np
+
+    import minipar
+    from minipar import nn
+    from minipar.backend import asarray
+    from minipar.graph import WeightPass, run_backward
+    minipar.manual_seed(0)
+    x = minipar.tensor(asarray(np.random.default_rng(0).standard_normal((b, s, h), np.float32)),
+                       requires_grad=True)
+    layer = nn.Block(h, heads)
+    dy = asarray(np.ones((b, s, h), np.float32))
+    forward = best_of(lambda: layer(x), repeats)
+
+    def split():  # process-time of B, then of W, after an untimed forward
+        y, weights = layer(x), WeightPass(layer.parameters())
+        start = time.process_time()
+        run_backward([y], [dy], defer=weights)
+        middle = time.process_time()
+        weights.run()
+        return middle - start, time.process_time() - middle
+    times = [split() for _ in range(repeats)]
+    return forward, min(t[0] for t in times), min(t[1] for t in times)
+
+
 def measure_engine():
     """Time minipar's own Block, GPT ends and AdamW at a tiny and a moderate size (about 0.3 s);
     the planned model's own sizes are timed when the planner first asks for them."""
@@ -451,7 +484,7 @@ def measure_engine():
     from minipar.comm.node import usable_cores
     cores = len(usable_cores())
     return Engine(fixed, max(0.0, big - fixed) / nbytes, rest, max(0.0, head - rest) / logits,
-                  per_tensor, max(0.0, per_element), cores)
+                  per_tensor, max(0.0, per_element), cores, pass_split(4, 64, 64, 4))
 
 
 def here():

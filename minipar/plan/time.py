@@ -315,7 +315,7 @@ def engine_bubble(shape, L, engine, m, passes, comm_per_mb):
     """The pipeline's idle time in a step on this machine: L's schedule simulated with each
     stage at its measured cost (``stage_seconds`` x the contention) plus its blocks' share of
     a micro-batch's tp, cp and ep communication (``comm_per_mb``, a rank's), F : B : W as the
-    passes share them; the makespan less the busiest rank's work. At most 2p micro-batches are
+    engine's Block splits them (``Engine.fbw``); the makespan less the busiest rank's work. At most 2p micro-batches are
     simulated: each one more adds the busiest rank's work and no idle time (the steady state)."""
     stages = [c * engine.slowdown(L.gpus) for c in stage_seconds(shape, L, engine, passes)]
     cut = trainer_cut(shape.layers + 3, L.pp * L.v)
@@ -324,7 +324,9 @@ def engine_bubble(shape, L, engine, m, passes, comm_per_mb):
     stages = [c + max(0, n) * comm_per_mb * L.pp / shape.layers for c, n in zip(stages, blocks)]
     simulated = min(m, 2 * L.pp)
     schedule = build(L.schedule, L.pp, simulated, L.v if L.schedule in CHUNKED else None)
-    events = simulate(schedule, cost_by_stage(schedule, stages, 1, passes - 2, 1))
+    # F : B : W as minipar's Block splits them (Engine.fbw); a recomputed forward runs in B
+    f, b, w = engine.fbw
+    events = simulate(schedule, cost_by_stage(schedule, stages, f, b + f * (passes - 3), w))
     busiest = max(sum(stages[s] for s in schedule.stages_of(r)) for r in range(L.pp))
     return max(0.0, makespan(events) - simulated * busiest)
 
