@@ -400,14 +400,15 @@ def sync_seconds(comm, iters=20, rounds=5):
     return max(0.0, statistics.median(waits))
 
 
-def contention(comm, rounds=5, iters=8):
+def contention(comm, rounds=7, iters=8):
     """How many times longer a rank computes when all of ``comm``'s ranks compute at once than
     when it computes alone, the same on every rank: the wall seconds of a moderate Block's
     forward + backward (b = 4, s = 64, h = 64: the engine's mix of GEMMs, per-op Python and
-    element-wise passes), the median of ``rounds`` of the slowest rank's mean over ``iters``
-    calls, over rank 0's alone. Ranks that share the caches and the memory bus slow each other
-    (two ranks on two cores: about 1.05 here); ranks beyond the cores take turns and evict each
-    other's caches at every switch (four on two cores: about 2.5, where turns alone give 2)."""
+    element-wise passes), the slowest rank's mean over ``iters`` calls all at once over rank 0's
+    alone, the median of ``rounds`` such pairs. Ranks that share the caches and the memory bus
+    slow each other (two ranks on two cores: about 1.02-1.07 here); ranks beyond the cores take
+    turns and evict each other's caches at every switch (four on two cores: 2.2-2.5, where turns
+    alone give 2)."""
     import numpy as np
 
     import minipar
@@ -424,18 +425,20 @@ def contention(comm, rounds=5, iters=8):
             layer(x).sum().backward()
         return (time.perf_counter() - start) / iters
     mean_call()  # warm-up: the first calls allocate
-    alone = statistics.median(mean_call() for _ in range(rounds)) if comm.rank == 0 else None
-    # the others wait without spinning (a test every millisecond), so rank 0 has a core to
-    # itself: a waiting MPI rank polls, and beyond the cores it would take rank 0's turns
-    done = comm.mpi.Ibarrier()
-    while not done.Test():
-        time.sleep(0.001)
-    together = []
+    ratios = []
+    # alone and together side by side each round: the machine's pace drifts over seconds (other
+    # tenants of its host), and a ratio of two moments apart would carry the drift
     for _ in range(rounds):
+        alone = mean_call() if comm.rank == 0 else None
+        # the others wait without spinning (a test every millisecond), so rank 0 has a core to
+        # itself: a waiting MPI rank polls, and beyond the cores it would take rank 0's turns
+        done = comm.mpi.Ibarrier()
+        while not done.Test():
+            time.sleep(0.001)
         comm.barrier()
-        together.append(max(comm.all_gather_object(mean_call())))
-    return comm.broadcast_object(statistics.median(together) / alone if comm.rank == 0
-                                 else None)
+        together = max(comm.all_gather_object(mean_call()))
+        ratios.append(together / alone if comm.rank == 0 else None)
+    return comm.broadcast_object(statistics.median(ratios) if comm.rank == 0 else None)
 
 
 @functools.lru_cache(maxsize=None)
