@@ -109,7 +109,7 @@ def contention_on_ranks():
 @pytest.mark.mpi
 def test_contention_is_measured_on_the_ranks_and_agreed():
     # one rank alone computes as fast as it does alone (the median of the same calls: about 1)
-    assert 0.5 < hardware.contention(hardware.one_rank_group(), rounds=3, iters=2) < 2
+    assert 0.25 < hardware.contention(hardware.one_rank_group(), rounds=5, iters=2) < 4
     # on 3 ranks (beyond 2 cores where CI runs) every rank gets rank 0's number
     got = run_on_ranks(contention_on_ranks, 3, timeout=120)
     assert len(set(got)) == 1 and got[0] > 0
