@@ -44,7 +44,22 @@ def test_json_is_pure_and_has_the_documented_keys(capsys):
     assert {"params", "grads", "optimizer", "activations", "buffers", "total"} <= set(
         result["memory_bytes"])
     assert {"compute", "comm", "bubble", "total"} <= set(result["time_s"])
-    assert {"flops_per_step", "mfu", "fits", "tokens_per_s", "layout"} <= set(result)
+    assert {"flops_per_step", "mfu", "fits", "tokens_per_s", "layout", "notes"} <= set(result)
+
+
+def test_a_bf16_layout_on_here_says_its_compute_is_priced_as_float32(capsys):
+    small = ["plan", "--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16", "--vocab",
+             "64", "--global-batch", "4", "--gpus", "1", "--tp", "1", "--pp", "1", "--zero", "0",
+             "--micro-batch", "4", "--recompute", "none"]
+    code, out, _ = run(small + ["--profile", "here", "--json"], capsys)  # bf16 by default
+    notes = json.loads(out)["notes"]
+    assert code == 0 and len(notes) == 1 and "priced as float32's" in notes[0]
+    code, out, _ = run(small + ["--profile", "here"], capsys)
+    assert out.splitlines()[-1] == f"note: {notes[0]}"
+    # float32 on here, and any precision on a GPU profile, is modelled: nothing to say
+    for extra in (["--profile", "here", "--precision", "fp32"], ["--profile", "h100"]):
+        code, out, _ = run(small + extra + ["--json"], capsys)
+        assert json.loads(out)["notes"] == []
 
 
 def test_the_table_names_each_kind(capsys):

@@ -80,7 +80,12 @@ def plan(args):
     cluster = Cluster(args.gpus, args.gpus_per_node, hw, memory)
     head = {"model": name, "parameters": shape.parameters(), "global_batch": batch,
             "gpus": args.gpus, "gpus_per_node": args.gpus_per_node, "profile": hw.name,
-            "gpu_memory_bytes": cluster.memory}
+            "gpu_memory_bytes": cluster.memory, "notes": []}
+    # here's engine is timed in float32 only (NumPy's bfloat16 is an emulation): said, not hidden
+    if hw.engine is not None and args.precision != "fp32":
+        head["notes"].append(f"--profile here times minipar's engine in float32: a "
+                             f"{args.precision} layout's compute and collectives are priced as "
+                             f"float32's, its memory in {args.precision}")
     common = {"micro_batch": args.micro_batch, "recompute": args.recompute,
               "schedule": args.schedule, "chunks": args.chunks, "precision": args.precision,
               "activations": args.activations}
@@ -181,7 +186,7 @@ def describe(r):
             lines.append(f"{i:>4} {short(L):<24} {gb(p['memory_bytes']['total']):>7} "
                          f"{t['total']:>8.3f} {t['bubble']:>7.3f} {t['comm']:>7.3f} "
                          f"{p['tokens_per_s']:>10,.0f} {p['mfu']:>6.1%}")
-        return "\n".join(lines)
+        return "\n".join(lines + [f"note: {n}" for n in r["notes"]])
     L, mem, t = r["layout"], r["memory_bytes"], r["time_s"]
     lines.append(f"layout {short(L)}, "
                  f"{L['schedule']} (v={L['v']}, m={L['m']} micro-batches of {L['micro_batch']}), "
@@ -195,4 +200,4 @@ def describe(r):
         lines.append(f"  {a[0]:<14}{a[1]:>8}      {b[0]:<14}{b[1]:>9}")
     lines.append(f"tokens/s {r['tokens_per_s']:,.0f}   MFU {r['mfu']:.1%}   FLOPs/step "
                  f"{r['flops_per_step']:.3e}   fits: {'yes' if r['fits'] else 'NO'}")
-    return "\n".join(lines)
+    return "\n".join(lines + [f"note: {n}" for n in r["notes"]])
