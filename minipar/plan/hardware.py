@@ -248,24 +248,30 @@ class Arrived:
         return self.value
 
 
+def block_input(b, s, h):
+    """A (b, s, h) input to a layer to time, needing its gradient, the random stream seeded for
+    the layer built next. Normal values: a constant row would make LayerNorm's output zero and
+    its gradients denormal, which the BLAS runs many times slower."""
+    import numpy as np
+
+    import minipar
+    from minipar.backend import asarray
+    minipar.manual_seed(0)
+    return minipar.tensor(asarray(np.random.default_rng(0).standard_normal((b, s, h),
+                                                                          np.float32)),
+                          requires_grad=True)
+
+
 @functools.lru_cache(maxsize=None)
 def layer_spent(b, s, h, heads, block="gpt", cp=1, experts=0, top_k=1, repeats=5):
     """(seconds of a ``block`` forward + backward at these sizes less its GEMMs, its activation
     bytes), timed now; s is a rank's share of the sequence, which cp > 1 splits over a ring.
     With ``experts`` the block's MLP is minipar's mixture of experts, all of them on this
     process (an expert group of one rank)."""
-    import numpy as np
-
-    import minipar
     from minipar import nn
-    from minipar.backend import asarray
 
     from .flops import layer_gemms
-    minipar.manual_seed(0)
-    # normal inputs: a constant row would make LayerNorm's output zero and its gradients
-    # denormal, which the BLAS runs many times slower
-    rng = np.random.default_rng(0)
-    x = minipar.tensor(asarray(rng.standard_normal((b, s, h), np.float32)), requires_grad=True)
+    x = block_input(b, s, h)
     if block == "gpt":
         layer = nn.MoEBlock(h, heads, experts, top_k) if experts else nn.Block(h, heads)
     else:
@@ -409,14 +415,8 @@ def contention(comm, rounds=7, iters=8):
     slow each other (two ranks on two cores: about 1.02-1.07 here); ranks beyond the cores take
     turns and evict each other's caches at every switch (four on two cores: 2.2-2.5, where turns
     alone give 2)."""
-    import numpy as np
-
-    import minipar
     from minipar import nn
-    from minipar.backend import asarray
-    minipar.manual_seed(0)
-    x = minipar.tensor(asarray(np.random.default_rng(0).standard_normal((4, 64, 64), np.float32)),
-                       requires_grad=True)
+    x = block_input(4, 64, 64)
     layer = nn.Block(64, 4)
 
     def mean_call():
@@ -450,13 +450,10 @@ def pass_split(b, s, h, heads, repeats=5):
     equal third."""
     import numpy as np
 
-    import minipar
     from minipar import nn
     from minipar.backend import asarray
     from minipar.graph import WeightPass, run_backward
-    minipar.manual_seed(0)
-    x = minipar.tensor(asarray(np.random.default_rng(0).standard_normal((b, s, h), np.float32)),
-                       requires_grad=True)
+    x = block_input(b, s, h)
     layer = nn.Block(h, heads)
     dy = asarray(np.ones((b, s, h), np.float32))
     forward = best_of(lambda: layer(x), repeats)
