@@ -4,8 +4,8 @@
     python scripts/bench_plan.py --quick    (a smoke run: a smaller GPT, 3 steps, no 8 ranks)
 
 For each layout (serial, DP, ZeRO-1/2/3, TP, PP with 1F1B, GPipe, interleaved, ZB-H1 and ZB-V,
-CP, 3D, 4D with experts) one mpiexec launch per rank count trains the GPT with minipar's own wrappers, one BLAS
-thread per rank, and times the median step of the slowest rank; beside it
+CP, 3D, 4D with experts) one mpiexec launch per rank count trains the GPT with minipar's own
+wrappers, one BLAS thread per rank, and times the median step of the slowest rank; beside it
 ``minipar.plan.time.predict`` with ``hardware.profile("here")`` (the engine measured now; the
 α-β-γ fitted in the launch, what a collective waits for ranks coming from work,
 ``hardware.sync_seconds``, and how much slower the ranks compute together than one alone,

@@ -315,13 +315,14 @@ def engine_bubble(shape, L, engine, m, passes, comm_per_mb):
     """The pipeline's idle time in a step on this machine: L's schedule simulated with each
     stage at its measured cost (``stage_seconds`` x the contention) plus its blocks' share of
     a micro-batch's tp, cp and ep communication (``comm_per_mb``, a rank's), F : B : W as the
-    engine's Block splits them (``Engine.fbw``); the makespan less the busiest rank's work. At most 2p micro-batches are
-    simulated: each one more adds the busiest rank's work and no idle time (the steady state)."""
+    engine's Block splits them (``Engine.fbw``); the makespan less the busiest rank's work. At
+    most 2p micro-batches are simulated: each one more adds the busiest rank's work and no idle
+    time (the steady state)."""
     stages = [c * engine.slowdown(L.gpus) for c in stage_seconds(shape, L, engine, passes)]
-    cut = trainer_cut(shape.layers + 3, L.pp * L.v)
-    # a stage's blocks: its layers less the embedding (first), ln_f and the head (last two)
-    blocks = [min(stop, shape.layers + 1) - max(start, 1) for start, stop in cut]
-    stages = [c + max(0, n) * comm_per_mb * L.pp / shape.layers for c, n in zip(stages, blocks)]
+    # a stage's blocks, counted on the trainer's layers as stage_seconds prices them
+    blocks = stage_costs([0] + [1] * shape.layers + [0, 0],
+                         trainer_cut(shape.layers + 3, L.pp * L.v))
+    stages = [c + n * comm_per_mb * L.pp / shape.layers for c, n in zip(stages, blocks)]
     simulated = min(m, 2 * L.pp)
     schedule = build(L.schedule, L.pp, simulated, L.v if L.schedule in CHUNKED else None)
     # F : B : W as minipar's Block splits them (Engine.fbw); a recomputed forward runs in B
