@@ -133,8 +133,8 @@ if "shm" in exact and world.local.nodes == 1:
     bucket[...] = 1
     world.all_reduce(bucket, algorithm="shm", out=bucket)
     exact["shm, bucket"] = bool((bucket == p).all())
-    traffic = {"ring": 11 * (p - 1) / p, "shm": 3 + 2 * (p - 1) / p + 1 / p,  # x n, per rank
-               "shm, bucket": 1 + 1 / p + 2 * (p - 1) / p}
+    traffic = {"ring": 11 * (p - 1) / p, "shm": shm.traffic(p),  # x n, per rank
+               "shm, bucket": shm.traffic(p, bucket=True)}
     syncs = {"ring": f"{2 * (p - 1)} messages, each through MPI's cells",
              "shm": "2 barriers, whatever p", "shm, bucket": "3 barriers, whatever p"}
     reference = {"ring": "mpi", "shm": "mpi", "shm, bucket": "mpi, in place"}
@@ -156,7 +156,7 @@ if "shm" in exact and world.local.nodes == 1:
             "of n/p that is 4n/p bytes read and written, plus 3n/p for a reduction, so a ring "
             "moves 11(p-1)/p n. The shm all-reduce maps one window on every rank: each copies "
             "its vector in, reduces its 1/p reading the peers' copies where they lie, and "
-            "copies the whole result out: fewer bytes, fewer synchronisations, no message. "
+            "copies the peers' slices of the result out: fewer bytes, fewer synchronisations, no message. "
             "DDP's gradient buckets live in such a window from the start ('shm, bucket', in "
             "place): each rank reduces its slice into its own bucket and copies the peers' "
             "slices from theirs.", width=terminal_width()))

@@ -142,12 +142,16 @@ def test_auto_picks_shared_memory_where_ranks_share_a_node():
 def test_formulas_reduce_to_their_parts():
     from minipar.comm import ALGORITHMS, cost
     from minipar.comm.hierarchical import hierarchical_cost
-    from minipar.comm.shm import copy_cost
+    from minipar.comm.shm import copy_cost, traffic
 
     model = cost.Model(2e-6, {1: 3e-10}, {1: 1e-10})
     a, b, g, n = 2e-6, model.beta, model.gamma, 1 << 20
     shm = ALGORITHMS["all_reduce"]["shm"].cost
-    assert shm(4, n, a, b, g) == pytest.approx(2 * a + 1.75 * copy_cost(n, g) + 3 * n / 4 * g(n))
+    # copy in and the peers' slices out 3/4 of a copy each, three reductions of n/4, and my
+    # slice written out: a third of one
+    assert shm(4, n, a, b, g) == pytest.approx(2 * a + 1.5 * copy_cost(n, g) + 3 * n / 4 * g(n)
+                                               + n / 12 * g(n))
+    assert (traffic(2), traffic(2, bucket=True)) == (4, 2.5)  # docs/comm.md's bytes at p = 2
     assert hierarchical_cost(4, n, a, b, g, nodes=1) == pytest.approx(shm(4, n, a, b, g))
     ring = ALGORITHMS["all_reduce"]["ring"].cost(4, n, a, b, g)
     assert hierarchical_cost(4, n, a, b, g, nodes=4) <= 3 * a + 2 * copy_cost(n, g) + ring

@@ -20,7 +20,8 @@ from mpi4py import MPI
 from minipar.comm import agreement, cost, node
 from minipar.comm.errors import CommError
 from minipar.comm.registry import ALGORITHMS, algorithm, pick
-from minipar.comm.shm import Window, copy_cost, copy_out, node_reduce, node_reduce_cost
+from minipar.comm.shm import (Window, copy_cost, copy_out, node_reduce, node_reduce_cost,
+                              reduce_into, shm_cost)
 
 
 def across_cost(nodes, n, a, b, g):
@@ -33,8 +34,10 @@ def across_cost(nodes, n, a, b, g):
 
 def hierarchical_cost(p, n, a, b, g, nodes=1):
     """The formula above for p ranks on ``nodes`` nodes (the fullest holds ceil(p/nodes))."""
+    if nodes == 1:
+        return shm_cost(p, n, a, g)
     local = -(-p // nodes)
-    return ((2 if nodes == 1 else 3) * a + node_reduce_cost(local, n, g)
+    return (3 * a + node_reduce_cost(local, n, g)
             + across_cost(nodes, n, a, b, g) + copy_cost(n, g))
 
 
@@ -87,7 +90,7 @@ def _all_reduce_hierarchical(c, x, buf, op, tag):
     h = hierarchy(c)
     w = h.window
     if h.nodes == 1:  # one node: the shm all-reduce
-        copy_out(node_reduce(w, x, op, tag, h.ranks), buf)
+        reduce_into(w, x, buf, op, tag, h.ranks)
         return
     # ranks that disagree on the count, dtype or op hear it inside a node as in shm.py; across
     # nodes the leaders compare every node's header while their nodes reduce (agree_across),

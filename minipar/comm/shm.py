@@ -6,11 +6,11 @@
 
 An MPI-3 window (``Win.Allocate_shared`` over ``Split_type(COMM_TYPE_SHARED)``) holds a slot
 S_r per rank and a result R (the design of NCCL's and MPICH's intra-node paths): each rank
-copies x into its slot, barrier, reduces its 1/p slice reading the peers' slots in place,
-barrier, and copies R out. Two barriers (the first of empty messages that carry the call's
-fingerprint), no data sent: 4.5n bytes through memory per rank at p = 2, where a ring through
-MPICH's shared memory moves 5.5n and pays 2(p-1) handshakes. The steps, the bytes and the
-cost formula: docs/comm.md.
+copies x into its slot, barrier, reduces its 1/p slice reading the peers' slots in place (into
+R and its output), barrier, and copies the peers' slices of R out. Two barriers (the first of
+empty messages that carry the call's fingerprint), no data sent: 4n bytes through memory per
+rank at p = 2, where a ring through MPICH's shared memory moves 5.5n and pays 2(p-1)
+handshakes. The steps, the bytes and the cost formula: docs/comm.md.
 """
 import functools
 import weakref
@@ -37,6 +37,21 @@ def node_reduce_cost(p, n, g):
     """Copy in all but one's own slice, then each rank reduces its slice of the p slots: (p-1)
     reductions of n/p bytes."""
     return (p - 1) / p * copy_cost(n, g) + (p - 1) * n / p * g(n / p)
+
+
+def shm_cost(p, n, a, g):
+    """Two barriers, steps 1 and 2, my slice written out as it is reduced (read from the cache:
+    a write, a third of a reduction's traffic), and the peers' slices copied out of R."""
+    return 2 * a + node_reduce_cost(p, n, g) + n / p * g(n / p) / 3 + (p - 1) / p * copy_cost(n, g)
+
+
+def traffic(p, bucket=False):
+    """Bytes through memory per rank, in units of n. Out of place: copy in 2(p-1)/p, reduce
+    1 + 1/p, my slice out 1/p (written; read from the cache), the peers' slices out 2(p-1)/p.
+    A shared_array in place (``bucket``): reduce 1 + 1/p, the peers' slices out 2(p-1)/p."""
+    if bucket:
+        return 1 + 1 / p + 2 * (p - 1) / p
+    return 4 * (p - 1) / p + 1 + 2 / p
 
 
 def _pages(nbytes):
@@ -114,9 +129,10 @@ def shared_array(comm, nbytes):
     """n zero bytes in this rank's slot of a window of their own over ``comm``'s ranks
     (collective; they must share a node; view parts of it as arrays). An in-place shm
     all-reduce of any such view reads the peers' slots where they lie, at the same offset, and
-    copies nothing in: 3n + n/p bytes through memory per rank. The window lives as long as the
-    process (MPI frees it at exit): make one for many arrays (buckets.bucket_buffers), and
-    reduce one of its arrays at a time (its header and barriers are shared)."""
+    copies nothing in: 3n - n/p bytes through memory per rank (``traffic``). The window lives
+    as long as the process (MPI frees it at exit): make one for many arrays
+    (buckets.bucket_buffers), and reduce one of its arrays at a time (its header and barriers
+    are shared)."""
     window(comm)  # checks that the ranks share one node
     own = Window(node.shared(comm.mpi))
     own.allocate(nbytes)
@@ -205,14 +221,18 @@ def copy_out(result, buf):
         buf[...] = result
 
 
-def node_reduce(w, x, op, tag, ranks, agree=None, offset=0, in_slot=False, meet=None):
+CHUNK = 1 << 18  # bytes of my slice reduced at a time when it also goes out: inside L2
+
+
+def node_reduce(w, x, op, tag, ranks, agree=None, offset=0, in_slot=False, meet=None, out=None):
     """Steps 1 and 2 over the window's ranks: returns R (a view of n elements), the reduction
     of every rank's x, once every rank has written its slice. Headers that differ raise here;
     ``agree(error)``, when given, runs on every rank after the check and before the reduction
     (hierarchical.py: the leaders compare nodes), and an error it returns is raised. The
     vectors sit ``offset`` bytes into the slots (a part of a shared_array); with ``in_slot``
     (x is this rank's slot) each rank's slice goes back into x instead of R; ``meet``: the
-    first barrier's rendezvous (Window.sync)."""
+    first barrier's rendezvous (Window.sync); ``out``: a host array that gets this rank's
+    slice of R too, as it is reduced."""
     n, dtype = x.size, x.dtype
     lo, hi = bounds(n, w.p)[w.rank:w.rank + 2]
     # this call's header, compared by every rank after the first barrier: ranks that disagree
@@ -239,22 +259,40 @@ def node_reduce(w, x, op, tag, ranks, agree=None, offset=0, in_slot=False, meet=
     result = w.view(w.result, dtype, n, offset)
     # the sum runs in rank order; in x itself only on ranks 0 and 1 (x's slice is read first)
     mine = own[lo:hi] if in_slot and w.rank < 2 else result[lo:hi]
-    # 16 bits: added in float32 and rounded once (a node of one rank: its vector is the sum)
-    total = Accumulator(op, mine)
-    for s in slots:
-        total.add(s)
-    total.done()
+    # with ``out``, a chunk at a time: each chunk of my slice is copied to out while it is
+    # still in the cache, not read back from memory
+    step = max(CHUNK // x.itemsize if out is not None else hi - lo, 1)
+    for a in range(0, hi - lo, step):
+        part = slice(a, a + step)
+        # 16 bits: added in float32 and rounded once (a node of one rank: its vector is the sum)
+        total = Accumulator(op, mine[part])
+        for s in slots:
+            total.add(s[part])
+        total.done()
+        if out is not None:
+            out[lo:hi][part] = mine[part]
     if in_slot and w.rank >= 2:
         own[lo:hi] = mine
     w.sync(ranks)
     return result
 
 
-@algorithm("all_reduce", "shm",
-           lambda p, n, a, b, g: 2 * a + node_reduce_cost(p, n, g) + copy_cost(n, g))
+def reduce_into(w, x, buf, op, tag, ranks, meet=None):
+    """Steps 1 to 3 for an x outside the window: buf gets this rank's slice as it is reduced
+    and the peers' slices out of R (a device buf: R staged back whole)."""
+    if type(buf) is not np.ndarray:
+        copy_out(node_reduce(w, x, op, tag, ranks, meet=meet), buf)
+        return
+    result = node_reduce(w, x, op, tag, ranks, meet=meet, out=buf)
+    lo, hi = bounds(x.size, w.p)[w.rank:w.rank + 2]
+    buf[:lo], buf[hi:] = result[:lo], result[hi:]
+
+
+@algorithm("all_reduce", "shm", lambda p, n, a, b, g: shm_cost(p, n, a, g))
 def _all_reduce_shm(c, x, buf, op, tag):
-    """Copy in, reduce my 1/p reading the peers' slots in place, copy the result out; a
-    shared_array: reduce my 1/p into it, then copy the peers' slices out of theirs."""
+    """Copy in, reduce my 1/p reading the peers' slots in place (into R and out), copy the
+    peers' slices of R out; a shared_array: reduce my 1/p into it, then copy the peers'
+    slices out of theirs."""
     ranks, found = tuple(c.world_ranks), owner(x, buf)
     one_node(c)
     # the window and its barriers are MPI's, where a peer inside another collective never
@@ -264,7 +302,7 @@ def _all_reduce_shm(c, x, buf, op, tag):
     if found is None:
         if c not in _windows:
             meet()
-        copy_out(node_reduce(window(c), x, op, tag, ranks, meet=meet), buf)
+        reduce_into(window(c), x, buf, op, tag, ranks, meet)
         return
     w, offset = found
     node_reduce(w, x, op, tag, ranks, offset=offset, in_slot=True, meet=meet)
