@@ -156,7 +156,8 @@ if "shm" in exact and world.local.nodes == 1:
             "of n/p that is 4n/p bytes read and written, plus 3n/p for a reduction, so a ring "
             "moves 11(p-1)/p n. The shm all-reduce maps one window on every rank: each copies "
             "its vector in, reduces its 1/p reading the peers' copies where they lie, and "
-            "copies the peers' slices of the result out: fewer bytes, fewer synchronisations, no message. "
+            "copies the peers' slices of the result out: fewer bytes, fewer "
+            "synchronisations, no message. "
             "DDP's gradient buckets live in such a window from the start ('shm, bucket', in "
             "place): each rank reduces its slice into its own bucket and copies the peers' "
             "slices from theirs.", width=terminal_width()))
