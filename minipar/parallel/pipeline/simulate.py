@@ -13,10 +13,16 @@ from .actions import B, F, R, RECVS, SENDS, W, ScheduleError, message_key
 from .timeline import Event
 
 
+def _pass_costs(schedule, f, b, w):
+    """Each pass's cost by its kind: F = f, R = f (a forward again), W = w, B = b, or b + w
+    when the schedule does not split W from B."""
+    return {F: f, R: f, W: w, B: b if schedule.split_backward else b + w}
+
+
 def unit_cost(schedule, f=1.0, b=1.0, w=1.0):
     """The textbook costs per stage: F = f, B = b + w (or b when W is separate), W = w, R = f;
     a chunk of an interleaved rank costs 1/v of that; messages and OPT_STEP are free."""
-    table = {F: f, R: f, W: w, B: b if schedule.split_backward else b + w}
+    table = _pass_costs(schedule, f, b, w)
     v = schedule.chunks
     return lambda action: table.get(action.kind, 0.0) / v
 
@@ -26,7 +32,7 @@ def cost_by_stage(schedule, stages, f=1.0, b=1.0, w=1.0):
     all, split f : b : w between F, B and W (R as F; B takes W's share when W is not separate):
     stages of unequal cost, as a model's layers cut them; messages and OPT_STEP are free."""
     total = f + b + w
-    share = {F: f, R: f, W: w, B: b if schedule.split_backward else b + w}
+    share = _pass_costs(schedule, f, b, w)
     return lambda action: stages[action.stage] * share.get(action.kind, 0.0) / total
 
 
