@@ -293,9 +293,14 @@ def stage_seconds(shape, L, engine, passes):
     fixed, per_logit = engine.ends_cost(b, s, h, shape.vocab, block)
     ends = gemms_seconds([(1, b * s, h, shape.vocab // L.tp)]) + fixed + per_logit * logits
     embedding = min(ends, engine.embedding_cost(b, s, h, shape.vocab, block))
-    # the trainer's pipeline layers: the embedding, the blocks, ln_f, the head with the loss
-    costs = [embedding] + [layer * passes / 3] * shape.layers + [0.0, ends - embedding]
+    costs = trainer_layers(shape, embedding, layer * passes / 3, ends - embedding)
     return stage_costs(costs, trainer_cut(len(costs), L.pp * L.v))
+
+
+def trainer_layers(shape, embedding, block, head):
+    """A value per pipeline layer of the trainer's GPT, in order: the embedding, each block,
+    ln_f (0: priced with the head), the head with the loss."""
+    return [embedding] + [block] * shape.layers + [0.0, head]
 
 
 @functools.lru_cache(maxsize=None)
@@ -320,8 +325,8 @@ def engine_bubble(shape, L, engine, m, passes, comm_per_mb):
     time (the steady state)."""
     stages = [c * engine.slowdown(L.gpus) for c in stage_seconds(shape, L, engine, passes)]
     # a stage's blocks, counted on the trainer's layers as stage_seconds prices them
-    blocks = stage_costs([0] + [1] * shape.layers + [0, 0],
-                         trainer_cut(shape.layers + 3, L.pp * L.v))
+    counted = trainer_layers(shape, 0, 1, 0)
+    blocks = stage_costs(counted, trainer_cut(len(counted), L.pp * L.v))
     stages = [c + n * comm_per_mb * L.pp / shape.layers for c, n in zip(stages, blocks)]
     simulated = min(m, 2 * L.pp)
     schedule = build(L.schedule, L.pp, simulated, L.v if L.schedule in CHUNKED else None)
