@@ -129,14 +129,22 @@ def exchange(c, tag):
         MPI.Request.Waitall(sends)
 
 
-def same_everywhere(comm, what, **settings):
-    """The same CommError on every rank of Communicator ``comm`` unless every rank passed equal
-    ``settings`` (one all_gather_object): for the settings that decide which messages a rank
-    sends, where ranks that differ would exchange messages that do not pair up, or route by
-    their own rule and finish with a wrong answer."""
-    everyone = comm.all_gather_object(settings)
-    differ = [name for name in settings if len({repr(s[name]) for s in everyone}) > 1]
-    if differ:
-        raise CommError(f"{what}: the ranks disagree on " + "; ".join(
-            f"{name} (" + ", ".join(f"rank {r}: {s[name]!r}" for r, s in enumerate(everyone))
-            + ")" for name in differ))
+def same_everywhere(comm, what, value, describe=None, error=CommError):
+    """Every rank's ``value`` (one all_gather_object, a list in rank order), or, unless every
+    rank of Communicator ``comm`` passed an equal one (compared by repr), the same ``error``
+    on every rank: ``what``, then ``describe(everyone)`` in words (default: the settings of a
+    dict that differ, rank by rank). The one check of its kind: for what decides which
+    messages a rank sends (ranks that differ would post messages that never pair up, or each
+    finish with a wrong answer), compared before any of them."""
+    everyone = comm.all_gather_object(value)
+    if len({repr(v) for v in everyone}) > 1:
+        raise error(f"{what}: {(describe or settings_differ)(everyone)}")
+    return everyone
+
+
+def settings_differ(everyone):
+    """'the ranks disagree on top_k (rank 0: 2, rank 1: 1)' for one dict of settings a rank."""
+    differ = [name for name in everyone[0] if len({repr(s.get(name)) for s in everyone}) > 1]
+    return "the ranks disagree on " + "; ".join(
+        f"{name} (" + ", ".join(f"rank {r}: {s.get(name)!r}" for r, s in enumerate(everyone))
+        + ")" for name in differ)

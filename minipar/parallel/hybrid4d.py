@@ -64,7 +64,7 @@ class Trainer4D(Trainer3D):
                  make_optimizer=None, seed=0, dtype="float32", algorithm="auto", trace=False,
                  sequence_parallel=False):
         # on every rank, not only within an expert group: data ranks route their own tokens
-        same_everywhere(groups.world, "Trainer4D", **vars(moe))
+        same_everywhere(groups.world, "Trainer4D", vars(moe))
         # Routing capacity and the load-balancing loss are per group of tokens: with cp a rank
         # would route only its chunks of each sequence, a grouping no serial twin has
         if groups.grid.cp > 1:

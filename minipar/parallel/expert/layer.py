@@ -31,8 +31,8 @@ class ExpertParallelMoE(ShardedStateDict, MoE):
             raise ValueError(f"ExpertParallelMoE: n_experts={n_experts} must be divisible by the "
                              f"expert group's size {group.size}")
         # ranks routing by their own top_k or capacity would each finish, with a wrong answer
-        same_everywhere(group, "ExpertParallelMoE", n_experts=n_experts, top_k=top_k,
-                        capacity_factor=capacity_factor)
+        same_everywhere(group, "ExpertParallelMoE", dict(n_experts=n_experts, top_k=top_k,
+                                                         capacity_factor=capacity_factor))
         super().__init__(n_embd, n_experts, top_k, capacity_factor, hidden, aux_coeff, dropout)
         self.group = group
         per = n_experts // group.size

@@ -37,7 +37,7 @@ class AgreedSettings:
             raise CommError(self.refusal)
         if not self.agreed:
             try:
-                same_everywhere(comm, type(self).__name__, **settings)
+                same_everywhere(comm, type(self).__name__, settings)
             except CommError as error:
                 self.refusal = str(error)
                 raise
