@@ -23,7 +23,7 @@ class Tensor:
     """An n-dimensional array with an optional gradient and a link to the op that produced it."""
 
     __slots__ = ("data", "grad", "requires_grad", "_parents", "_backward", "_op", "_retain",
-                 "_hooks", "_post_hooks", "name", "__weakref__")
+                 "_hooks", "_post_hooks", "_split", "name", "__weakref__")
     __array_priority__ = 1000  # numpy_array * tensor -> Tensor.__rmul__, not an object array
 
     def __init__(self, data, requires_grad=False, dtype=None, name=None):
@@ -38,6 +38,7 @@ class Tensor:
         self._retain = False
         self._hooks = None
         self._post_hooks = None
+        self._split = None
         self.name = name
         if requires_grad:
             self.requires_grad_(True)
@@ -274,20 +275,22 @@ def apply(op, *inputs, **options):
         return [None if w is None or not o else ops.unbroadcast(w[0](g), w[1])
                 for w, o in zip(wanted, only)]
 
-    return _result(out, parents, backward, name)
+    return _result(out, parents, backward, name, split="only")
 
 
-def make_result(data, parents, backward, op):
+def make_result(data, parents, backward, op, split=None):
     """Wrap an op's output array; record the graph only if some parent needs a gradient.
 
     ``backward(g)`` returns one gradient (array or None) per parent, each of the parent's shape.
+    ``split``: how zero bubble's B may call it (graph.WeightPass.split); "only" declares that it
+    is ``backward(g, only)`` and computes just the parents' gradients ``only`` names.
     """
     if is_grad_enabled() and any(p.requires_grad for p in parents):
-        return _result(data, parents, backward, op)
+        return _result(data, parents, backward, op, split)
     return _result(data, (), None, op)
 
 
-def _result(data, parents, backward, op):
+def _result(data, parents, backward, op, split=None):
     """A new tensor holding ``data``; a graph node when ``backward`` is given."""
     out = Tensor.__new__(Tensor)
     out.data = data
@@ -300,6 +303,7 @@ def _result(data, parents, backward, op):
     out.requires_grad = backward is not None
     out._parents = tuple(parents)
     out._backward = backward
+    out._split = split
     if backward is not None:
         memory.remember(out)
     return out

@@ -52,18 +52,19 @@ def checkpoint(fn, *args):
     _release_graph(out)  # frees every array the segment saved; only its inputs stay alive
 
     # Backward re-runs fn on the saved inputs and back-propagates through the fresh graph: the
-    # parameters receive their gradients there, the inputs' gradients flow on.
-    def backward(g):
+    # parameters receive their gradients there, the inputs' gradients flow on. Inside the B of a
+    # split backward (``defer``, graph.WeightPass) the parameters' are left for its W.
+    def backward(g, defer=None):
         with recomputing(rng_state):
             fresh = _detached(args)
             replay = fn(*fresh)
-            run_backward([replay], [g])
+            run_backward([replay], [g], defer=defer)
         return [f.grad for f in fresh if isinstance(f, Tensor)]
 
-    result = make_result(out.data, inputs, backward, "checkpoint")
+    result = make_result(out.data, inputs, backward, "checkpoint", split="defer")
     if not result.requires_grad:  # the inputs need no gradient, but fn's parameters do
         result.requires_grad = True
-        result._backward = backward
+        result._backward, result._split = backward, "defer"
         memory.remember(result)
     return result
 

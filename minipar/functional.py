@@ -401,7 +401,7 @@ def linear(x, weight, bias=None):
             grads.append(ops.low_precision(sum_rows, g2) if only[2] else None)
         return grads
 
-    return make_result(y, parents, backward, "linear")
+    return make_result(y, parents, backward, "linear", split="only")
 
 
 def _affine(x, w, b):

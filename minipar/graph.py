@@ -1,8 +1,8 @@
 """The recorded graph, and reverse-mode differentiation over it (micrograd's loop, with care).
 
 A node is a ``Tensor`` (see ``autograd.py``), but nothing here needs the class: a node has
-``requires_grad``, ``grad``, ``shape``, the ``_parents`` it was computed from and a
-``_backward(g)`` that maps dL/d(node) to one gradient per parent (None for a leaf).
+``requires_grad``, ``grad``, ``shape``, its ``_parents``, a ``_backward(g)`` that maps dL/d(node)
+to one gradient per parent (None for a leaf) and ``_split``, how B may call it (WeightPass.split).
 
 ``run_backward`` does what micrograd does: sort the graph topologically, walk it once backwards,
 and add each node's contribution into its parents (the chain rule, summed over uses). It can also
@@ -68,17 +68,6 @@ def released_backward(g):
         "the first backward(); pass retain_graph=True to the first call if you need to do this")
 
 
-def splits(backward):
-    """Whether ``backward(g, only)`` computes just the parents' gradients ``only`` names: its
-    second parameter is called ``only`` (apply's ops; linear, conv2d). Read off the code object,
-    so marking costs the ops nothing."""
-    code = getattr(backward, "__code__", None)
-    return code is not None and code.co_argcount == 2 and code.co_varnames[1] == "only"
-
-
-_deferring = [None]  # the WeightPass of the split backward running now, if any
-
-
 def run_backward(roots, grads, retain_graph=False, defer=None):
     """Propagate ``grads`` (arrays, one per root) back through the graph below ``roots``.
 
@@ -86,15 +75,7 @@ def run_backward(roots, grads, retain_graph=False, defer=None):
     (``.grad`` set, post-accumulate hooks called) right then, while backward goes on, not at its
     place in the topological order (which may be the very end).
 
-    ``defer`` (a ``WeightPass``): the B of a split backward (module docstring); backwards run
-    inside it (a checkpointed segment's) defer to it too."""
-    if defer is not None:
-        previous, _deferring[0] = _deferring[0], defer
-        try:
-            return run_backward(roots, grads, retain_graph)
-        finally:
-            _deferring[0] = previous
-    weights = _deferring[0]
+    ``defer`` (a ``WeightPass``): the B of a split backward (module docstring)."""
     order, uses = _topological_order(roots)
     pending = {}
     for root, g in zip(roots, grads):
@@ -110,7 +91,8 @@ def run_backward(roots, grads, retain_graph=False, defer=None):
             continue
         if node._retain:
             node.grad = g if node.grad is None else node.grad + g
-        parent_grads = node._backward(g) if weights is None else weights.split(node, g)
+        # zero bubble's B asks the node for its gradients but the weights' (WeightPass.split)
+        parent_grads = node._backward(g) if defer is None else defer.split(node, g)
         for parent, pg in zip(node._parents, parent_grads):
             if pg is not None and parent.requires_grad:
                 _accumulate(pending, parent, pg)
@@ -120,7 +102,7 @@ def run_backward(roots, grads, retain_graph=False, defer=None):
                     _finish_leaf(parent, _apply_hooks(parent, pending.pop(id(parent))))
         # Like PyTorch, the graph is released as it is consumed: a second backward through it is
         # an error unless the first one passed retain_graph=True. Only leaves keep .grad.
-        if not retain_graph and (weights is None or id(node) not in weights.kept):
+        if not retain_graph and (defer is None or id(node) not in defer.kept):
             release(node)
 
 
@@ -137,19 +119,26 @@ class WeightPass:
 
     def split(self, node, g):
         """B's share of ``node``'s backward: its parents' gradients with the weights' left out
-        (None); theirs kept for W, as (node, g), or as gradients held if it cannot split."""
+        (None); theirs kept for W, as (node, g), or as gradients held if it cannot split.
+
+        The op that built the node declared how its backward may be called (``_split``):
+            None      _backward(g)          every parent's gradient at once
+            "only"    _backward(g, only)    just those of the parents ``only`` names (booleans)
+            "defer"   _backward(g, defer)   it runs a backward of its own, deferring to ``defer``
+        """
         weight = tuple(id(p) in self.weights for p in node._parents)
-        if not any(weight):
-            return node._backward(g)
-        # A node that can compute a chosen few of its parents' gradients (``splits``) leaves the
-        # weights' for W; one that cannot (a fused function that computes all at once, as
+        # A node that can compute a chosen few of its parents' gradients (split "only") leaves
+        # the weights' for W; one that cannot (a fused function that computes all at once, as
         # layer_norm) runs whole here, its weight gradients held for W.
-        if splits(node._backward):
+        if node._split == "only" and any(weight):
             self.work.append((node, g, weight))
             self.kept.add(id(node))
             return node._backward(g, tuple(p.requires_grad and not w
                                            for p, w in zip(node._parents, weight)))
-        grads = node._backward(g)
+        # a checkpointed segment (split "defer"): the backward it runs inside defers here too
+        grads = node._backward(g, self) if node._split == "defer" else node._backward(g)
+        if not any(weight):
+            return grads
         for parent, pg, w in zip(node._parents, grads, weight):
             if w and pg is not None:
                 _accumulate(self.held, parent, pg)

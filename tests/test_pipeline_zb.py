@@ -235,6 +235,29 @@ def test_b_calls_only_input_gradients_and_w_only_weight_gradients():
     assert len(hooked) == 1 and np.array_equal(host(hooked[0]), host(w.grad))  # once, with the whole sum
 
 
+@pytest.mark.parametrize("split", ["only", None])
+def test_b_splits_a_node_whose_op_declared_it(split):
+    """The op's declaration (``make_result(..., split="only")``) is what lets B leave a weight's
+    gradient for W: the same ``backward(g, only)`` undeclared runs whole, its gradient held."""
+    from minipar import Tensor, nn
+    from minipar.autograd import make_result
+    from minipar.graph import WeightPass, run_backward
+
+    w = nn.Parameter(np.full(3, 2.0))
+    x = Tensor(np.arange(3.0), requires_grad=True)
+
+    def backward(g, only=(True, True)):
+        return [g * w.data if only[0] else None, g * x.data if only[1] else None]
+
+    y = make_result(x.data * w.data, (x, w), backward, "scale", split=split)
+    weights = WeightPass([w])
+    run_backward([y], [device(np.ones(3))], defer=weights)
+    assert w.grad is None and np.array_equal(host(x.grad), [2.0, 2.0, 2.0])
+    assert (len(weights.work), len(weights.held)) == ((1, 0) if split else (0, 1))
+    weights.run()
+    assert np.array_equal(host(w.grad), [0.0, 1.0, 2.0])
+
+
 def test_b_frees_what_w_does_not_need():
     from minipar import Tensor
     from minipar.graph import WeightPass, run_backward

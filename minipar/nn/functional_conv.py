@@ -111,7 +111,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0):
             gb = ops.low_precision(lambda g: g.sum(axis=(0, 2, 3)), g)
         return (gx, gw) if bias is None else (gx, gw, gb)
 
-    return make_result(y, parents, backward, "conv2d")
+    return make_result(y, parents, backward, "conv2d", split="only")
 
 
 def _pool_windows(name, x, kernel_size, stride, padding, pad_value):
