@@ -17,6 +17,7 @@ import warnings
 
 from ... import backend
 from ...comm import node, shm
+from ...comm.agreement import same_everywhere
 from ...flat import flatten_grads, offsets, views
 
 
@@ -49,19 +50,23 @@ def broadcast_parameters(module, comm, on_mismatch="warn"):
 def check_same_layout(module, comm):
     """Every rank must hold the same parameters and buffers (names, order, shapes, dtypes,
     requires_grad): otherwise the broadcast and the buckets pair different arrays, and a rank
-    with an extra layer waits for ever. One ``all_gather_object`` of the small lists; a
-    difference raises on every rank the same ValueError naming the first one."""
+    with an extra layer waits for ever. Compared by ``same_everywhere``: a difference raises on
+    every rank the same ValueError naming the first one."""
     mine = [("parameter", name, tuple(p.shape), str(p.dtype), p.requires_grad)
             for name, p in module.named_parameters()]
     mine += [("buffer", name, tuple(a.shape), str(a.dtype), False)
              for name, a in module.named_buffers()]
-    everyone = comm.all_gather_object(mine)
-    differ = [r for r in range(1, comm.size) if everyone[r] != everyone[0]]
-    if differ:
-        more = f" (ranks {', '.join(map(str, differ))} differ)" if len(differ) > 1 else ""
-        raise ValueError(f"the model differs across ranks: "
-                         f"{_first_difference(everyone[0], everyone[differ[0]], differ[0])}{more};"
-                         f" build the same model on every rank before wrapping it")
+    same_everywhere(comm, "the model differs across ranks", mine, describe=_layouts_differ,
+                    error=ValueError)
+
+
+def _layouts_differ(everyone):
+    """The first difference from rank 0's list, of the first rank that differs, and which
+    others do, in words."""
+    differ = [r for r in range(1, len(everyone)) if everyone[r] != everyone[0]]
+    more = f" (ranks {', '.join(map(str, differ))} differ)" if len(differ) > 1 else ""
+    return (f"{_first_difference(everyone[0], everyone[differ[0]], differ[0])}{more}; build "
+            f"the same model on every rank before wrapping it")
 
 
 def _first_difference(first, other, r):
