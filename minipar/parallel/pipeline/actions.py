@@ -70,6 +70,7 @@ class Schedule:
     remat: bool = False           # forwards keep only their input; R re-computes before B
     asynchronous: bool = False    # PipeDream: an OPT_STEP after every backward, no flush
     placement: str = "loop"       # where each stage lives: "loop" or "v" (see rank_of_stage)
+    runtime: type = None          # the Pipeline subclass it needs, if any (PipeDream: pipedream.py)
 
     @property
     def n_stages(self):

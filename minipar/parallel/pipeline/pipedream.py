@@ -7,8 +7,8 @@ Without a flush a stage updates its weights between a micro-batch's forward and 
 so the backward would differentiate a function the forward never computed. Each micro-batch is
 its own SGD step (loss unscaled) and an OPT_STEP follows every B; each update writes into fresh
 arrays, and ``WeightStash`` keeps the arrays a forward saw, per version, until the last backward
-that needs them has run (weight stashing). ``Pipeline(...)`` gives this class for a schedule
-whose ``asynchronous`` is set; the versions are the schedule's (``Action.version``, actions.py).
+that needs them has run (weight stashing). ``Pipeline(...)`` gives this class for the schedule
+that names it (``Schedule.runtime``); the versions are the schedule's (``Action.version``).
 """
 import contextlib
 
@@ -61,8 +61,6 @@ class WeightStash:
 
 class PipeDream(Pipeline):
     """The pipeline runtime with weight stashing, for PipeDream's asynchronous schedule."""
-
-    asynchronous = True
 
     def __init__(self, model, schedule, *args, **kwargs):
         if not schedule.asynchronous:

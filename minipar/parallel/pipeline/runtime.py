@@ -8,8 +8,8 @@ stages (``bounds``: partition.py); rank r keeps the stages the schedule places t
 chunks 0, 1, .... ``step`` is a dispatch loop, as ShallowSpeed's ``Worker.execute``: each
 action's kind names its method in ``action_table``, which runs it on the step's ``StepState``.
 The tracer, the waiting kernel (``delay``), the watchdog's note and the memory counters wrap
-every action from one place, ``_bookkeeping``. PipeDream's asynchronous schedule runs on a
-subclass (pipedream.py). The theory (bubbles, the B/W split): docs/pipeline.md.
+every action from one place, ``_bookkeeping``. PipeDream's schedule names the subclass it runs
+on (``Schedule.runtime``, pipedream.py). The theory (bubbles, the B/W split): docs/pipeline.md.
 """
 import contextlib
 import time
@@ -66,13 +66,11 @@ class StepState:
 class Pipeline:
     """This rank's stages of ``model`` and an executor for ``schedule`` (module docstring)."""
 
-    asynchronous = False  # the schedules this class runs: those with a flush (one update a step)
-
     def __new__(cls, model, schedule, *args, **kwargs):
         # PipeDream updates the weights between a micro-batch's F and its B, and each B must see
-        # its F's weights again: that schedule runs on the subclass that keeps them (pipedream.py)
-        if schedule.asynchronous and not cls.asynchronous:
-            cls = next(sub for sub in Pipeline.__subclasses__() if sub.asynchronous)
+        # its F's weights again: its schedule names the subclass that keeps them (pipedream.py)
+        if schedule.runtime and not issubclass(cls, schedule.runtime):
+            cls = schedule.runtime
         return super().__new__(cls)
 
     def __init__(self, model, schedule, comm, loss_fn, optimizer=None, bounds=None, delay=None,

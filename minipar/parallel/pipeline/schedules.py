@@ -8,6 +8,7 @@ messages. Stage s lives on rank s % p as its chunk s // p; the zero-bubble sched
 chunks per rank, ZB-V (a V placement) and interleaved zero bubble, are in zero_bubble.py.
 """
 from .actions import B, F, R, W, assemble, check_sizes
+from .pipedream import PipeDream
 from .zero_bubble import zb_interleaved, zb_v
 
 
@@ -112,7 +113,7 @@ def pipedream(p, m):
     state there is no bubble."""
     check_sizes(p, m)
     order = [[(kind, r, k) for kind, k in _one_f_one_b(p, m, r)] for r in range(p)]
-    return assemble("pipedream", p, m, 1, order, asynchronous=True)
+    return assemble("pipedream", p, m, 1, order, asynchronous=True, runtime=PipeDream)
 
 
 BUILDERS = {"naive": naive, "gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved,
