@@ -1,7 +1,7 @@
 """What the ranks of a pipeline must agree on, checked before anything runs, and the batch checks
 of a step.
 
-Before the first step (``agreed_bounds``, called by ``Pipeline``): one ``all_gather_object`` of
+Before the first step (``agreed_bounds``, called by ``Pipeline``): one ``same_everywhere`` of
 this rank's schedule (name, p, m, v, flags and a fingerprint of every rank's action list), stage
 bounds and layers (class, parameter shapes and dtypes). Ranks given different schedules would
 post sends and receives that never match; ranks cutting the model differently would send
@@ -15,6 +15,7 @@ bad batch raises, and its peers, blocked on the message it will never send, are 
 import hashlib
 
 from minipar import backend
+from minipar.comm.agreement import same_everywhere
 
 from .partition import balanced_split
 
@@ -42,18 +43,21 @@ def agreed_bounds(comm, schedule, layers, bounds=None):
     except ValueError as error:
         failed, bounds = error, f"none ({error})"
     mine = (describe_schedule(schedule), bounds, [describe_layer(layer) for layer in layers])
-    everyone = comm.all_gather_object(mine)
-    for r, theirs in enumerate(everyone):
-        if theirs != everyone[0]:
-            raise ValueError(f"the pipeline's ranks disagree before the first step: "
-                             f"{_difference(everyone[0], theirs, r)}; build the same schedule "
-                             f"and model on every rank")
+    same_everywhere(comm, "the pipeline's ranks disagree before the first step", mine,
+                    _difference, error=ValueError)
     if failed:
         raise failed
     return bounds
 
 
-def _difference(first, other, r):
+def _difference(everyone):
+    """How the first rank whose (schedule, bounds, layers) differ from rank 0's differs."""
+    r = next(r for r, theirs in enumerate(everyone) if repr(theirs) != repr(everyone[0]))
+    return f"{_first_difference(everyone[0], everyone[r], r)}; build the same schedule and " \
+           f"model on every rank"
+
+
+def _first_difference(first, other, r):
     (sched0, bounds0, layers0), (sched, bounds, layers) = first, other
     if sched0 != sched:
         def show(d):
@@ -63,7 +67,7 @@ def _difference(first, other, r):
         return f"rank 0 has the schedule {show(sched0)}, rank {r} has {show(sched)}"
     if len(layers0) != len(layers):
         return f"rank 0's model has {len(layers0)} layers, rank {r}'s has {len(layers)}"
-    if bounds0 != bounds:
+    if repr(bounds0) != repr(bounds):  # as same_everywhere compares: (0, 2) is not (np.int64(0), 2)
         return f"stage bounds: rank 0 cuts the layers into {bounds0}, rank {r} into {bounds}"
     i = next(i for i, (a, b) in enumerate(zip(layers0, layers)) if a != b)
     return f"layer {i} is {layers0[i]} on rank 0 but {layers[i]} on rank {r}"
