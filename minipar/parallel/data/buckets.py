@@ -18,6 +18,7 @@ import warnings
 from ... import backend
 from ...comm import node, shm
 from ...comm.agreement import same_everywhere
+from ...comm.mpi import refuse_bfloat16
 from ...flat import flatten_grads, offsets, views
 
 
@@ -109,15 +110,18 @@ def make_buckets(params, cap_bytes):
     ### END SOLUTION
 
 
-def bucket_buffers(buckets, comm, shared=None):
-    """One zeroed flat buffer per bucket, of its parameters' dtype. ``shared`` (default: every
-    rank of ``comm`` on one node, host arrays) lays them in one shared-memory window
-    (``shm.shared_array``, collective): an in-place all-reduce by ``shm`` (or ``auto``'s choice
-    of it) then reduces straight out of the peers' buffers, where backward wrote the gradients,
-    and copies nothing in."""
-    if shared is None:
-        shared = comm.size > 1 and backend.device() == "cpu" and node.span(comm) == 1
+def bucket_buffers(buckets, comm, algorithm="auto"):
+    """One zeroed flat buffer per bucket, of its parameters' dtype, for all-reduces by
+    ``algorithm``. For ``shm`` and ``auto`` with every rank of ``comm`` on one node (host
+    arrays) they lie in one shared-memory window (``shm.shared_array``, collective): an
+    in-place all-reduce by ``shm`` (or ``auto``'s choice of it) then reduces straight out of the
+    peers' buffers, where backward wrote the gradients, and copies nothing in."""
+    shared = (algorithm in ("auto", "shm") and comm.size > 1 and backend.device() == "cpu"
+              and node.span(comm) == 1)
     sizes = [offsets(b)[1] * b[0].data.dtype.itemsize for b in buckets]
+    if algorithm == "mpi":  # no bfloat16 in MPI: refused now, not at the first backward
+        for b in buckets:
+            refuse_bfloat16("DistributedDataParallel's all_reduce", b[0].data)
     if not shared:
         return [backend.get_array_module(b[0].data).zeros(offsets(b)[1], b[0].dtype)
                 for b in buckets]

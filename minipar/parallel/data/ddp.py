@@ -17,7 +17,6 @@ import contextlib
 from ... import backend
 from ...autograd import Tensor, is_grad_enabled
 from ...comm import node, world
-from ...comm.mpi import refuse_bfloat16
 from ...comm.nonblocking import JobThread
 from ...flat import views
 from ...nn.module import Module
@@ -52,12 +51,7 @@ class DistributedDataParallel(Module):
         self.named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         params = [p for _, p in self.named]
         self.buckets = make_buckets(params, bucket_cap_mb * 2**20)
-        # in shared memory on one node, for the algorithms that read buckets there
-        self.grad_buffers = bucket_buffers(
-            self.buckets, self.comm, shared=None if algorithm in ("auto", "shm") else False)
-        if algorithm == "mpi":  # no bfloat16 in MPI: refused now, not at the first backward
-            for buf in self.grad_buffers:
-                refuse_bfloat16("DistributedDataParallel's all_reduce", buf)
+        self.grad_buffers = bucket_buffers(self.buckets, self.comm, algorithm)
         self.views = {id(p): view  # p.grad lives here once ready
                       for b, buf in zip(self.buckets, self.grad_buffers)
                       for p, view in zip(b, views(buf, b))}
