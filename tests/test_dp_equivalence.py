@@ -72,12 +72,12 @@ def pending_at_launch(world):
 
     model = make_model("gpt", "float64")
     ddp = DistributedDataParallel(model, world, bucket_cap_mb=0.002, overlap=True)
-    seen, launch = [], ddp.queue.launch
+    seen, launch = [], ddp.averaging.launch
 
     def spy(i):
-        seen.append(sum(ddp.queue.missing))
+        seen.append(sum(ddp.missing))
         launch(i)
-    ddp.queue.launch = spy
+    ddp.averaging.launch = spy
     x, y = make_data("gpt", "float64")
     loss_of("gpt", ddp, x[:2], y[:2]).backward()
     return seen

@@ -1,11 +1,12 @@
 """Data parallelism: every rank holds the model and sees 1/N of the batch (docs/data_parallel.md).
 
-ddp.py (all-reduce of bucketed gradients, overlapped with backward), sampler.py (each rank's
-shard of the data), zero.py (optimizer state and gradients sharded), zero3.py (parameters
-too: fully sharded, each layer gathered while it computes), param_server.py (push,
-update, pull), allreduce_optimizer.py (the 3D trainer's data-parallel step), buckets.py,
-the pieces they share (with the flat layout of ``minipar.flat``), and hooks/, DDP's
-communication hooks (compressed averaging: ``model.register_comm_hook(state, hook)``).
+ddp.py (all-reduce of bucketed gradients as backward fills them; averaging.py, overlapped with
+backward or by a hook), sampler.py (each rank's shard of the data), zero.py (optimizer state
+and gradients sharded), zero3.py (parameters too: fully sharded, each layer gathered while it
+computes), param_server.py (push, update, pull), allreduce_optimizer.py (the 3D trainer's
+data-parallel step), buckets.py, the pieces they share (with the flat layout of
+``minipar.flat``), and hooks/, DDP's communication hooks (compressed averaging:
+``model.register_comm_hook(state, hook)``).
 
 DDP wraps the module, as torch's does: ``DistributedDataParallel(module, comm, bucket_cap_mb=...)``,
 then backward and the plain optimizer. The others wrap the optimizer and share one shape,

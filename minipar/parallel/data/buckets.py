@@ -1,6 +1,7 @@
 """The pieces every data-parallel wrapper shares: rank 0's parameters everywhere, parameters cut
-into buckets, each bucket's flat gradient buffer, and a queue that fires a bucket's collective as
-soon as backward has produced all of its gradients (Li et al. 2020).
+into buckets, each bucket's flat gradient buffer (Li et al. 2020), and ZeRO stage 2's queue that
+fires a bucket's collective as soon as backward has produced all of its gradients (DDP's hook
+counts them itself, in ddp.py).
 
 ``make_buckets`` cuts the parameters, last layer first (the order backward produces gradients
 in), into groups of about ``cap_bytes``; ``bucket_buffers`` gives each bucket its buffer in the
@@ -10,8 +11,7 @@ flat layout of ``minipar.flat``.
     buffers = bucket_buffers(buckets, comm)
     queue = ReadyQueue(buckets, launch=lambda i: ..., finish=lambda: ...)
 
-``GradBucket`` is what a communication hook sees of a bucket (torch's interface);
-``comm.nonblocking.JobThread`` runs the hooks in the background, in bucket order.
+``GradBucket``: what a communication hook sees of a bucket (torch's; averaging.py runs hooks).
 """
 import warnings
 

@@ -6,22 +6,22 @@ the ranks average their gradients before each step (Li et al. 2020, "PyTorch Dis
     loss.backward()                           # buckets are averaged while backward goes on
     optimizer.step()                          # every rank applies the same averaged gradient
 
-Gradients are grouped in buckets, each all-reduced on the communicator's background thread as
-soon as backward has filled it (``overlap``, decided by ``comm.node.choose_overlap``), or
-handed to a communication hook (``model.register_comm_hook(state, hook)``, torch's: compressed
-averaging, ``parallel/data/hooks``). Why averaging equals serial training, when overlap pays,
-and the hooks: docs/data_parallel.md.
+One post-accumulate hook per parameter (``_ready``) writes its gradient into its bucket and
+launches each complete bucket's averaging, in bucket order; the last one waits. ``AllReduce``
+(below) averages a bucket with one all-reduce; beside it, averaging.py's overlap on a
+background thread (``overlap``, decided by ``comm.node.choose_overlap``) and communication hooks
+(``model.register_comm_hook(state, hook)``, torch's: compressed averaging, hooks/). Why
+averaging equals serial training, when overlap pays, and the hooks: docs/data_parallel.md.
 """
 import contextlib
 
 from ... import backend
 from ...autograd import Tensor, is_grad_enabled
 from ...comm import node, world
-from ...comm.nonblocking import JobThread
 from ...flat import views
 from ...nn.module import Module
-from .buckets import (GradBucket, ReadyQueue, broadcast_parameters, bucket_buffers,
-                      make_buckets)
+from .averaging import CommHook, Overlapped, OverlappedCommHook
+from .buckets import broadcast_parameters, bucket_buffers, make_buckets
 
 
 class DistributedDataParallel(Module):
@@ -37,10 +37,8 @@ class DistributedDataParallel(Module):
     def __init__(self, module, comm=None, bucket_cap_mb=25.0, algorithm="auto", overlap="auto",
                  on_mismatch="warn", find_unused_parameters=False):
         super().__init__()
-        self.module = module
-        self.comm = comm or world()
+        self.module, self.comm, self.algorithm = module, comm or world(), algorithm
         self.overlap, self.overlap_reason = node.choose_overlap(self.comm, overlap)
-        self.algorithm = algorithm
         self.find_unused_parameters, self.unused = find_unused_parameters, []
         # Start: the ranks first compare their parameters' and buffers' names, shapes and dtypes
         # (a model built differently on one rank is the same ValueError on every rank, naming the
@@ -49,18 +47,113 @@ class DistributedDataParallel(Module):
         # on_mismatch="raise" refuses instead, with the same error on every rank).
         self.mismatched = broadcast_parameters(module, self.comm, on_mismatch)
         self.named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        params = [p for _, p in self.named]
-        self.buckets = make_buckets(params, bucket_cap_mb * 2**20)
+        self.buckets = make_buckets([p for _, p in self.named], bucket_cap_mb * 2**20)
         self.grad_buffers = bucket_buffers(self.buckets, self.comm, algorithm)
         self.views = {id(p): view  # p.grad lives here once ready
                       for b, buf in zip(self.buckets, self.grad_buffers)
                       for p, view in zip(b, views(buf, b))}
-        self.arrived = set()
-        for p in params:  # registered before the queue's hook, so it runs first
-            p.register_post_accumulate_grad_hook(self._arrive)
-        self.works = [None] * len(self.buckets)
-        self.queue = ReadyQueue(self.buckets, self._launch, self._finish)
-        self.comm_hook, self.started = None, False  # (hook, state); a backward has run
+        self.bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
+        self.averaging = (Overlapped if self.overlap else AllReduce)(self.comm, algorithm,
+                                                                     self.grad_buffers)
+        self.divisor = self.comm.size  # g/N into the bucket, then the all-reduce sums
+        self.syncing, self.started = True, False  # (off inside no_sync); a backward has run
+        self._reset()
+        for _, p in self.named:
+            p.register_post_accumulate_grad_hook(self._ready)
+
+    def forward(self, *args, **kwargs):
+        out = self.module(*args, **kwargs)
+        # A parameter that gets no gradient in a step never fills its bucket: this rank would
+        # wait for ever, or step on un-averaged gradients while the others wait. So each forward
+        # that records a graph (outside no_sync) lists the parameters its output never reaches
+        # (``unused_parameters``), which then count as zero once backward delivers its first
+        # gradient (as torch's reducer does), so every bucket still launches, in the same order
+        # on every rank (a rank may even leave out what another uses: its share is zero).
+        if is_grad_enabled() and self.syncing:
+            self.unused = unused_parameters(out, self.named, self.find_unused_parameters,
+                                            self.comm.rank)
+            if len(self.unused) == len(self.named):  # no gradient will come to count them: now
+                self._flush()
+        return out
+
+    def _ready(self, p):
+        """Post-accumulate hook: p's gradient into its bucket, then every complete bucket is
+        averaged, strictly in bucket order (so every rank issues the same collectives in the
+        same order); after the last one, the wait."""
+        self.started = True
+        if not self.syncing:
+            return
+        self._take_unused()
+        self._into_bucket(p)
+        while self.next < len(self.buckets) and self.missing[self.next] == 0:
+            self.averaging.launch(self.next)
+            self.next += 1
+        if self.next == len(self.buckets):
+            self._finish()
+
+    def _into_bucket(self, p):
+        view = self.views[id(p)]
+        if p.grad is None:
+            view[...] = 0  # no gradient this step counts as zero
+        else:
+            # Why averaging is right: with equal local batches, the gradient of the global mean
+            # loss is the average over ranks of each rank's local-mean gradient, so N ranks take
+            # the steps serial training takes on the global batch (docs/data_parallel.md). g/N
+            # is written straight into the bucket (the copy and the averaging in one pass, as
+            # PyTorch DDP pre-divides) and the all-reduce sums: sum_r g_r/N, exact when N is a
+            # power of two, to rounding otherwise. In 16 bits dividing first matters: float16
+            # ends at 65504, and a sum of N gradients can overflow where their mean would not
+            # (torch's fp16 compression hook divides first for this reason); the bucket stays
+            # 16-bit, so it travels as 2-byte messages, added in float32 (docs/comm.md).
+            backend.get_array_module(view).divide(p.grad, self.divisor, out=view)
+        p.grad = view  # gradient as bucket view: the fresh array is freed
+        self.arrived.add(id(p))
+        self.missing[self.bucket_of[id(p)]] -= 1
+
+    def _finish(self):
+        """After the last bucket's launch: once loss.backward() returns, every p.grad holds the
+        average."""
+        self._reset()
+        self.averaging.wait()
+
+    def _reset(self):
+        self.missing, self.next, self.arrived = [len(b) for b in self.buckets], 0, set()
+
+    def _take_unused(self):
+        """The parameters this step's forward left out: zero gradient, in their buckets."""
+        unused, self.unused = self.unused, []
+        for q in unused:
+            self._into_bucket(q)
+
+    def _flush(self):
+        """Every bucket still waiting launched, a missing gradient counting as zero; the wait."""
+        self._take_unused()
+        for _, p in self.named:
+            if id(p) not in self.arrived:
+                self._into_bucket(p)
+        while self.next < len(self.buckets):
+            self.averaging.launch(self.next)
+            self.next += 1
+        self._finish()
+
+    def synchronize(self):
+        """Finish averaging this step's gradients, a missing gradient counting as zero (a no-op
+        when backward already finished the job). Needed only when some parameter got none that
+        forward's walk did not foresee: it sees what the output depends on, not what the loss
+        does (a loss built from part of a tuple output, or backward through the module called
+        directly, escapes it); then call it before ``optimizer.step()``."""
+        if self.arrived:
+            self._flush()
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward inside accumulates gradients locally, no communication (gradient
+        accumulation); the first backward outside it averages the sums."""
+        self.syncing = False
+        try:
+            yield
+        finally:
+            self.syncing = True
 
     def register_comm_hook(self, state, hook):
         """Average each bucket with ``hook(state, bucket)`` instead of the all-reduce (torch's
@@ -74,155 +167,50 @@ class DistributedDataParallel(Module):
             raise TypeError("Communication hook must be callable.")
         # torch's two rules, with its message for the first (a second hook would silently
         # replace the first one's state, its error feedback with it)
-        if self.comm_hook is not None:
+        if isinstance(self.averaging, CommHook):
             raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be "
                                "called once.")
         if self.started:
             raise RuntimeError("register_comm_hook must be called before the first backward: "
                                "the gradients already in the buckets were divided by N for the "
                                "built-in all-reduce, and a hook expects them undivided")
-        if getattr(hook, "__name__", None) == "bf16_compress_hook":
-            # torch refuses this hook here where its backend has no bfloat16; CuPy has none:
-            # a TypeError now, not at the first backward
-            backend.check_dtype("bfloat16")
-        self.comm_hook = (hook, state)
-        self.grad_buckets = [GradBucket(i, buf, b, self.comm, self.algorithm,
-                                        last=i == len(self.buckets) - 1)
-                             for i, (b, buf) in enumerate(zip(self.buckets, self.grad_buffers))]
-        self.hook_thread = JobThread("minipar-comm-hook") if self.overlap else None
-
-    def forward(self, *args, **kwargs):
-        out = self.module(*args, **kwargs)
-        # A parameter that gets no gradient in a step never fills its bucket: this rank would
-        # wait for ever, or step on un-averaged gradients while the others wait. So each forward
-        # that records a graph (outside no_sync) walks the output's graph once and lists the
-        # parameters it never reaches: a ValueError naming them, or, with
-        # find_unused_parameters=True (torch's name), a zero gradient for them once backward
-        # delivers its first gradient (as torch's reducer does), so every bucket still launches,
-        # in the same order on every rank (a rank may even leave out what another uses: its
-        # share of that gradient is zero).
-        if is_grad_enabled() and self.queue.enabled:
-            reached = reached_nodes(out)
-            unused = [(n, p) for n, p in self.named if id(p) not in reached]
-            if unused and not self.find_unused_parameters:
-                raise ValueError(
-                    f"rank {self.comm.rank}: DistributedDataParallel: the forward's output does "
-                    f"not depend on {len(unused)} parameter(s) that require grad: "
-                    f"{', '.join(repr(n) for n, _ in unused)}; their buckets would never be "
-                    f"averaged and the ranks would wait on each other. Pass "
-                    f"find_unused_parameters=True (their gradient then counts as zero), or set "
-                    f"requires_grad=False on them before wrapping")
-            self.unused = [p for _, p in unused]
-            if len(unused) == len(self.named):  # no gradient will come to mark them: now
-                self._mark_unused()
-        return out
-
-    @contextlib.contextmanager
-    def no_sync(self):
-        """Backward inside accumulates gradients locally, no communication (gradient
-        accumulation); the first backward outside it averages the sums."""
-        self.queue.enabled = False
-        try:
-            yield
-        finally:
-            self.queue.enabled = True
-
-    def synchronize(self):
-        """Finish averaging this step's gradients, a missing gradient counting as zero (a no-op
-        when backward already finished the job). Needed only when some parameter got none that
-        forward's walk did not foresee: it sees what the output depends on, not what the loss
-        does (a loss built from part of a tuple output, or backward through the module called
-        directly, escapes it); then call it before ``optimizer.step()``."""
-        self.queue.flush()
-
-    def _arrive(self, p):
-        """Post-accumulate hook: g/N into p's slice of its bucket, which becomes ``p.grad``."""
-        self.started = True
-        if self.queue.enabled:
-            self._mark_unused()
-            self._into_bucket(p)
-
-    def _mark_unused(self):
-        """The parameters this step's forward left out: zero gradient, ready (their buckets may
-        launch; p's own is not ready yet, so the order stays the bucket order)."""
-        unused, self.unused = self.unused, []
-        for q in unused:
-            self._into_bucket(q)
-            self.queue.ready(q)
-
-    def _into_bucket(self, p):
-        view = self.views[id(p)]
-        if p.grad is None:
-            view[...] = 0  # no gradient this step counts as zero
-        elif self.comm_hook is not None:
-            view[...] = p.grad  # a hook gets the gradient undivided (torch's rule) and divides
-        else:
-            # Why averaging is right: with equal local batches, the gradient of the global mean
-            # loss is the average over ranks of each rank's local-mean gradient, so N ranks take
-            # the steps serial training takes on the global batch (docs/data_parallel.md). g/N
-            # is written straight into the bucket (the copy and the averaging in one pass, as
-            # PyTorch DDP pre-divides) and the all-reduce sums: sum_r g_r/N, exact when N is a
-            # power of two, to rounding otherwise. In 16 bits dividing first matters: float16
-            # ends at 65504, and a sum of N gradients can overflow where their mean would not
-            # (torch's fp16 compression hook divides first for this reason); the bucket stays
-            # 16-bit, so it travels as 2-byte messages, added in float32 (docs/comm.md).
-            backend.get_array_module(view).divide(p.grad, self.comm.size, out=view)
-        p.grad = view  # gradient as bucket view: the fresh array is freed
-        self.arrived.add(id(p))
-
-    def _launch(self, i):
-        for p in self.buckets[i]:
-            if id(p) not in self.arrived:  # got no gradient this step (only via flush)
-                self._into_bucket(p)
-        if self.overlap and self.comm_hook is not None:
-            # the hook's own thread, in bucket order: its collectives (on this model's
-            # communicator, idle in the main thread until backward ends) go in the same order
-            # on every rank
-            self.works[i] = self.hook_thread.start(self._run_hook, i)
-        elif self.overlap:
-            # on the communicator's background thread while backward computes the next layers
-            # (NumPy and MPI drop the GIL, so the two really run together, given a free core);
-            # the queue launches strictly in bucket order, so every rank issues the same
-            # collectives in the same order
-            buf = self.grad_buffers[i]
-            self.works[i] = self.comm.iall_reduce(buf, op="sum", algorithm=self.algorithm, out=buf)
-
-    def _finish(self):
-        # After the last bucket's launch: once loss.backward() returns, every p.grad holds the
-        # average. Without overlap the buckets are reduced here, one after another (the
-        # benchmark's baseline).
-        self.arrived.clear()
-        works, self.works = self.works, [None] * len(self.buckets)
-        for i, buf in enumerate(self.grad_buffers):
-            if self.overlap:
-                # a hook's error is raised here at once: the hook thread goes on with the next
-                # buckets, whose messages then meet a peer still in this one (a CommError there
-                # too, rather than a hang)
-                works[i].wait()
-            elif self.comm_hook is not None:
-                self._run_hook(i)
-            else:
-                self.comm.all_reduce(buf, op="sum", algorithm=self.algorithm, out=buf)
-
-    def _run_hook(self, i):
-        """Bucket i averaged by the registered hook, the result left in its buffer."""
-        hook, state = self.comm_hook
-        result = hook(state, self.grad_buckets[i])
-        if hasattr(result, "wait"):  # a Future or a Work, as torch's hooks return
-            result = result.wait()
-        buf = self.grad_buffers[i]
-        if result is not buf:
-            if getattr(result, "shape", None) != buf.shape:
-                raise ValueError(f"rank {self.comm.rank}: communication hook "
-                                 f"{getattr(hook, '__qualname__', hook)!r} returned "
-                                 f"{type(result).__name__} of shape "
-                                 f"{getattr(result, 'shape', None)} for bucket {i}; expected "
-                                 f"the bucket's flat gradient, shape {buf.shape}")
-            buf[...] = result  # cast back to the bucket's dtype where the hook compressed
+        self.averaging = (OverlappedCommHook if self.overlap else CommHook)(
+            hook, state, self.comm, self.algorithm, self.buckets, self.grad_buffers)
+        self.divisor = 1  # a hook gets the gradient undivided (torch's rule) and divides
 
     def gradient_bytes(self):
         """Bytes of gradient memory on this rank: the bucket buffers the gradients live in."""
         return sum(int(b.nbytes) for b in self.grad_buffers)
+
+
+class AllReduce:
+    """A complete bucket averaged at once: one all-reduce of its g/N, a sum, while backward
+    waits (no overlap). averaging.py holds the others, with these two methods."""
+
+    def __init__(self, comm, algorithm, buffers):
+        self.comm, self.algorithm, self.buffers = comm, algorithm, buffers
+
+    def launch(self, i):
+        buf = self.buffers[i]
+        self.comm.all_reduce(buf, op="sum", algorithm=self.algorithm, out=buf)
+
+    def wait(self):
+        """Nothing left: each bucket was averaged at its launch."""
+
+
+def unused_parameters(out, named, allowed, rank):
+    """The parameters of ``named`` (name, parameter) that ``out`` does not depend on; a
+    ValueError naming them unless ``allowed`` (``find_unused_parameters``)."""
+    reached = reached_nodes(out)
+    unused = [(n, p) for n, p in named if id(p) not in reached]
+    if unused and not allowed:
+        raise ValueError(
+            f"rank {rank}: DistributedDataParallel: the forward's output does not depend on "
+            f"{len(unused)} parameter(s) that require grad: "
+            f"{', '.join(repr(n) for n, _ in unused)}; their buckets would never be averaged and "
+            f"the ranks would wait on each other. Pass find_unused_parameters=True (their "
+            f"gradient then counts as zero), or set requires_grad=False on them before wrapping")
+    return [p for _, p in unused]
 
 
 def reached_nodes(out):
