@@ -11,8 +11,8 @@ float64 with a serial twin beside it on rank 0, and prints the largest parameter
 few ulps. Part 2 times a step and counts the bytes each rank sends with every all-reduce
 algorithm of ``minipar.comm``, and with the parameter server (Li et al. 2014), one server and
 sharded: one server's link carries 2(N-1)·n bytes a step, a ring rank's about 4(N-1)/N·n.
-Part 3 times the same step with the buckets reduced during backward (overlap on) and after it
-(off), taking turns, and prints what ``DistributedDataParallel``'s default chooses here and why:
+Part 3 times the same step with each bucket reduced on a background thread while backward goes
+on (overlap on) and with backward waiting for each (off), taking turns, and prints what ``DistributedDataParallel``'s default chooses here and why:
 overlap hides communication only on a core that backward leaves idle.
 
 Read next: minipar/parallel/data/ddp.py, buckets.py, sampler.py, then param_server.py; proved by
@@ -159,8 +159,8 @@ def part3_overlap(world, x, y, steps, rounds=3):
     on, off = best["overlap on"] * 1e3, best["overlap off"] * 1e3
     say(f"\nPart 3: overlap on {world.size} ranks, DDP ring, float32 (fastest of {rounds} "
         f"rounds of {steps} steps, taking turns)")
-    say(f"  overlap on  (buckets reduced during backward) {on:8.2f} ms/step")
-    say(f"  overlap off (buckets reduced after backward)  {off:8.2f} ms/step")
+    say(f"  overlap on  (backward goes on meanwhile)      {on:8.2f} ms/step")
+    say(f"  overlap off (backward waits for each bucket)  {off:8.2f} ms/step")
     say(f"  gain from overlap (off / on): {off / on:.2f}x; DDP's default here: "
         f"{reason}")
     return off / on, default
