@@ -13,7 +13,8 @@ def test_json_figures_for_p4_m8(name, capsys):
     assert main(["schedule", "--schedule", name, "--stages", "4", "--microbatches", "8", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert {"bubble_theory", "bubble_simulated", "peak_inflight"} <= set(out)
-    assert out["bubble_simulated"] == pytest.approx(out["bubble_theory"], abs=0.02)
+    # with the textbook's costs the simulator's timeline is the formula's, to rounding
+    assert out["bubble_simulated"] == pytest.approx(out["bubble_theory"], abs=1e-12)
     assert len(out["peak_inflight"]) == 4
 
 
