@@ -1,8 +1,8 @@
 """Checkpoint faults, each bounded in time: a checkpoint altered on disk (a flipped bit, a
-truncation, an appended byte, a missing shard, the manifest of another save) is an error naming the
-file and nothing is loaded; a rank killed with SIGKILL during training ends the job within 10 s
-and the checkpoint saved before stays loadable; a rank killed in the middle of a save leaves an
-incomplete checkpoint that is refused, naming what is missing.
+truncation, an appended byte, a missing shard, the manifest of another save, shard files swapped)
+is an error naming the file and nothing is loaded; a rank killed with SIGKILL during training
+ends the job within 10 s and the checkpoint saved before stays loadable; a rank killed in the
+middle of a save leaves an incomplete checkpoint that is refused, naming what is missing.
 
 Every case prints its seconds (``pytest -s``) for the record."""
 import os
@@ -96,6 +96,15 @@ def flip_middle(path):
     path.write_bytes(bytes(data))
 
 
+def swap_shard_files(path):
+    """Rewrite the manifest at ``path`` with its two shard files in each other's place (each
+    still beside its own SHA-256): the files are whole, the order is wrong."""
+    from minipar import io
+    manifest = io.load(path)
+    manifest["files"] = manifest["files"][::-1]
+    io.save(manifest, path)
+
+
 def shard(folder, rank):
     """The shard file of ``rank`` in ``folder`` (its name carries the save's id)."""
     found, = folder.glob(f"shard-{rank:05d}-*.npz")
@@ -113,6 +122,7 @@ DAMAGE = {
     "manifest: missing": ("manifest.npz", os.unlink),
     "manifest: from another save": ("manifest.npz",
                                     lambda p: shutil.copy(p.parent.parent / "b" / p.name, p)),
+    "manifest: two shard files swapped": ("manifest.npz", swap_shard_files),
 }
 
 
@@ -137,6 +147,9 @@ def test_altered_checkpoint_is_refused_and_nothing_loads(two_saves, tmp_path, ca
     # b's manifest names b's shard files, which folder a lacks
     expected = shard(tmp_path / "b", 0) if case == "manifest: from another save" else name
     assert str(folder / expected) in str(error.value)
+    if case == "manifest: two shard files swapped":  # which file holds which shard, and where
+        assert (f"lists {folder / shard(folder, 1)} as rank 0's shard file, but it holds rank "
+                f"1's") in str(error.value)
     assert state["step"] == -1 and not state["app"].optimizer.state  # nothing loaded
     for n, a in model.state_dict().items():
         assert same(a, before[n]), n

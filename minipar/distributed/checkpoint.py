@@ -178,7 +178,7 @@ def read(checkpoint_id):
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise io.CheckpointError(f"{where} is not a minipar distributed checkpoint manifest")
     files = []
-    for name, digest in manifest["files"]:
+    for rank, (name, digest) in enumerate(manifest["files"]):
         path = os.path.join(checkpoint_id, name)
         if not os.path.exists(path):
             raise io.CheckpointError(f"{path} is missing: the manifest lists "
@@ -188,6 +188,12 @@ def read(checkpoint_id):
             raise io.CheckpointError(f"{path} is not the file the manifest {where} names (its "
                                      f"SHA-256 differs): the shards and the manifest come from "
                                      f"different saves")
+        # the records find a piece by its rank's place in this list: a file out of its place
+        # would give pieces of another rank's (an IndexError, or wrong values)
+        if shard.get("rank", rank) != rank:
+            raise io.CheckpointError(f"the manifest {where} lists {path} as rank {rank}'s shard "
+                                     f"file, but it holds rank {shard['rank']}'s: the "
+                                     f"manifest's shard files are out of order")
         files.append(shard["pieces"])
     return manifest, files
 
