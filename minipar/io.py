@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import tempfile
 
 import numpy
@@ -26,6 +27,8 @@ from .nn.module import Parameter
 FORMAT, VERSION = "minipar-checkpoint", 1
 MAGIC = b"\nMINIPAR-SHA256 "
 TRAILER = len(MAGIC) + 64
+# write_atomic's temporary file for ``name``: ".<name>.<mkstemp's 8 characters>.tmp"
+TEMPORARY = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp")
 
 
 class CheckpointError(ValueError):
@@ -126,8 +129,8 @@ def save(obj, path):
 
 
 def write_atomic(path, data):
-    """Write ``data`` to a temporary file beside ``path``, fsync it, rename it over ``path``,
-    then fsync the folder so the rename itself is on disk."""
+    """Write ``data`` to a temporary file beside ``path`` (``TEMPORARY``), fsync it, rename it
+    over ``path``, then fsync the folder so the rename itself is on disk."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     fd, temporary = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.",

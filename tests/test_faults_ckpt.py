@@ -2,7 +2,8 @@
 truncation, an appended byte, a missing shard, the manifest of another save, shard files swapped)
 is an error naming the file and nothing is loaded; a rank killed with SIGKILL during training
 ends the job within 10 s and the checkpoint saved before stays loadable; a rank killed in the
-middle of a save leaves an incomplete checkpoint that is refused, naming what is missing.
+middle of a save leaves an incomplete checkpoint that is refused, naming what is missing, and
+temporary files that the next save removes.
 
 Every case prints its seconds (``pytest -s``) for the record."""
 import os
@@ -332,3 +333,39 @@ def test_a_resave_whose_manifest_fails_leaves_the_last_checkpoint(tmp_path, monk
     assert len(os.listdir(folder)) == 2  # the manifest and this save's one shard
     dcp.load(loaded, checkpoint_id=folder)
     assert loaded["step"] == 2
+
+
+KILLED_MID_SAVE = """
+import os, signal
+import numpy as np
+from minipar.distributed import checkpoint as dcp
+# killed as its shard's temporary file is about to become the shard: the file stays behind
+os.replace = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+dcp.save({"x": np.zeros(4), "step": 2}, checkpoint_id=%r)
+"""
+
+
+@pytest.mark.fault
+def test_the_next_save_removes_the_temporary_files_of_a_killed_save(tmp_path):
+    """A process killed in the middle of a re-save leaves its shard's temporary file; the next
+    save into the folder removes it (and the manifest's), not another program's."""
+    import subprocess
+    import sys
+
+    from minipar.distributed import checkpoint as dcp
+
+    folder = tmp_path / "c"
+    dcp.save({"x": np.arange(4.0), "step": 1}, checkpoint_id=str(folder))
+    killed = subprocess.run([sys.executable, "-c", KILLED_MID_SAVE % str(folder)], timeout=60,
+                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert killed.returncode == -signal.SIGKILL
+    left = [p.name for p in folder.iterdir() if p.name.endswith(".tmp")]
+    assert len(left) == 1 and left[0].startswith(".shard-00000-"), left
+    (folder / ".manifest.npz.k1ll3d_x.tmp").write_bytes(b"half a manifest")
+    (folder / ".notes.txt.abcd1234.tmp").write_text("another program's")
+    state = {"x": np.arange(4.0) + 1, "step": 3}
+    dcp.save(state, checkpoint_id=str(folder))
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [".notes.txt.abcd1234.tmp", "manifest.npz", shard(folder, 0)])
+    dcp.load(state, checkpoint_id=str(folder))
+    assert state["step"] == 3

@@ -107,9 +107,14 @@ def save(state_dict, *, checkpoint_id, process_group=None, no_dist=False):
 
 def _remove_stale(folder, keep):
     """Remove the shard files of earlier saves into ``folder``: after the switch, nothing
-    names them."""
+    names them. And the temporary files of shards and manifests that a killed save left
+    (``io.write_atomic``'s): this save's were all renamed before the switch, so any left
+    are no live save's; another program's temporary files stay."""
     for name in os.listdir(folder):
-        if SHARD.fullmatch(name) and name not in keep:
+        temporary = io.TEMPORARY.fullmatch(name)
+        target = temporary["name"] if temporary else ""
+        if (SHARD.fullmatch(name) and name not in keep
+                or target == MANIFEST or SHARD.fullmatch(target)):
             _remove(os.path.join(folder, name))
 
 
