@@ -3,7 +3,8 @@
 One launch of 4 ranks runs cp = 4 (the world), cp = 3 (ranks 0-2), cp = 2 ([0, 1] and [2, 3])
 and cp = 1 (each rank alone): outputs and dq, dk, dv gathered back to the whole sequence equal
 the serial attention (float64, 1e-10), causal and not; the counters give the bytes the ring
-sends; RingLog the work each rank did; ActivationMemory what the forward keeps.
+sends; RingLog the work each rank did; ActivationMemory what the forward keeps. Bad input is
+one clear error on every rank, ranks that split the sequence by different cp included.
 """
 import math
 
@@ -135,7 +136,9 @@ def _errors(group):
     cases = {"split": lambda: split_sequence(x, group, dim=2),
              "odd": lambda: ring_attention(x[:, :, :5], x[:, :, :5], x[:, :, :5], group),
              "shapes": lambda: ring_attention(x, x[:, :, :4], x, group),
-             "layout": lambda: split_sequence(x[:, :, :24], group, dim=2, layout="zigzag")}
+             "layout": lambda: split_sequence(x[:, :, :24], group, dim=2, layout="zigzag"),
+             # each rank split by a cp of its own: T/cp differs, so would the k/v blocks
+             "lengths": lambda: ring_attention(*[x[:, :, :4 * (group.rank + 1)]] * 3, group)}
     seen = {}
     for case, make in cases.items():
         try:
@@ -249,7 +252,10 @@ def test_bad_input_is_a_clear_error(ranks, cp):
     expected = {"split": f"sequence length 25 is not a multiple of 2·cp = {2 * cp}",
                 "odd": "this rank's sequence length 5 is odd",
                 "shapes": "q, k, v must share one",
-                "layout": "layout 'zigzag' is not one of"}
+                "layout": "layout 'zigzag' is not one of",
+                "lengths": f"ring_attention over a context group of cp = {cp} ranks: the ranks "
+                           f"disagree on T/cp (" + ", ".join(f"rank {r}: {4 * (r + 1)}"
+                                                            for r in range(cp)) + ")"}
     for result in group:
         assert result["errors"] == group[0]["errors"]
         for case, words in expected.items():

@@ -18,6 +18,7 @@ import time
 from ... import backend
 from ...attention import causal_mask
 from ...autograd import as_tensor, make_result
+from ...comm.agreement import same_everywhere, settings_differ
 from . import work
 from .layout import rank_chunks
 
@@ -149,6 +150,19 @@ def _backward(g, q, k, v, out, lse, group, causal, layout, overlap):
     return dq, dkv[0], dkv[1]
 
 
+def _agree(q, group, causal, layout):
+    """The ranks of the ring agree on what its messages and its masks are made of, or every
+    rank raises the same CommError: a rank that split the sequence by a cp of its own holds
+    another T/cp, and its k/v blocks would not fit the others' receives."""
+    b, h, t, d = q.shape
+    mine = {"T/cp": t, "batch, heads, d": (b, h, d), "dtype": str(q.dtype), "causal": causal,
+            "layout": layout}
+    same_everywhere(group, f"ring_attention over a context group of cp = {group.size} ranks",
+                    mine, lambda everyone: settings_differ(everyone) + ": every rank holds "
+                    "two chunks of the same sequences, 2·T/(2·cp) tokens; split them with "
+                    "one cp, the group's (split_sequence(x, group))")
+
+
 def ring_attention(q, k, v, group, causal=True, layout="balanced", overlap=True):
     """softmax(q kᵀ/√d + M) v over the whole sequence, from this rank's q, k, v of shape
     (B, H, T/cp, d) in ``layout`` (its two chunks side by side, layout.py); returns this
@@ -163,6 +177,8 @@ def ring_attention(q, k, v, group, causal=True, layout="balanced", overlap=True)
                          f"rank holds two equal chunks of the 2·cp = {2 * group.size} (the "
                          f"whole length must be a multiple of 2·cp: split_sequence)")
     rank_chunks(0, 1, layout)  # a clear error for an unknown layout
+    if group.size > 1:
+        _agree(q, group, causal, layout)
     # C order: the k/v blocks and their gradients are sent as they are (q, k, v of a model
     # are often permuted views of one qkv projection); an array already in C order is kept
     xp = backend.get_array_module(q.data)
