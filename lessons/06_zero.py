@@ -28,7 +28,7 @@ import minipar.nn as nn
 from minipar import optim
 from minipar.data import CharTokenizer, load_text
 from minipar.parallel.data import DistributedDataParallel, ZeRO, ZeRO3, local_batch_size
-from minipar.parallel.data.zero import optimizer_memory
+from minipar.parallel.data.allreduce_optimizer import optimizer_memory
 
 from _kit import arguments, check, figure, finish, mpi_world, progress, say
 
@@ -143,6 +143,11 @@ def total(memory):
     return sum(memory[key] for key in PARTS)
 
 
+def part(memory, key):
+    """The bytes of one kind, "optimizer_state" being master + moments."""
+    return memory["master"] + memory["moments"] if key == "optimizer_state" else memory[key]
+
+
 def paper(precision, kind, N):
     """The paper's bytes per parameter: DP keeps a + a + s (a bytes a parameter and a gradient,
     s of optimizer state); ZeRO-1 divides s by N, ZeRO-2 also the gradients, ZeRO-3 all."""
@@ -245,7 +250,8 @@ def main():
     for kind, key in (("ZeRO-1", "optimizer_state"), ("ZeRO-2", "optimizer_state"),
                       ("ZeRO-2", "gradients"), ("ZeRO-3", "parameters"), ("ZeRO-3", "gradients"),
                       ("ZeRO-3", "optimizer_state")):
-        ratio, want = held["float32", N, kind][key] / held["float32", N, "DP"][key], 1 / N
+        mine, dp = (part(held["float32", N, k], key) for k in (kind, "DP"))
+        ratio, want = mine / dp, 1 / N
         check(f"{kind}: a rank holds 1/N = {want:.3f} of DP's {key.replace('_', ' ')} (± 0.01)",
               abs(ratio - want) <= 0.01, f"{want:.3f} ± 0.01", f"{ratio:.4f}")
     for kind in KINDS[1:] if N > 1 else ():

@@ -120,7 +120,7 @@ def test_zero3_memory_traffic_and_prefetch(nprocs):
     N, item = nprocs, 8
     for r, m in enumerate(run_on_ranks(measure_body, nprocs, timeout=120)):
         shard = m["padded"] // N * item  # each unit's padded vector / N, summed
-        assert m["held"] == {"parameters": shard, "gradients": shard, "optimizer_state": 2 * shard,
+        assert m["held"] == {"parameters": shard, "gradients": shard,
                              "master": 0, "moments": 2 * shard,  # float64: no master copies
                              "gathered": 0}, (r, m["held"], shard)  # after backward: slots dropped
         assert shard <= (m["psi"] / N + m["units"]) * item  # ~1/N: at most 1 padding element/unit

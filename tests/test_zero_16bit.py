@@ -255,8 +255,6 @@ def test_zero_mixed_precision(N, tmp_path):
             kind, dtype = key.split()
             # by kind, to the byte: the paper's formula with this wrapper's padding
             assert {k: held[k] for k in want} == want, (rank, key, held, want)
-            if "optimizer_state" in held:
-                assert held["optimizer_state"] == held["master"] + held["moments"]
             if dtype != "float32":  # 16-bit messages: half float32's bytes, by the counters
                 assert 2 * sent == got["memory"][f"{kind} float32"][1], (rank, key)
     for got in results:

@@ -181,9 +181,10 @@ class Optimizer:
                    if hasattr(v, "nbytes"))
 
     def memory_bytes(self):
-        """Bytes by kind: the parameters, their gradients, the float32 master copies of 16-bit
-        parameters, and the other state arrays (moments, momentum buffers): with Adam in mixed
-        precision 2 + 2 + 4 + 8 bytes per parameter, ZeRO's 16Ψ."""
+        """Bytes by kind, each array in one (the values sum to the total): the parameters, their
+        gradients, the float32 master copies of 16-bit parameters, and the other state arrays
+        (moments, momentum buffers): with Adam in mixed precision 2 + 2 + 4 + 8 bytes per
+        parameter, ZeRO's 16Ψ. A wrapper takes only master and moments (``optimizer_memory``)."""
         state = [(name, v) for s in self.state.values() for name, v in s.items()
                  if hasattr(v, "nbytes")]
         return {"params": sum(int(p.data.nbytes) for p in self.params),

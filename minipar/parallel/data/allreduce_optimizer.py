@@ -41,6 +41,15 @@ def average_grads(params, flat, comm, algorithm, scale=1.0):
         p.grad = grad
 
 
+def optimizer_memory(optimizer):
+    """The bytes of the optimizer's own arrays by kind: "master" (float32 copies of 16-bit
+    parameters) and "moments" (every other state array); None holds none. Not its "params"
+    and "grads": a wrapper's are the parameters and gradients the optimizer steps (or views
+    of them), counted by the wrapper once."""
+    held = optimizer.memory_bytes() if optimizer is not None else {"master": 0, "moments": 0}
+    return {"master": held["master"], "moments": held["moments"]}
+
+
 class AllReduceOptimizer:
     """``make_optimizer(params)``'s optimizer, stepping with the gradients averaged over ``comm``
     by all-reduce ``algorithm``; ``step()`` after ``backward()`` replaces optimizer.step()."""
@@ -69,8 +78,9 @@ class AllReduceOptimizer:
             p.grad = None
 
     def memory_bytes(self):
-        """Bytes this rank holds now: parameters, gradients (the flat buffer included) and
-        optimizer state: every one of them whole on every rank, unlike ZeRO."""
+        """Bytes this rank holds now, by kind as ZeRO's ``memory_bytes``: parameters, gradients
+        (the flat buffer included) and optimizer state (master, moments): every one of them
+        whole on every rank, unlike ZeRO."""
         return {"parameters": sum(int(p.data.nbytes) for p in self.params),
                 "gradients": gradient_bytes(self.params, [] if self.flat is None else [self.flat]),
-                "optimizer_state": self.optimizer.state_bytes()}
+                **optimizer_memory(self.optimizer)}

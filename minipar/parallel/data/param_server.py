@@ -19,6 +19,7 @@ from ...comm import Request, chunk_bounds, world
 from ...distributed.flat_state import ParameterServerState
 from ...nn.module import Parameter
 from ...flat import flatten_grads, flatten_parameters, offsets
+from .allreduce_optimizer import optimizer_memory
 from .buckets import broadcast_parameters, gradient_bytes
 from .zero import optimizer_over_shards, read_param_groups
 
@@ -97,12 +98,13 @@ class ParameterServer:
             p.grad = None
 
     def memory_bytes(self):
-        """Bytes this rank holds now, as ZeRO's ``memory_bytes``: parameters, gradients
-        (backward's, the push buffer, a server's averaged slice) and optimizer state, which only
-        the servers hold: all of it on rank 0 with one server, 1/N of it per rank sharded."""
+        """Bytes this rank holds now, by kind as ZeRO's ``memory_bytes``: parameters, gradients
+        (backward's, the push buffer, a server's averaged slice) and optimizer state (master,
+        moments), which only the servers hold: all of it on rank 0 with one server, 1/N of it
+        per rank sharded."""
         return {"parameters": int(self.flat.nbytes),
                 "gradients": gradient_bytes(self.params + self.pieces, [self.grad]),
-                "optimizer_state": self.optimizer.state_bytes() if self.optimizer else 0}
+                **optimizer_memory(self.optimizer)}
 
     # --- checkpoints: serial names, the servers' pieces (distributed/flat_state.py) -----------
     def state_dict(self):

@@ -16,7 +16,7 @@ from ...comm import chunk_bounds, world
 from ...distributed.flat_state import ZeROState
 from ...flat import flatten_grads, flatten_parameters, offsets, padded_numel
 from ...nn.module import Parameter
-from .allreduce_optimizer import mean_op
+from .allreduce_optimizer import mean_op, optimizer_memory
 from .buckets import ReadyQueue, broadcast_parameters, gradient_bytes, make_buckets
 
 # the all-gather that completes each reduce-scatter algorithm (the other half of its all-reduce)
@@ -64,14 +64,6 @@ def optimizer_over_shards(make_optimizer, probe, shards, owner):
         raise TypeError(f"{owner}: {type(probe).__name__}(param_groups, **defaults) failed "
                         f"({err}): with several param groups the optimizer is built again over "
                         f"the flat shards so, from its defaults") from err
-
-
-def optimizer_memory(optimizer):
-    """The optimizer state's bytes by kind: "master" (float32 copies of 16-bit parameters),
-    "moments" (every other state array) and "optimizer_state", their sum."""
-    held = optimizer.memory_bytes()
-    return {"optimizer_state": held["master"] + held["moments"], "master": held["master"],
-            "moments": held["moments"]}
 
 
 class ZeRO:
@@ -150,8 +142,9 @@ class ZeRO:
             p.grad = None
 
     def memory_bytes(self):
-        """Bytes this rank holds now: parameters, gradients (full ones and owned shards) and
-        optimizer state (= master + moments, ``optimizer_memory``). Call it after backward to
+        """Bytes this rank holds now, by kind (their sum is the total): parameters, gradients
+        (full ones and owned shards) and optimizer state as master and moments
+        (``optimizer_memory``). Call it after backward to
         see stage 2's saving; in mixed precision with Adam: 2 + 2 + 12/N per parameter (stage
         1), 2 + 14/N (stage 2), plus each bucket's padding (docs/zero.md)."""
         return {"parameters": sum(int(f.nbytes) for f in self.flats),

@@ -16,10 +16,9 @@ from ...comm import Request, world
 from ...comm.nonblocking import iall_gather, ireduce_scatter
 from ...distributed.flat_state import ZeRO3State
 from ...flat import flatten_grads
-from .allreduce_optimizer import mean_op
+from .allreduce_optimizer import mean_op, optimizer_memory
 from .buckets import broadcast_parameters
-from .zero import (ALL_GATHER_TWIN, optimizer_memory, optimizer_over_shards,
-                   read_param_groups)
+from .zero import ALL_GATHER_TWIN, optimizer_over_shards, read_param_groups
 from .zero3_units import Unit, layer_units
 
 # A layer's backward closures keep views of the arrays it read, so its gathered copy cannot be
@@ -260,9 +259,10 @@ class ZeRO3:
         self.module.zero_grad()
 
     def memory_bytes(self):
-        """Bytes this rank holds now: parameter shards, gradients (shards and any whole ones),
-        optimizer state (= master + moments, ``optimizer_memory``), and the gathered copies (the
-        slots; none between steps). In mixed precision with Adam: 16/N per parameter."""
+        """Bytes this rank holds now, by kind (their sum is the total): parameter shards,
+        gradients (shards and any whole ones), optimizer state as master and moments
+        (``optimizer_memory``), and the gathered copies (the slots; none between steps). In
+        mixed precision with Adam: 16/N per parameter."""
         shards = [seg.shard for seg in self.segments]
         grads = [s.grad for s in shards] + [p.grad for u in self.units for p in u.params]
         kept = shards + [p for p in self.module.parameters() if not p.requires_grad]  # frozen
