@@ -10,8 +10,9 @@
   of the applied gradients plus the final residual (averaged over ranks) is the sum of the true
   averages (1e-10); the bytes by the counters are the formula; and it equals a serial reference
   written from the steps torch's ``powerSGD_hook`` documents, given the same first Q;
-- registering twice, or after a backward, is torch's error; ranks whose PowerSGD settings
-  differ, or whose hook all-reduces different sizes, end with a CommError, not a hang.
+- registering twice, or after a backward, is torch's error; ranks whose PowerSGD or top-k
+  settings differ (from the start, or changed by one rank between steps), that run different
+  hooks, or whose hook all-reduces different sizes, end with a CommError, not a hang.
 One launch per rank count runs the cases and returns the failures."""
 import textwrap
 
@@ -284,6 +285,28 @@ def first_k(state, bucket):
     return buf
 ddp.register_comm_hook(None, first_k)
 """, ["differ across ranks"]),
+    "PowerSGD whose last rank changes start_powerSGD_iter after a step": ("""
+from minipar.parallel.data import hooks
+state = hooks.PowerSGDState(None, 1, start_powerSGD_iter=2)
+ddp.register_comm_hook(state, hooks.powerSGD_hook)
+def between_steps():  # the last rank would compress at step 1, the others all-reduce
+    state.start_powerSGD_iter = 1 if world.rank == world.size - 1 else 2
+""", ["PowerSGDState: the ranks disagree on start_powerSGD_iter (rank 0: 2, rank 1: 2, "
+      "rank 2: 1)"]),
+    "top-k whose last rank changes k after a step": ("""
+from minipar.parallel.data import hooks
+state = hooks.TopKState(k=3)
+ddp.register_comm_hook(state, hooks.topk_hook)
+def between_steps():
+    state.k = 5 if world.rank == world.size - 1 else 3
+""", ["TopKState: the ranks disagree on k (rank 0: 3, rank 1: 3, rank 2: 5)"]),
+    "top-k on the last rank, signs on the others": ("""
+from minipar.parallel.data import hooks
+last = world.rank == world.size - 1
+ddp.register_comm_hook(hooks.TopKState(k=3) if last else hooks.SignState(),
+                       hooks.topk_hook if last else hooks.sign_hook)
+""", ["the ranks disagree on state (rank 0: 'SignState', rank 1: 'SignState', "
+      "rank 2: 'TopKState')"]),
 }
 
 JOB = """
@@ -297,10 +320,14 @@ world = comm.world()
 minipar.manual_seed(0)
 model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 4))
 ddp = DistributedDataParallel(model, world, bucket_cap_mb=0.0003, overlap={overlap})
+def between_steps():
+    pass
 {hook}
 x = minipar.tensor(np.ones((4, 6), np.float32))
 try:
-    F.cross_entropy(ddp(x), np.zeros(4, int)).backward()
+    for step in range(2):
+        F.cross_entropy(ddp(x), np.zeros(4, int)).backward()
+        between_steps()
 except Exception as error:
     print(f"rank {{world.rank}} raised {{type(error).__name__}}: {{error}}", flush=True)
     sys.exit(1)

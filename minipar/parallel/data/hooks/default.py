@@ -10,8 +10,6 @@ ones); docs/data_parallel.md.
 """
 from .... import backend
 from ....comm import Communicator
-from ....comm.agreement import same_everywhere
-from ....comm.errors import CommError
 
 
 def communicator(state, bucket):
@@ -23,25 +21,6 @@ def communicator(state, bucket):
         raise TypeError(f"a communication hook's process group must be a Communicator or None "
                         f"(the model's), got {type(state).__name__}")
     return state
-
-
-class AgreedSettings:
-    """A hook state whose settings size its messages: ``agree(comm, **settings)`` compares them
-    across ranks at the first use (one all_gather_object), the same CommError on every rank
-    naming what differs. The refusal sticks: with overlap the hook thread may still run the
-    step's later buckets, and each raises it again without sending anything."""
-    agreed, refusal = False, None
-
-    def agree(self, comm, **settings):
-        if self.refusal:
-            raise CommError(self.refusal)
-        if not self.agreed:
-            try:
-                same_everywhere(comm, type(self).__name__, settings)
-            except CommError as error:
-                self.refusal = str(error)
-                raise
-            self.agreed = True
 
 
 def allreduce_hook(process_group, bucket):

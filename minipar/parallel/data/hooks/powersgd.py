@@ -12,10 +12,11 @@ where plain averaging sends n m. ``state.error_dict`` holds each bucket's residu
 import numpy as np
 
 from .... import backend
-from .default import AgreedSettings, allreduce_hook, communicator
+from .default import allreduce_hook, communicator
+from .state import HookState
 
 
-class PowerSGDState(AgreedSettings):
+class PowerSGDState(HookState):
     """torch's ``PowerSGDState``: the settings, the step count ``iter`` (plain all-reduce while
     ``iter < start_powerSGD_iter``), and per bucket index the residuals (``error_dict``) and the
     P and Q memories (``p_memory_dict``, ``q_memory_dict``). ``process_group``: a Communicator,
@@ -63,14 +64,15 @@ class PowerSGDState(AgreedSettings):
         before = self.total_numel_before_compression
         return (before / after if after > 0 else 0, before, after)
 
-    def check_agreement(self, comm):
-        """Ranks with other settings would send P and Q of other sizes (AgreedSettings)."""
-        self.agree(comm, matrix_approximation_rank=self.matrix_approximation_rank,
-                   start_powerSGD_iter=self.start_powerSGD_iter,
-                   min_compression_rate=self.min_compression_rate,
-                   use_error_feedback=self.use_error_feedback, warm_start=self.warm_start,
-                   random_seed=self.random_seed,
-                   orthogonalization_epsilon=self.orthogonalization_epsilon)
+    def settings(self):
+        """Ranks with other settings would send P and Q of other sizes, and ranks at another
+        ``iter`` would compress while the others all-reduce (HookState compares them)."""
+        return dict(matrix_approximation_rank=self.matrix_approximation_rank,
+                    start_powerSGD_iter=self.start_powerSGD_iter,
+                    min_compression_rate=self.min_compression_rate,
+                    use_error_feedback=self.use_error_feedback, warm_start=self.warm_start,
+                    random_seed=self.random_seed,
+                    orthogonalization_epsilon=self.orthogonalization_epsilon, iter=self.iter)
 
 
 def should_compress(n, m, rank, min_compression_rate):
@@ -101,7 +103,7 @@ def powerSGD_hook(state, bucket):
     """Average ``bucket`` by PowerSGD (``state``: a ``PowerSGDState``); returns the buffer, which
     holds the approximation. Collectives per compressed step: the uncompressed tensors, P, Q."""
     comm = communicator(state.process_group, bucket)
-    state.check_agreement(comm)
+    state.begin(comm, bucket)
     if state.iter < state.start_powerSGD_iter:
         state.maybe_increase_iter(bucket)
         return allreduce_hook(comm, bucket)

@@ -10,11 +10,13 @@ entries, the 4 a float32 scale; plain all-reduce: 2 (p-1)/p n s, s the item size
 """
 from .... import backend
 from .default import communicator
+from .state import HookState
 
 
-class SignState:
+class SignState(HookState):
     """What ``sign_hook`` keeps between steps: the communicator (``process_group``; None: the
-    DDP's) and each bucket's residual in ``error_dict`` by bucket index (torch's name)."""
+    DDP's) and each bucket's residual in ``error_dict`` by bucket index (torch's name). No
+    setting sizes its messages: the ranks agree on the state's kind alone (HookState)."""
 
     def __init__(self, process_group=None, use_error_feedback=True):
         self.process_group = process_group
@@ -28,6 +30,7 @@ def sign_hook(state, bucket):
     g = bucket.buffer()
     xp = backend.get_array_module(g)
     n, index = g.size, bucket.index()
+    state.begin(comm, bucket)
     p = g + state.error_dict[index] if index in state.error_dict else g
     # Karimireddy's scale ||p||_1 / n: scale * sign(p) then keeps p's mean magnitude. It travels
     # as float32, and every rank (this one too) decodes that float32.

@@ -10,10 +10,11 @@ Bytes per rank per step (ring all-gather): (p-1) k (s + 4), s the gradient's ite
 4 the int32 index (int64, 8 bytes, from n = 2**31 on); plain all-reduce: 2 (p-1)/p n s.
 """
 from .... import backend
-from .default import AgreedSettings, communicator
+from .default import communicator
+from .state import HookState
 
 
-class TopKState(AgreedSettings):
+class TopKState(HookState):
     """What ``topk_hook`` keeps between steps: the communicator (``process_group``; None: the
     DDP's), k per bucket (``k`` entries, or ``ratio`` of the bucket's n), and each bucket's
     residual in ``error_dict`` by bucket index (torch's PowerSGDState name)."""
@@ -28,10 +29,10 @@ class TopKState(AgreedSettings):
         self.use_error_feedback = use_error_feedback
         self.error_dict = {}
 
-    def check_agreement(self, comm):
+    def settings(self):
         """Ranks sending different k would gather arrays of different sizes (an error on some
-        rank only, or a wait): AgreedSettings compares ratio and k first."""
-        self.agree(comm, ratio=self.ratio if self.k is None else None, k=self.k)
+        rank only, or a wait): compared before each step (HookState)."""
+        return {"ratio": self.ratio if self.k is None else None, "k": self.k}
 
     def k_for(self, n):
         """Entries sent from a bucket of n: ``k``, or round(ratio n), at least 1, at most n."""
@@ -45,7 +46,7 @@ def topk_hook(state, bucket):
     g = bucket.buffer()
     xp = backend.get_array_module(g)
     n, index = g.size, bucket.index()
-    state.check_agreement(comm)
+    state.begin(comm, bucket)
     k = state.k_for(n)
     # error feedback: what earlier steps left out is added back before choosing
     p = g + state.error_dict[index] if index in state.error_dict else g.copy()
