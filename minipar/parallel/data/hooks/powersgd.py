@@ -23,6 +23,8 @@ class PowerSGDState(HookState):
     or None for the model's. Unlike torch's, PowerSGD may start at step 0 with error feedback
     or warm start: torch needs two plain steps because its DDP rebuilds the buckets after the
     first; minipar's never does."""
+    # what a step changes, put back when GradScaler skips it (HookState); the stats stay
+    kept = ("error_dict", "p_memory_dict", "q_memory_dict", "iter", "rng")
 
     def __init__(self, process_group, matrix_approximation_rank=1, start_powerSGD_iter=1_000,
                  min_compression_rate=2, use_error_feedback=True, warm_start=True,
@@ -106,7 +108,7 @@ def powerSGD_hook(state, bucket):
     state.begin(comm, bucket)
     if state.iter < state.start_powerSGD_iter:
         state.maybe_increase_iter(bucket)
-        return allreduce_hook(comm, bucket)
+        return state.settle(bucket, allreduce_hook(comm, bucket))
     buf, index = bucket.buffer(), bucket.index()
     xp = backend.get_array_module(buf)
 
@@ -188,7 +190,7 @@ def powerSGD_hook(state, bucket):
         state.p_memory_dict.clear()
         state.q_memory_dict.clear()
     state.maybe_increase_iter(bucket)
-    return buf
+    return state.settle(bucket, buf)
 
 
 def views_of(memory, shapes):

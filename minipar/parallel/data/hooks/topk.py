@@ -50,8 +50,10 @@ def topk_hook(state, bucket):
     k = state.k_for(n)
     # error feedback: what earlier steps left out is added back before choosing
     p = g + state.error_dict[index] if index in state.error_dict else g.copy()
-    # the k largest |p|; a stable sort breaks ties by the lower index
-    chosen = xp.argsort(-xp.abs(p), kind="stable")[:k]
+    # the k largest |p|, NaN first: a NaN left out would stay in the residual for ever, unseen
+    # by GradScaler, which must skip this step; a stable sort breaks ties by the lower index
+    magnitude = xp.where(xp.isnan(p), xp.inf, xp.abs(p))
+    chosen = xp.argsort(-magnitude, kind="stable")[:k]
     chosen = xp.sort(chosen).astype(xp.int32 if n < 2**31 else xp.int64)
     values = p[chosen]
     if state.use_error_feedback:
@@ -66,4 +68,4 @@ def topk_hook(state, bucket):
     for r in range(comm.size):
         total[all_indices[r]] += all_values[r]
     g[...] = total / comm.size
-    return g
+    return state.settle(bucket, g)
