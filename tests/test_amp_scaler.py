@@ -115,15 +115,19 @@ def test_resume_continues_the_same_trajectory():
     assert scales2 == scales[11:] and skipped2 == skipped[11:]
 
 
-def one_step_setup(grad):
+def one_step_setup(grad, scaler=None):
+    """A weight with gradient ``grad`` and its SGD; ``scaler.scale`` called once, as a script's
+    ``scaler.scale(loss)`` (torch refuses to unscale or step before)."""
     w = param(np.ones(3, "float32"))
     w.grad = minipar.backend.asarray(np.array(grad, "float32"))
+    if scaler is not None:
+        scaler.scale(minipar.tensor(np.float32(0.0)))
     return w, optim.SGD([w], lr=0.1)
 
 
 def test_unscale_twice_and_step_twice_are_torch_errors():
     scaler = GradScaler()
-    w, opt = one_step_setup([1.0, 2.0, 3.0])
+    w, opt = one_step_setup([1.0, 2.0, 3.0], scaler)
     scaler.unscale_(opt)
     with pytest.raises(RuntimeError, match="unscale_\\(\\) has already been called"):
         scaler.unscale_(opt)
@@ -145,6 +149,7 @@ def test_unscale_divides_by_the_scale_and_16_bit_comes_back_float32():
     grad16 = np.array([2.0**-14, 3.0, 2.0**-24], "float16") * np.float16(2.0**10)
     w.grad = minipar.backend.asarray(grad16)
     opt = optim.SGD([w], lr=0.1)
+    scaler.scale(minipar.tensor(np.float32(0.0)))
     scaler.unscale_(opt)
     got = host(w.grad)
     assert got.dtype == np.float32
@@ -171,6 +176,7 @@ def test_skipped_step_leaves_weights_and_state_alone():
     w = param(np.ones(3, "float32"))
     opt = optim.AdamW([w], lr=0.1)
     w.grad = minipar.backend.asarray(np.array([1.0, np.nan, 1.0], "float32"))
+    scaler.scale(minipar.tensor(np.float32(0.0)))
     assert scaler.step(opt) is None
     scaler.update()
     assert opt.state == {} and scaler.get_scale() == 2.0**15

@@ -41,6 +41,9 @@ class GradScaler:
         self._growth_tracker = 0  # clean steps in a row since the last growth or backoff
         self.group = group
         self._per_optimizer = {}  # id(optimizer) -> {"stage", "found_inf", "inv_scale"}
+        # torch makes its scale tensor at the first scale(), and refuses to unscale or step
+        # before: gradients no scale() multiplied would be divided by the scale all the same
+        self._scaled = False
 
     def is_enabled(self):
         return self._enabled
@@ -68,6 +71,7 @@ class GradScaler:
         if not isinstance(outputs, Tensor):
             raise TypeError(f"GradScaler.scale: outputs must be a Tensor or a list or tuple of "
                             f"them, got {type(outputs).__name__}")
+        self._scaled = True
         # times a float32 0-d tensor, as torch does: a 16-bit loss is promoted to float32, so
         # the scaled loss (2**16 · loss) does not overflow float16's 65504
         xp = backend.get_array_module(outputs.data)
@@ -81,6 +85,9 @@ class GradScaler:
         inf or NaN (on any rank of the group). Once per optimizer between two update()s. A
         wrapper that reduces the gradients inside its ``step()`` (ZeRO, AllReduceOptimizer) is
         only checked here: its optimizer unscales them in that step, after the reduction."""
+        self._unscale(optimizer, "unscale_")
+
+    def _unscale(self, optimizer, caller):
         if not self._enabled:
             return
         state = self._state(optimizer)
@@ -95,7 +102,7 @@ class GradScaler:
         finite = [backend.get_array_module(p.grad).isfinite(p.grad).all() for p in holders]
         # Checked before a wrapper's reduction: an average of finite numbers is finite (when the
         # reduction adds in float32), so the verdict is the one after it
-        state["found_inf"] = self._found_inf(optimizer, finite)
+        state["found_inf"] = self._found_inf(optimizer, finite, caller)
         state["stage"] = UNSCALED
         if getattr(optimizer, "optimizer", None) is not None:
             return  # a wrapper: unscaled inside its step (see step)
@@ -109,9 +116,10 @@ class GradScaler:
                 g = g.astype("float32")
             p.grad = g * inv_scale
 
-    def _found_inf(self, optimizer, finite):
+    def _found_inf(self, optimizer, finite, caller):
         """1.0 if a gradient was inf or NaN on this rank or on any rank of the group, else 0.0
-        (one host read)."""
+        (one host read); torch's AssertionError where no scale() came first (on any rank of
+        the group: a pipeline scales the loss on its last stage alone)."""
         groups = self.group if self.group is not None else getattr(optimizer, "comm", None)
         groups = [] if groups is None else groups if isinstance(groups, (list, tuple)) else [groups]
         groups = [comm for comm in groups if comm.size > 1]
@@ -119,13 +127,22 @@ class GradScaler:
         found = xp.zeros(1, "float32")
         if finite:
             found += xp.logical_not(xp.stack(finite).all())
+        if not self._scaled:
+            # -1 where no scale() came and nothing is inf: the max stays -1 only if no rank of
+            # the group scaled (in the same message; an inf there still skips the step)
+            found = found * 2 - 1
         # the flag all-reduced (max) over the gradient's group: with ZeRO each rank checks only
         # its shard, with tensor or pipeline parallelism only its own parameters, yet every rank
         # must skip the same steps or their weights part. (DDP's averaged gradients are the same
         # on every rank already: an inf on one rank is an inf in the average.)
         for comm in groups:
             found = comm.all_reduce(found, op="max")
-        return float(backend.to_numpy(found)[0])
+        found = float(backend.to_numpy(found)[0])
+        if found < 0 or not (groups or self._scaled):
+            raise AssertionError(f"Attempted {caller} but _scale is None.  This may indicate your "
+                                 f"script did not use scaler.scale(loss or outputs) earlier in "
+                                 f"the iteration.")
+        return max(found, 0.0)
 
     def step(self, optimizer, *args, **kwargs):
         """``optimizer.step(*args, **kwargs)`` on the unscaled gradients (``unscale_`` first,
@@ -139,7 +156,7 @@ class GradScaler:
         if state["stage"] is STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
         if state["stage"] is READY:
-            self.unscale_(optimizer)
+            self._unscale(optimizer, "step")
         state["stage"] = STEPPED
         found_inf = bool(state["found_inf"])
         inner = getattr(optimizer, "optimizer", None)
