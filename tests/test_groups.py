@@ -444,3 +444,17 @@ def test_eight_ranks_context_communicators():
         assert r["coords"]["cp"] == rank // 2 % 2 and r["coords"]["dp"] == rank // 4
         assert f"rank {rank}: tp {rank % 2} cp {rank // 2 % 2} dp {rank // 4} pp 0" in r["described"]
         assert "context " in r["described"] and "expert" not in r["described"]
+
+
+def test_a_billion_rank_grid_counts_without_building_the_array():
+    """Sizes, coordinates, ranks and strides are arithmetic: only a group asked for builds the
+    grid (np.arange(10^9) would be 7.45 GiB)."""
+    import tracemalloc
+    tracemalloc.start()
+    grid = RankGrid(10 ** 9, tp=8, cp=2, pp=8, ep=4)
+    r = 10 ** 9 - 1
+    assert grid.coords(r) == {"tp": 7, "cp": 1, "dp": grid.dp - 1, "pp": 7}
+    assert grid.rank(**grid.coords(r)) == r and grid.expert_coords(r)["ep"] == 3
+    assert grid.stride("dp", "pp") == 8 * 2 * grid.dp
+    assert tracemalloc.get_traced_memory()[1] < 2 ** 20
+    tracemalloc.stop()

@@ -13,6 +13,7 @@ For W = 16, tp = 2, pp = 4 (so dp = 2), as in Megatron's documentation, order tp
 
 ``minipar groups --world 16 --tp 2 --cp 2 --pp 4`` prints the grid.
 """
+import functools
 import itertools
 import math
 
@@ -40,6 +41,7 @@ EXPERT = ("ep", "edp")
 EXPERT_PAIRS = (("tp", "ep"), ("tp", "edp"), ("ep", "edp"), ("ep", "pp"), ("edp", "pp"))
 
 
+@functools.cache  # a tuple built once: the planner builds a grid for each of 10^5 layouts
 def orders():
     """Every order string RankGrid takes: the dense axes in any order, cp (if named) beside dp,
     with or without ep beside dp."""
@@ -48,7 +50,7 @@ def orders():
         d = axes.index("dp")
         if "cp" not in axes or abs(axes.index("cp") - d) == 1:
             out += ["-".join(axes)] + ["-".join(axes[:k] + ("ep",) + axes[k:]) for k in (d, d + 1)]
-    return out
+    return tuple(out)
 
 
 class RankGrid(GridText):
@@ -115,11 +117,22 @@ class RankGrid(GridText):
                                  for a in self.axes), ())
         # Each grid is the ranks 0..W-1 in an array with one axis per coordinate, the slowest
         # first (C order), so a rank's coordinates are its index and a group is a slice. kind ->
-        # (the grid it is a slice of, that grid's axes); tp and pp slice both grids alike, a
-        # combined kind (tp-cp, dp-cp) the dense grid.
-        self.grids = {kind: (np.arange(world).reshape([self.sizes[a] for a in axes]), axes)
-                      for axes in (self.expert_order[::-1], self.axes[::-1])
-                      for kind in [*axes, *(k for k in KINDS if "-" in k)]}
+        # the axes of the grid it is a slice of; tp and pp slice both grids alike, a combined
+        # kind (tp-cp, dp-cp) the dense grid.
+        self.axes_of = {kind: axes for axes in (self.expert_order[::-1], self.axes[::-1])
+                        for kind in [*axes, *(k for k in KINDS if "-" in k)]}
+
+    @functools.cached_property
+    def grids(self):
+        """kind -> (the array of its grid, that grid's axes), built when a group is first asked
+        for: a grid only counted (the planner's, of a billion ranks) holds no W integers."""
+        return {kind: (np.arange(self.world).reshape([self.sizes[a] for a in axes]), axes)
+                for kind, axes in self.axes_of.items()}
+
+    def stride(self, kind, axis):
+        """The distance between two ranks one apart along ``axis`` in the grid holding ``kind``."""
+        axes = self.axes_of[kind]
+        return math.prod(self.sizes[a] for a in axes[axes.index(axis) + 1:])
 
     def coords(self, rank):
         """{'tp': i, 'dp': j, 'pp': k} (and 'cp' when cp > 1) of a rank: its digits in the mixed
@@ -135,11 +148,11 @@ class RankGrid(GridText):
 
     def rank(self, tp=0, dp=0, pp=0, cp=0):
         """The rank at the given coordinates (inverse of ``coords``)."""
-        if cp or self.cp > 1:  # the exercise below knows tp, dp and pp; with cp: the grid's index
+        if cp or self.cp > 1:  # the exercise below knows tp, dp and pp; with cp: the grid's strides
             given = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
             if any(not 0 <= given[a] < self.sizes[a] for a in DENSE):
                 raise ValueError(f"coordinates {given} are outside the grid of {self.title()}")
-            return int(self.grids["cp"][0][tuple(given[a] for a in self.axes[::-1])])
+            return sum(given[a] * self.stride("cp", a) for a in DENSE)
         ### BEGIN SOLUTION rank-grid
         coords = {"tp": tp, "dp": dp, "pp": pp}
         rank, stride = 0, 1
@@ -151,20 +164,20 @@ class RankGrid(GridText):
         return rank
         ### END SOLUTION
 
-    def _grid(self, kind, rank=0):
-        """(the array of the grid that has ``kind``, its axes slowest first), once ``kind`` and
-        ``rank`` are known to be in the grid."""
+    def _axes(self, kind, rank=0):
+        """The axes (slowest first) of the grid that has ``kind``, once ``kind`` and ``rank`` are
+        known to be in the grid."""
         if not 0 <= rank < self.world:
             raise ValueError(f"rank {rank} is outside the world of {self.world} ranks")
-        if kind not in self.grids:
+        if kind not in self.axes_of:
             raise ValueError(f"unknown group kind {kind!r}: choose one of {', '.join(KINDS)}")
-        return self.grids[kind]
+        return self.axes_of[kind]
 
     def expert_coords(self, rank):
         """{'tp', 'ep', 'edp', 'pp'} of a rank: its index in the expert grid, the dp·cp
         coordinate f split as f = e + ep·j (or f = j + edp·e when the order puts ep after dp)."""
-        grid, axes = self._grid("ep", rank)
-        index = dict(zip(axes, np.unravel_index(rank, grid.shape)))
+        axes = self._axes("ep", rank)
+        index = dict(zip(axes, np.unravel_index(rank, [self.sizes[a] for a in axes])))
         split = [a for a in self.expert_order if a in EXPERT]  # the faster of ep, edp first
         return {a: int(index[a]) for a in ["tp", *split, "pp"]}
 
@@ -182,7 +195,8 @@ class RankGrid(GridText):
     def groups(self, kind):
         """Every group of one kind ('tp', 'dp', 'tp-cp', 'ep', ... as in KINDS), each a sorted
         list of ranks, in order of their lowest rank: the grid's slices along the kind's axes."""
-        grid, axes = self._grid(kind)
+        self._axes(kind)
+        grid, axes = self.grids[kind]
         # the kind's axes go last, kept in the grid's order: each row ascends
         moved = [i for i, a in enumerate(axes) if a in kind.split("-")]
         rows = np.moveaxis(grid, moved, range(-len(moved), 0)).reshape(-1, self.sizes[kind])
@@ -190,7 +204,8 @@ class RankGrid(GridText):
 
     def group_of(self, rank, kind):
         """The group of one kind that contains ``rank``: its slice through the rank's index."""
-        grid, axes = self._grid(kind, rank)
+        self._axes(kind, rank)
+        grid, axes = self.grids[kind]
         index = np.unravel_index(rank, grid.shape)
         index = [slice(None) if a in kind.split("-") else i for a, i in zip(axes, index)]
         return grid[tuple(index)].ravel().tolist()
