@@ -210,3 +210,39 @@ def test_zero3_is_priced_unit_by_unit_as_minipar_gathers():
     # 28 units x (a reduce-scatter and two all-gathers) x 7 ring steps of alpha each, at least
     # (one collective of all the parameters would pay 3 x 7 alphas)
     assert exposed >= 28 * 3 * 7 * PROFILES["h100"].alpha_intra
+
+
+FIXED = ["plan", "--model", "gpt3-175b", "--tp", "8", "--pp", "8", "--zero", "1"]
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--gpus", "1024", "--gpu-memory", "-80"], "--gpu-memory -80: "),
+    (["--gpus", "1024", "--gpu-memory", "nan"], "--gpu-memory nan: "),
+    (["--gpus", "1024", "--gpu-memory", "inf"], "--gpu-memory inf: "),
+    (["--gpus", "1024", "--gpu-memory", "0"], "--gpu-memory 0: "),
+    (["--gpus", str(10 ** 13)], f"--gpus {10 ** 13}: "),
+    (["--gpus", "1024", "--gpus-per-node", str(10 ** 13)], f"--gpus-per-node {10 ** 13}: "),
+])
+def test_an_absurd_number_is_refused_by_its_flag(extra, says, capsys):
+    code, out, err = run(FIXED + extra, capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("minipar plan: error: ") and says in err
+
+
+def test_a_billion_gpus_are_counted_not_materialised(capsys):
+    # a layout and the search on 10^9 GPUs: the grid is counted, never built (np.arange(10^9)
+    # is 7.45 GiB), and the divisors come from the factors (2^9·5^9: 100 of them)
+    import tracemalloc
+    billion = ["--gpus", str(10 ** 9), "--global-batch", str(10 ** 9 // 64), "--json"]
+    tracemalloc.start()
+    start = time.process_time()
+    code, out, _ = run(FIXED + billion, capsys)
+    fixed = time.process_time() - start
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert code == 0 and json.loads(out)["layout"]["dp"] == 10 ** 9 // 64
+    start = time.process_time()
+    code, _, err = run(["plan", "--model", "gpt3-175b", "--gpus", str(10 ** 9)], capsys)
+    searched = time.process_time() - start
+    assert code == 2 and "no layout of gpt3-175b on 1000000000 GPUs fits" in err
+    assert fixed < 1.0 and searched < 1.0 and peak < 100 * 2 ** 20, (fixed, searched, peak)

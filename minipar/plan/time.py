@@ -25,6 +25,9 @@ from .layout_bytes import rank_modules
 from .memory import bytes_per_parameter, megatron_activation_bytes, model_state_bytes
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
+# A thousand times the largest cluster yet; its divisors come from trial division up to its
+# square root (5·10^5 odd trials at most), so any count allowed is factored in under a second.
+MAX_GPUS = 10 ** 12
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +61,16 @@ class Cluster:
     profile: object
     gpu_memory: float = None  # bytes; None: the profile's HBM
 
+    def __post_init__(self):
+        # each refusal names the flag that gave the number: minipar plan prints it as it is
+        for flag, n in (("--gpus", self.gpus), ("--gpus-per-node", self.gpus_per_node)):
+            if not isinstance(n, int) or not 1 <= n <= MAX_GPUS:
+                raise ValueError(f"{flag} {n}: must be a whole number of GPUs, 1 to {MAX_GPUS:.0e}")
+        gb = self.gpu_memory
+        if gb is not None and not 0 < gb < float("inf"):  # NaN compares false both ways
+            raise ValueError(f"--gpu-memory {gb / 1e9:g}: must be a positive, finite number of "
+                             f"GB (1e9 bytes)")
+
     @property
     def memory(self):
         return self.gpu_memory or self.profile.memory
@@ -66,7 +79,9 @@ class Cluster:
 def spans_nodes(grid, kind, gpus_per_node):
     """Whether rank 0's group of ``kind`` holds ranks of more than one node (ranks fill nodes
     in order, gpus_per_node each): its collectives then run over the inter-node link."""
-    return len({rank // gpus_per_node for rank in grid.group_of(0, kind)}) > 1
+    # its last rank, counted from the strides: the group itself may hold millions of ranks
+    last = sum((grid.sizes[a] - 1) * grid.stride(kind, a) for a in kind.split("-"))
+    return last >= gpus_per_node
 
 
 def expert_parameters(shape):
