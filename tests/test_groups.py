@@ -20,7 +20,18 @@ def test_megatron_documented_example():
     assert grid.groups("pp") == [[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]]
     assert grid.groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7], [8, 10], [9, 11], [12, 14],
                                  [13, 15]]
-    assert grid.coords(5) == {"tp": 1, "dp": 0, "pp": 1}
+    assert grid.coords(5) == {"tp": 1, "cp": 0, "dp": 0, "pp": 1}
+
+
+def test_coords_name_every_axis_of_the_grid_at_size_one_too():
+    """coords names tp, cp, dp and pp whatever their sizes (cp = 1 included), and a rank's
+    ParallelGroups coords add ep and edp (ep = 1 included); minipar groups still shows only
+    the axes that have groups."""
+    for grid in (RankGrid(8, tp=2), RankGrid(8, tp=2, ep=2), RankGrid(8, cp=2, order="pp-tp-dp")):
+        for r in range(8):
+            assert set(grid.coords(r)) == {"tp", "cp", "dp", "pp"}
+            assert grid.rank(**grid.coords(r)) == r
+    assert RankGrid(8, tp=2).all_coords(3) == {"tp": 1, "dp": 1, "pp": 0}
 
 
 def test_cli_json_reproduces_the_documented_groups(capsys):
@@ -389,7 +400,7 @@ def test_cp_one_leaves_the_output_as_it_was(capsys):
         assert list(out) == ["world", "tp", "dp", "pp", "order", "tensor", "pipeline", "data",
                              "ep", "edp", "expert", "expert_data", "coords"]
     assert "context" not in RankGrid(8, tp=2, cp=1, order="tp-cp-dp-pp").describe()
-    assert RankGrid(8, tp=2, order="tp-cp-dp-pp").coords(3) == {"tp": 1, "dp": 1, "pp": 0}
+    assert RankGrid(8, tp=2, order="tp-cp-dp-pp").all_coords(3) == {"tp": 1, "dp": 1, "pp": 0}
 
 
 def test_context_bad_input_is_a_clear_error(capsys):

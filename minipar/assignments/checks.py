@@ -219,11 +219,11 @@ def test_rank_grid_coords_and_rank_are_inverse():
     task = "rank-grid"
     grid, made = RankGrid(16, tp=2, pp=2), "RankGrid(16, tp=2, pp=2)"
     other = RankGrid(8, tp=2, pp=2, order="pp-tp-dp")
-    for g, name, rank, want in [(grid, made, 0, {"tp": 0, "dp": 0, "pp": 0}),
-                                (grid, made, 5, {"tp": 1, "dp": 2, "pp": 0}),
-                                (grid, made, 13, {"tp": 1, "dp": 2, "pp": 1}),
+    for g, name, rank, want in [(grid, made, 0, {"tp": 0, "cp": 0, "dp": 0, "pp": 0}),
+                                (grid, made, 5, {"tp": 1, "cp": 0, "dp": 2, "pp": 0}),
+                                (grid, made, 13, {"tp": 1, "cp": 0, "dp": 2, "pp": 1}),
                                 (other, 'RankGrid(8, tp=2, pp=2, order="pp-tp-dp")', 5,
-                                 {"pp": 1, "tp": 0, "dp": 1})]:
+                                 {"pp": 1, "tp": 0, "cp": 0, "dp": 1})]:
         check = f"{name}.coords({rank})"
         got = _attempt(task, check, lambda: g.coords(rank), "minipar/parallel/groups.py")
         assert got == want, f"Task {task}: {check}\n  expected {want}, got {got}"

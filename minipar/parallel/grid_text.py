@@ -23,9 +23,10 @@ class GridText:
         return out
 
     def all_coords(self, rank):
-        """``coords(rank)``, with the ep and edp coordinates when ep > 1."""
-        c = self.coords(rank)
-        return {**c, **self.expert_coords(rank)} if self.ep > 1 else c
+        """The coordinates ``minipar groups`` shows: ``coords(rank)`` with cp only when cp > 1,
+        and the ep and edp coordinates when ep > 1."""
+        c = {**self.coords(rank), **self.expert_coords(rank)}
+        return {k: c[k] for k in self.shown([*c])}
 
     def title(self):
         """"world 16 = tp 2 × dp 4 × pp 2, dp 4 = ep 2 × edp 2  (order ..., fastest first)"."""

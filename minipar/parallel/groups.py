@@ -135,13 +135,13 @@ class RankGrid(GridText):
         return math.prod(self.sizes[a] for a in axes[axes.index(axis) + 1:])
 
     def coords(self, rank):
-        """{'tp': i, 'dp': j, 'pp': k} (and 'cp' when cp > 1) of a rank: its digits in the mixed
-        radix of ``order``."""
+        """{'tp': i, 'cp': c, 'dp': j, 'pp': k} of a rank, every axis of the grid (cp = 0 when
+        cp = 1): its digits in the mixed radix of ``axes``."""
         if not 0 <= rank < self.world:
             raise ValueError(f"rank {rank} is outside the world of {self.world} ranks")
         ### BEGIN SOLUTION rank-grid
         coords = {}
-        for axis in self.order:
+        for axis in self.axes:
             rank, coords[axis] = divmod(rank, self.sizes[axis])
         return coords
         ### END SOLUTION
@@ -254,7 +254,7 @@ class ParallelGroups:
     """This rank's place in the grid and one communicator per group kind: ``tensor``,
     ``pipeline``, ``data``, ``context``, ``tensor_context``, ``data_context``, ``expert`` and
     ``expert_data``, each ordered by that coordinate (``pipeline.rank`` is this rank's stage,
-    ``expert.rank`` its expert rank). ``coords`` holds tp, dp, pp, ep and edp (cp when cp > 1)."""
+    ``expert.rank`` its expert rank). ``coords`` holds every axis: tp, cp, dp, pp, ep and edp."""
 
     def __init__(self, world, tp=1, pp=1, order="tp-dp-pp", ep=1, cp=1):
         self.world = world
