@@ -10,12 +10,13 @@ one message. Then a deadlock: both ranks send a large message first and receive 
 send waits until the receiver posts its receive (rendezvous), so both wait for ever. Two ways
 out: ``sendrecv`` (send and receive as one call) or non-blocking ``isend`` + ``recv`` + ``wait``.
 
-Read next: minipar/comm/communicator.py, then watch.py; proved by tests/test_comm_p2p.py.
+Read next: minipar/comm/communicator.py, then wire.py and watch.py; proved by
+tests/test_comm_p2p.py.
 """
 import time
 
 from minipar import backend
-from minipar.comm import chunks, fit
+from minipar.comm import fit, wire
 
 from _kit import arguments, check, finish, mpi_world, say
 
@@ -90,13 +91,13 @@ else:
 if eager:
     seen = ("it completed (sent eagerly): here the deadlock of part 2 hides.\n"
             "   MINIPAR_SYNC_SENDS=1 makes each send synchronous (MPI_Ssend): it shows at any size")
-elif chunks.SYNC_SENDS:
+elif wire.SYNC_SENDS:
     seen = ("it waits: MINIPAR_SYNC_SENDS=1 made every send synchronous (MPI_Ssend),\n   "
             "so the deadlock of part 2 happens at every size")
 else:
     seen = "it waits (this MPI sends no message eagerly)"
 say("\n4. An 8-byte send whose receive is not posted yet: " + seen)
-if chunks.SYNC_SENDS:
+if wire.SYNC_SENDS:
     check("with synchronous sends an 8-byte send waits for its receive", not eager,
           "not completed before the receive", "completed")
 check("both ways out delivered the 8 MiB intact", arrived, "every byte 1", "a byte not 1")

@@ -176,7 +176,7 @@ def test_a_hanging_ring_is_stopped_and_reports_who_waits_on_whom(tmp_path, monke
     assignments.make(tree, ["ring-all-reduce"])
     patterns = tree / "minipar/comm/patterns.py"
     stub = assignments.BY_ID["ring-all-reduce"].stub()
-    wrong = "c.recv(tmp[:1], left, tag)  # every rank receives first: a deadlock"
+    wrong = "c.Recv(tmp[:1], left)  # every rank receives first: a deadlock"
     patterns.write_text(patterns.read_text().replace(stub, wrong))
     monkeypatch.setenv("MINIPAR_TIMEOUT", "4")
     report = _grade(tree, ["ring-all-reduce"], tmp_path)

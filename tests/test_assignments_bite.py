@@ -18,21 +18,21 @@ RING_SEND_FIRST = """
 send, recv = (r + shift - s) % p, (r + shift - s - 1) % p
 lo, hi = bounds[recv], bounds[recv + 1]
 got = tmp[:hi - lo]
-c.send((src if s == 0 else buf)[bounds[send]:bounds[send + 1]], right, tag)  # both send first
-c.recv(got, left, tag)
+c.Send((src if s == 0 else buf)[bounds[send]:bounds[send + 1]], right)  # both send first
+c.Recv(got, left)
 reduce(src[lo:hi], got, out=buf[lo:hi])
 """
 RING_OFF_BY_ONE = """
 send, recv = (r + shift - s) % p, (r + shift - s) % p  # recv: one chunk too far
 lo, hi = bounds[recv], bounds[recv + 1]
 got = tmp[:hi - lo]
-c.sendrecv((src if s == 0 else buf)[bounds[send]:bounds[send + 1]], right, got, left, tag)
+c.Sendrecv((src if s == 0 else buf)[bounds[send]:bounds[send + 1]], right, got, left)
 reduce(src[lo:hi], got, out=buf[lo:hi])
 """
 RING_MISSING_OWN_CHUNK = """
 send, recv = (r + shift - s) % p, (r + shift - s - 1) % p
 lo, hi = bounds[recv], bounds[recv + 1]
-c.sendrecv((src if s == 0 else buf)[bounds[send]:bounds[send + 1]], right, buf[lo:hi], left, tag)
+c.Sendrecv((src if s == 0 else buf)[bounds[send]:bounds[send + 1]], right, buf[lo:hi], left)
 """
 RING_ON_MPI_ALLREDUCE = """
 if s == 0:  # the whole vector reduced by MPI at once: the all-gather after it changes nothing
@@ -45,8 +45,8 @@ while mask:
     mid = (lo + hi) // 2
     (k0, k1), (g0, g1) = ((mid, hi), (lo, mid)) if me & mask else ((lo, mid), (mid, hi))
     got = tmp[:nb[k1] - nb[k0]]
-    c.send(src[nb[g0]:nb[g1]], real(me ^ mask), tag)  # both partners send first
-    c.recv(got, real(me ^ mask), tag)
+    c.Send(src[nb[g0]:nb[g1]], real(me ^ mask))  # both partners send first
+    c.Recv(got, real(me ^ mask))
     reduce(src[nb[k0]:nb[k1]], got, out=buf[nb[k0]:nb[k1]])
     lo, hi, mask, src = k0, k1, mask >> 1, buf
 """
@@ -55,8 +55,8 @@ while mask:
     mid = (lo + hi) // 2
     (k0, k1), (g0, g1) = ((mid, hi), (lo, mid)) if me & mask else ((lo, mid), (mid, hi))
     got = tmp[:nb[k1] - nb[k0]]
-    c.recv(got, real(me ^ mask), tag)  # both partners receive first
-    c.send(src[nb[g0]:nb[g1]], real(me ^ mask), tag)
+    c.Recv(got, real(me ^ mask))  # both partners receive first
+    c.Send(src[nb[g0]:nb[g1]], real(me ^ mask))
     reduce(src[nb[k0]:nb[k1]], got, out=buf[nb[k0]:nb[k1]])
     lo, hi, mask, src = k0, k1, mask >> 1, buf
 """
@@ -177,7 +177,7 @@ p = xp.exp(s - m_new[..., None])
 HANG = ["the ranks hung", "minipar watchdog: no progress", "waits in"]
 WRONG = {  # name: (task, code for its region, words its grade's output must contain)
     "ring: both partners send first": ("ring-all-reduce", RING_SEND_FIRST, HANG + [
-        "at minipar/comm/patterns.py:", "in ring_reduce_scatter: c.send("]),
+        "at minipar/comm/patterns.py:", "in ring_reduce_scatter: c.Send("]),
     "ring: off-by-one chunk index": ("ring-all-reduce", RING_OFF_BY_ONE, [
         "ring all-reduce (sum, out of place) of 1 float64 on 3 ranks",
         "lengths or dtypes differ across ranks",
@@ -188,9 +188,9 @@ WRONG = {  # name: (task, code for its region, words its grade's output must con
         "by the communicator's counters", "expected [4, 4, 4] messages",
         "got [2, 2, 2] messages", "MPI's own collective"]),
     "halving: both partners send first": ("recursive-halving", HALVING_SEND_FIRST, HANG + [
-        "in halving_reduce_scatter: c.send("]),
+        "in halving_reduce_scatter: c.Send("]),
     "halving: both partners receive first": ("recursive-halving", HALVING_RECV_FIRST, HANG + [
-        "in halving_reduce_scatter: c.recv("]),
+        "in halving_reduce_scatter: c.Recv("]),
     "checkpoint: every activation kept": ("checkpoint-sequential", CHECKPOINT_KEEPS_ALL, [
         "checkpoint_sequential(16 modules, 4) keeps only each segment's input",
         "peak activation memory of at most", "(100% of it)"]),

@@ -113,9 +113,9 @@ def test_collectives_on_cupy_arrays(aware):
 
 
 def test_synchronous_sends_switch_every_send_of_chunks(monkeypatch):
-    """MINIPAR_SYNC_SENDS=1 (``chunks.SYNC_SENDS``): blocking sends are MPI_Ssend, started ones
+    """MINIPAR_SYNC_SENDS=1 (``wire.SYNC_SENDS``): blocking sends are MPI_Ssend, started ones
     MPI_Issend, the multi-piece sendrecv's too; a small sendrecv stays one MPI_Sendrecv."""
-    from minipar.comm import chunks
+    from minipar.comm import wire
 
     class Recorder:
         def __init__(self):
@@ -128,22 +128,27 @@ def test_synchronous_sends_switch_every_send_of_chunks(monkeypatch):
         def Wait(self, status=None):
             pass
 
+    class Owner:  # what a Wire reads of its Communicator
+        rank, size, world_ranks, counters, _log = 0, 2, (0, 1), wire.Counters(), {"trace": None}
+
     def calls(sync):
-        monkeypatch.setattr(chunks, "SYNC_SENDS", sync)
-        mpi, check = Recorder(), lambda status, nbytes: None
-        chunks.send(mpi, np.zeros(300, "u1"), 1, 0)
-        chunks.isend(mpi, np.zeros(300, "u1"), 1, 0)
-        chunks.sendrecv(mpi, np.zeros(300, "u1"), 1, 0, np.zeros(300, "u1"), 1, 0, None, check)
-        chunks.sendrecv(mpi, np.zeros(10, "u1"), 1, 0, np.zeros(10, "u1"), 1, 0, None, check)
+        monkeypatch.setattr(wire, "SYNC_SENDS", sync)
+        mpi = Recorder()
+        w = wire.Wire(mpi, Owner(), strict=False)
+        monkeypatch.setattr(w, "check", lambda status, nbytes, source, tag: None)
+        w.Send(np.zeros(300, "u1"), 1)
+        w.Isend(np.zeros(300, "u1"), 1)
+        w.Sendrecv(np.zeros(300, "u1"), 1, np.zeros(300, "u1"), 1)
+        w.Sendrecv(np.zeros(10, "u1"), 1, np.zeros(10, "u1"), 1)
         return mpi.calls
 
-    monkeypatch.setattr(chunks, "CHUNK_BYTES", 100)
+    monkeypatch.setattr(wire, "CHUNK_BYTES", 100)
     assert calls(True) == ["Ssend"] * 3 + ["Issend"] * 3 + ["Irecv"] * 3 + ["Issend"] * 3 + [
         "Sendrecv"]
     assert calls(False) == ["Send"] * 3 + ["Isend"] * 3 + ["Irecv"] * 3 + ["Isend"] * 3 + [
         "Sendrecv"]
     with pytest.raises(ValueError, match="MINIPAR_SYNC_SENDS must be 0 or 1, got 'yes'"):
-        chunks._sync_sends("yes")
+        wire._sync_sends("yes")
 
 
 SEND_FIRST = """

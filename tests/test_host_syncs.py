@@ -160,20 +160,20 @@ def test_p2p_buffers_wait_for_the_stream_only_where_mpi_reads_the_device(device,
     """Host arrays never wait for the GPU; a device buffer handed to a CUDA-aware MPI waits once
     per call. (The staged path, a device -> host copy that waits by itself, is staging's own
     test's.)"""
-    from minipar.comm import staging
+    from minipar.comm import wire
 
     def buffer(made):  # send_buffer gives the buffer, or (buffer, done)
         return made[0] if isinstance(made, tuple) else made
 
     host = numpy.arange(4.0)
-    assert buffer(staging.send_buffer(host, aware)) is host
-    assert buffer(staging.recv_buffer(host, aware)) is host
-    assert buffer(staging.inout_buffer(host, aware)) is host
+    assert buffer(wire.send_buffer(host, aware)) is host
+    assert buffer(wire.recv_buffer(host, aware)) is host
+    assert buffer(wire.inout_buffer(host, aware)) is host
     assert device == [], "host arrays must never wait for the GPU"
     if aware:
         dev = on_device(numpy.arange(4.0))
-        for made in (staging.send_buffer(dev, aware), staging.recv_buffer(dev, aware),
-                     staging.inout_buffer(dev, aware)):
+        for made in (wire.send_buffer(dev, aware), wire.recv_buffer(dev, aware),
+                     wire.inout_buffer(dev, aware)):
             assert numpy.shares_memory(buffer(made), dev)  # the device memory itself
         assert device == ["synchronize"] * 3
 

@@ -1,7 +1,6 @@
 """Communication: point-to-point messages and collectives written by hand over them.
 
-    from minipar import comm
-    world = comm.world()
+    world = comm.world()        # from minipar import comm
     y = world.all_reduce(x, op="sum", algorithm="ring")
 
     communicator.py   the Communicator: send/recv, counters, every collective's entry point
@@ -9,12 +8,14 @@
                       hierarchical.py, param_server.py); trees.py, exchange.py: the others
     mpi.py            MPI's own collectives: the reference
     cost.py, fit.py   the alpha-beta-gamma model; measuring its constants on this machine
-    watch.py          who waits on whom; a hang or a failing rank ends the job
+    wire.py, watch.py the one door to MPI (buffers, chunks, checks, counters, trace); who
+                      waits on whom: a hang or a failing rank ends the job
 
 Every module, and the theory they share: docs/comm.md.
 """
 from minipar.comm.buffers import chunk_bounds
-from minipar.comm.communicator import Communicator, Counters, Request, world
+from minipar.comm.communicator import Communicator, world
+from minipar.comm.wire import Counters, Request
 from minipar.comm.errors import CommError
 from minipar.comm.registry import ALGORITHMS, OPS
 from minipar.comm.staging import cuda_aware

@@ -1,6 +1,7 @@
 """Ranks agree on every collective call, or they hear about it: fingerprints in the message tag.
 
-    tag = agreement.encode("all_reduce", "ring", "sum", dtype, count, root=None, call=3)
+    kind = agreement.fingerprint("all_reduce", 2, "sum", dtype, count, root=None)  # 2: ring's
+    tag = kind | (call & CALL_MASK) << CALL_SHIFT      # what wire.Wire.call sets
     agreement.describe(tag)         # 'all_reduce #3 (ring, sum, float32)'
     agreement.difference(a, b)      # 'collectives differ across ranks', ...
 
@@ -12,6 +13,7 @@ whose tag is the fingerprint. ``check=False`` or ``MINIPAR_CHECK=0`` leaves only
 
     bits, low to high:  dtype 5 | collective 4 | algorithm 4 | op 3 | count and root 6 | call rest
 """
+import functools
 import os
 import zlib
 
@@ -24,25 +26,28 @@ from minipar.comm.registry import ALGORITHMS, COLLECTIVES, OPS
 ENABLED = os.environ.get("MINIPAR_CHECK", "1") not in ("", "0")
 FIELDS = (("dtype", 5), ("collective", 4), ("algorithm", 4), ("op", 3), ("shape", 6))
 _TAG_BITS = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB).bit_length()
-_CALL_BITS = max(_TAG_BITS - sum(bits for _, bits in FIELDS), 0)
+CALL_SHIFT = sum(bits for _, bits in FIELDS)
+CALL_MASK = (1 << max(_TAG_BITS - CALL_SHIFT, 0)) - 1
 _KIND = 0xFF << FIELDS[0][1]  # the bits of the collective and the algorithm (4 + 4)
 
 
-def encode(collective, algorithm, op, dtype, count, root, call):
-    """The tag of every message of this call (dtype alone when checking is off)."""
+# a call's fingerprint is the same for every call of one shape: worked out once, then a lookup
+@functools.lru_cache(maxsize=1024)
+def fingerprint(collective, algorithm, op, dtype, count, root):
+    """The tag of every message of a call, less its number: ``algorithm`` is the registry's
+    number of the algorithm (``ALGORITHMS[collective][name].id``)."""
     values = {"dtype": dtype_tag(dtype), "collective": 1 + COLLECTIVES.index(collective),
-              "algorithm": list(ALGORITHMS[collective]).index(algorithm),
-              "op": 1 + OPS.index(op) if op else 0,
+              "algorithm": algorithm, "op": 1 + OPS.index(op) if op else 0,
               "shape": zlib.crc32(f"{count},{root}".encode()) % 64}
     tag, shift = 0, 0
     for name, bits in FIELDS:
         tag |= values[name] << shift
         shift += bits
-    return tag | (call % (1 << _CALL_BITS)) << shift
+    return tag
 
 
 def decode(tag):
-    """{field: value} of a tag made by ``encode`` (names where a name is known)."""
+    """{field: value} of a fingerprinted tag (names where a name is known)."""
     fields, shift = {}, 0
     for name, bits in FIELDS:
         fields[name] = tag >> shift & ((1 << bits) - 1)
@@ -51,8 +56,8 @@ def decode(tag):
     collective = COLLECTIVES[fields["collective"] - 1] if fields["collective"] else None
     fields["collective"] = collective
     if collective:
-        names = list(ALGORITHMS[collective])
-        fields["algorithm"] = names[fields["algorithm"]] if fields["algorithm"] < len(names) else "?"
+        names = {fn.id: name for name, fn in ALGORITHMS[collective].items()}
+        fields["algorithm"] = names.get(fields["algorithm"], "?")
     fields["op"] = OPS[fields["op"] - 1] if 0 < fields["op"] <= len(OPS) else None
     fields["dtype"] = tag_dtype(fields["dtype"])
     return fields
@@ -100,14 +105,15 @@ def disagreement(tags, ranks):
 _EMPTY = [bytearray(), MPI.BYTE]  # an exchange's message: its tag is all it says
 
 
-def exchange(c, tag):
-    """A rendezvous of the ranks of ``c`` (a communicator's private channel) under the call's
-    fingerprint, for an algorithm that sends no message of its own (shm.py, whose barriers are
-    MPI's, where a peer inside another collective never comes): each rank sends ``tag`` to
-    every peer in an empty message and waits for theirs. A peer inside another collective gets
-    one (its receive checks the tag) or sends one here: a CommError at once on that rank or on
-    this one, and the abort hook ends the job. Peers in the same algorithm pass whatever else
+def exchange(c):
+    """A rendezvous of the ranks of Wire ``c`` (a communicator's collectives' channel) under
+    the call's fingerprint ``c.tag``, for an algorithm that sends no message of its own (shm.py,
+    whose barriers are MPI's, where a peer inside another collective never comes): each rank
+    sends the tag to every peer in an empty message and waits for theirs. A peer inside
+    another collective gets one (its receive checks the tag) or sends one here: a CommError at
+    once on that rank or on this one, and the abort hook ends the job. Peers in the same algorithm pass whatever else
     differs: the caller compares the calls in the same words everywhere (shm.header_error)."""
+    tag = c.tag
     sends = [c.mpi.Isend(_EMPTY, j, tag) for j in range(c.size) if j != c.rank]
     heard, status = [], c.status
     # noted for the watchdog, uncounted: the exchange is the check, not the algorithm's traffic
@@ -131,13 +137,14 @@ def exchange(c, tag):
 
 def same_everywhere(comm, what, value, describe=None, error=CommError):
     """Every rank's ``value`` (one all_gather_object, a list in rank order), or, unless every
-    rank of Communicator ``comm`` passed an equal one (compared by repr), the same ``error``
+    rank of Communicator ``comm`` passed an equal one (or one printed alike), the same ``error``
     on every rank: ``what``, then ``describe(everyone)`` in words (default: the settings of a
     dict that differ, rank by rank). The one check of its kind: for what decides which
     messages a rank sends (ranks that differ would post messages that never pair up, or each
     finish with a wrong answer), compared before any of them."""
     everyone = comm.all_gather_object(value)
-    if len({repr(v) for v in everyone}) > 1:
+    # equal, or printed alike (a NaN setting is not equal to itself)
+    if any(v != everyone[0] and repr(v) != repr(everyone[0]) for v in everyone):
         raise error(f"{what}: {(describe or settings_differ)(everyone)}")
     return everyone
 

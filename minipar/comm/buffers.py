@@ -8,12 +8,13 @@ reduced in float32 (``reducer``, ``Accumulator``); the rounding bounds: docs/com
 
 Checking. Every receive checks size and dtype tag (communicator.py). With ``check=True`` or
 ``MINIPAR_DEBUG=1`` the ranks first exchange (shape, dtype), and every rank raises the same
-error when they differ (``check_same``).
+error when they differ (``check_call``).
 """
 import functools
 
 from minipar import backend
 from minipar.comm.errors import CommError
+from minipar.comm.registry import OPS, check_op
 
 _UFUNC = {"sum": "add", "avg": "add", "max": "maximum", "min": "minimum", "prod": "multiply"}
 
@@ -30,11 +31,15 @@ def bounds(n, p):
     return tuple(i * q + min(i, r) for i in range(p + 1))
 
 
-def check_same(comm, what, x, check=None):
-    """Raise the same CommError on every rank when ranks disagree on x's shape or dtype.
-
-    Runs when ``check`` is True, or when it is None and MINIPAR_DEBUG=1 (one small gather of
-    metadata: a check, not part of any algorithm)."""
+def check_call(comm, what, x, check=None, op=None):
+    """Refuse what no rank could run, a CommError naming it: x that is not an array, an
+    unknown reduction ``op``. With ``check=True``, or ``check=None`` and MINIPAR_DEBUG=1, also
+    the same CommError on every rank when ranks disagree on x's shape or dtype (one small
+    gather of metadata: a check, not part of any algorithm)."""
+    if x is not None:
+        array(x, what)
+    if op is not None and op not in OPS:
+        check_op(op)
     if comm.size == 1 or not (check or (check is None and backend.debug())):
         return
     mine = (tuple(x.shape), x.dtype.name) if x is not None else None
@@ -120,11 +125,6 @@ def contiguous(x):
 def copy(x):
     """A fresh C-contiguous copy of x (the work buffer a collective may overwrite)."""
     return backend.get_array_module(x).array(x, order="C", copy=True)
-
-
-def wait_all(requests):
-    """Complete every non-blocking send or receive (MPI progresses all of them meanwhile)."""
-    return [request.wait() for request in requests]
 
 
 def array(x, what):

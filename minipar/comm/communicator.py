@@ -6,13 +6,13 @@
     # broadcast reduce reduce_scatter all_gather all_to_all(_v) gather scatter barrier,
     # iall_reduce -> Work, all_gather_object gather_object broadcast_object
 
-Arrays go in, arrays come out (NumPy or CuPy: staging.py); collectives know nothing of tensors.
-Each collective runs the algorithm named from the registry (allreduce.py, trees.py,
-exchange.py, param_server.py, mpi.py), built from the point-to-point calls, so
-``comm.counters`` and ``comm.trace = []`` see every byte. The theory, the channel of the
-collectives and the errors each call raises: docs/comm.md.
+Arrays go in, arrays come out (NumPy or CuPy); collectives know nothing of tensors. Each
+collective's entry point is its algorithm module's (allreduce.py, trees.py, exchange.py), which
+runs the algorithm named from the registry on ``coll``, the collectives' own channel. Every
+message of either channel passes through one door, a ``wire.Wire`` (buffers, checks, the
+watchdog's note), so ``comm.counters`` and ``comm.trace = []`` see every byte. The theory and
+the errors each call raises: docs/comm.md.
 """
-import functools
 import numbers
 
 from mpi4py import MPI
@@ -20,66 +20,40 @@ from mpi4py import MPI
 from minipar import backend
 # the algorithm modules register themselves in this order (the order tables and lessons list)
 from minipar.comm import allreduce, param_server, trees, exchange, mpi, nonblocking  # noqa: I001
-from minipar.comm import agreement, chunks, node, watch
-from minipar.comm.errors import CommError, dtype_tag
+from minipar.comm import node, watch
+from minipar.comm.errors import CommError
 from minipar.comm.registry import pick
-from minipar.comm.requests import Counters, Request  # noqa: F401  (Counters: re-exported)
-from minipar.comm.buffers import array as _array
-from minipar.comm.staging import cuda_aware
-from minipar.comm.transfer import Transfer
+from minipar.comm.wire import Counters, Wire
 
-_state = watch.state  # the collective in progress, for the watchdog (watch.py)
 watch.install_abort_hook()  # from this import on, an uncaught exception ends the whole job
-
-
-def _collective(method):
-    """An entry point: refuses a non-array; clears the watchdog's note of the collective after."""
-    @functools.wraps(method)
-    def entry(self, x, *args, **kwargs):
-        if x is not None:
-            _array(x, method.__name__)
-        try:
-            return method(self, x, *args, **kwargs)
-        finally:
-            _state["collective"] = None
-    return entry
 
 
 class Communicator:
     """One process group: ``rank``, ``size``, point-to-point calls, counters and collectives."""
 
-    def __init__(self, mpi_comm, parent=None, counters=None):
+    def __init__(self, mpi_comm, counters=None):
         self.mpi = mpi_comm
         self.rank = mpi_comm.Get_rank()
         self.size = mpi_comm.Get_size()
-        self._cuda_aware = None
         self._worker = None  # background thread of iall_reduce (nonblocking.AsyncWorker)
-        self._scratch = {}  # reusable receive buffers of the collectives, by slot
-        self.status = MPI.Status()  # reused by the blocking calls (one allocation less each)
         self.world_ranks = MPI.Group.Translate_ranks(mpi_comm.Get_group(), list(range(self.size)),
                                                 MPI.COMM_WORLD.Get_group())  # peers as world ranks
-        self._calls = 0  # collective calls made so far: the number in each call's fingerprint
-        if parent is None:
-            self.counters = counters or Counters()
-            self._log = {"trace": None}
-            self.strict_tags = False
-            # collectives talk on a private duplicate: their messages never match user p2p
-            self.coll = Communicator(mpi_comm.Dup(), parent=self)
-        else:  # the private channel shares its parent's counters and trace
-            self.counters = parent.counters
-            self._log = parent._log
-            # every receive here checks the tag: the call's fingerprint (agreement.py)
-            self.strict_tags = True
-            self.coll = self
-        if parent is None and self.size > 1:
-            # the node layout now, while every rank is here anyway (Dup waits for them all):
-            # asked at ``auto``'s first all-reduce, MPI's own collectives would go before the
-            # call's fingerprinted messages, and a rank in another collective would hang there
-            node.span(self)
+        self.counters = counters or Counters()
+        self._log = {"trace": None}
+        # the user's point-to-point calls, with the tags they give
+        self.wire = Wire(mpi_comm, self, strict=False)
+        # collectives talk on a private duplicate: their messages never match user p2p, and
+        # every receive there checks the tag, the call's fingerprint (agreement.py)
+        self.coll = Wire(mpi_comm.Dup(), self, strict=True)
+        # the nodes the ranks span (None on one rank), learnt now, while every rank is here
+        # anyway (Dup waits for them all): asked at ``auto``'s first all-reduce, MPI's own
+        # collectives would go before the call's fingerprinted messages, and a rank in another
+        # collective would hang there
+        self.nodes = node.span(self) if self.size > 1 else None
 
     @property
     def trace(self):
-        """None (off) or the list of ``transfer.Event(rank, op, peer, start, end, nbytes)``;
+        """None (off) or the list of ``wire.Event(rank, op, peer, start, end, nbytes)``;
         assign [] to start."""
         return self._log["trace"]
 
@@ -123,94 +97,68 @@ class Communicator:
 
     def is_cuda_aware(self):
         """Whether MPI takes this rank's GPU arrays as they are (else staged: staging.py)."""
-        self._cuda_aware = cuda_aware()[0] if self._cuda_aware is None else self._cuda_aware
-        return self._cuda_aware
+        return self.coll.is_cuda_aware()
 
-    def collective_tag(self, collective, algorithm, op, x, root=None, check=None):
-        """The tag of this collective call's messages: the next call number and the call's
-        fingerprint (agreement.py), noted for the watchdog; the dtype alone when not checking."""
-        if check is False or (check is None and not agreement.ENABLED):
-            return dtype_tag(x.dtype)
-        number, self._calls = self._calls, self._calls + 1
-        tag = agreement.encode(collective, algorithm, op, x.dtype, x.size, root, number)
-        _state["collective"] = watch.Collective(collective, number, algorithm, op, root, x.dtype,
-                                                x.size)
-        return tag
-
-    def scratch(self, slot, n, like):
-        """A reusable work buffer of n elements of like's dtype (grown, never shrunk, per slot):
-        the collectives' receive buffers, allocated once rather than on every call."""
-        have = self._scratch.get(slot)
-        if (have is None or have.size < n or have.dtype != like.dtype
-                or type(have) is not type(like)):
-            have = backend.get_array_module(like).empty(max(n, 1), like.dtype)
-            self._scratch[slot] = have
-        return have[:n]
-
-    # -- point to point: each call's bookkeeping (buffers, watchdog, counters, trace) is its
-    # Transfer (transfer.py); every message moves in chunks, one for a small buffer (chunks.py)
+    # -- point to point: each the door's MPI call (wire.py), on a peer checked here ---------
     def send(self, x, dest, tag=0):
         """Blocking send of array ``x`` to rank ``dest``."""
-        dest = self.check_peer(dest)
-        with Transfer(self, "send", dest, send=x, tag=tag) as t:
-            chunks.send(self.mpi, t.sbuf, dest, tag)
+        self.wire.Send(x, self.check_peer(dest), tag)
 
     def recv(self, out, source, tag=0):
         """Blocking receive from rank ``source`` into ``out`` (its size must match); returns out."""
-        source = self.check_peer(source)
-        with Transfer(self, "recv", source, recv=out, tag=tag) as t:
-            chunks.recv(self.mpi, t.rbuf, source, t.match, t.status, t.check)
-        return out
+        return self.wire.Recv(out, self.check_peer(source), tag)
 
     def sendrecv(self, x, dest, out, source, sendtag=0, recvtag=None):
         """Send ``x`` to ``dest`` and receive into ``out`` from ``source`` at once (no deadlock)."""
-        dest, source = self.check_peer(dest), self.check_peer(source)
-        recvtag = sendtag if recvtag is None else recvtag
-        with Transfer(self, "sendrecv", (dest, source), send=x, recv=out, tag=recvtag) as t:
-            chunks.sendrecv(self.mpi, t.sbuf, dest, sendtag, t.rbuf, source, t.match, t.status,
-                            t.check)
-        return out
+        return self.wire.Sendrecv(x, self.check_peer(dest), out, self.check_peer(source),
+                                  sendtag, recvtag)
 
     def isend(self, x, dest, tag=0):
         """Start sending ``x`` to ``dest``; returns a ``Request``. Do not modify x before wait()."""
-        dest = self.check_peer(dest)
-        request = Request(self, "isend", dest, send=x, tag=tag)
-        return request.post(chunks.isend(self.mpi, request.sbuf, dest, tag), x)
+        return self.wire.Isend(x, self.check_peer(dest), tag)
 
     def irecv(self, out, source, tag=0):
         """Start receiving into ``out`` from ``source``; returns a ``Request`` (wait() gives out)."""
-        source = self.check_peer(source)
-        request = Request(self, "irecv", source, recv=out, tag=tag)
-        return request.post(chunks.irecv(self.mpi, request.rbuf, source, request.match), out)
+        return self.wire.Irecv(out, self.check_peer(source), tag)
 
     # -- small Python objects (metadata, checks, timings: pickled by mpi4py, not counted) ------
     # MPI's own collectives: noted for the watchdog, so a rank that skips one is named
     def all_gather_object(self, obj):
         """Every rank's ``obj``, as a list in rank order, on every rank (torch's name)."""
-        with watch.blocking("all_gather_object", self.world_ranks):
-            return self.mpi.allgather(obj)
+        return self.wire.allgather(obj)
 
     def gather_object(self, obj, root=0):
         """Every rank's ``obj`` as a list in rank order on ``root``; None elsewhere."""
-        with watch.blocking("gather_object", self.world_ranks):
-            return self.mpi.gather(obj, root=root)
+        return self.wire.gather(obj, root)
 
     def broadcast_object(self, obj, root=0):
         """``root``'s ``obj`` on every rank (the others' argument is ignored)."""
-        with watch.blocking("broadcast_object", self.world_ranks):
-            return self.mpi.bcast(obj, root=root)
+        return self.wire.bcast(obj, root)
 
     def barrier(self):
         """Wait until every rank of this communicator arrives (MPI's barrier; moves no data)."""
-        with Transfer(self, "barrier", None):
-            self.mpi.Barrier()
+        self.wire.Barrier()
 
-    # -- collectives: each runs the algorithm named (registry.py), its formula beside its code --
-    @_collective
-    def all_reduce(self, x, op="sum", algorithm="auto", out=None, check=None):
-        """Every rank gets op(x_0, ..., x_{p-1}) elementwise (op: sum, avg, max, min, prod);
-        ``out=x`` reduces in place; ``auto`` picks the algorithm the cost model favours."""
-        return allreduce.all_reduce(self, x, op, algorithm, out, check)
+    # -- collectives: each entry point is its algorithm module's, the formulas beside the code
+    # all_reduce(x, op="sum", algorithm="auto", out=None, check=None): every rank gets
+    # op(x_0, ..., x_{p-1}) elementwise; ``auto`` picks the algorithm the cost model favours
+    all_reduce = allreduce.all_reduce
+    # broadcast(x, root=0, algorithm="binomial", out=None, check=None): root's x everywhere
+    broadcast = trees.broadcast
+    # reduce(x, root=0, op="sum", algorithm="binomial", out=None, check=None): root gets the sum
+    reduce = trees.reduce
+    # reduce_scatter(x, op="sum", algorithm="ring", out=None, check=None): rank r gets chunk r
+    reduce_scatter = exchange.reduce_scatter
+    # all_gather(x, algorithm="ring", out=None, check=None): the stack [x_0, ..., x_{p-1}]
+    all_gather = exchange.all_gather
+    # all_to_all(x, algorithm="pairwise", out=None, check=None): row j of x goes to rank j
+    all_to_all = exchange.all_to_all
+    # all_to_all_v(x, send_counts, recv_counts=None, algorithm="pairwise", check=None)
+    all_to_all_v = exchange.all_to_all_v
+    # gather(x, root=0, algorithm="linear", out=None, check=None): the stack on root
+    gather = exchange.gather
+    # scatter(x, root=0, algorithm="linear", out=None, check=None): row r of root's x to rank r
+    scatter = exchange.scatter
 
     def iall_reduce(self, x, op="sum", algorithm="auto", out=None):
         """Start an all-reduce and return a ``Work`` at once; x must not change until
@@ -219,46 +167,6 @@ class Communicator:
             return nonblocking.iall_reduce_mpi(self, x, op, out)
         pick("all_reduce", "ring" if algorithm == "auto" else algorithm, op)
         return nonblocking.worker(self).start("all_reduce", x, op=op, algorithm=algorithm, out=out)
-
-    @_collective
-    def broadcast(self, x, root=0, algorithm="binomial", out=None, check=None):
-        """Every rank gets root's x (the others pass an array of the same shape, or ``out``)."""
-        return trees.broadcast(self, x, root, algorithm, out, check)
-
-    @_collective
-    def reduce(self, x, root=0, op="sum", algorithm="binomial", out=None, check=None):
-        """Root gets op(x_0, ..., x_{p-1}); the other ranks get None."""
-        return trees.reduce(self, x, root, op, algorithm, out, check)
-
-    @_collective
-    def reduce_scatter(self, x, op="sum", algorithm="ring", out=None, check=None):
-        """Rank r gets chunk r (``chunk_bounds``) of op(x_0, ..., x_{p-1}) flattened."""
-        return exchange.reduce_scatter(self, x, op, algorithm, out, check)
-
-    @_collective
-    def all_gather(self, x, algorithm="ring", out=None, check=None):
-        """Every rank gets the stack [x_0, ..., x_{p-1}] of shape (p, *x.shape)."""
-        return exchange.all_gather(self, x, algorithm, out, check)
-
-    @_collective
-    def all_to_all(self, x, algorithm="pairwise", out=None, check=None):
-        """x of shape (p, ...): row j goes to rank j; rank r gets [x_0[r], ..., x_{p-1}[r]]."""
-        return exchange.all_to_all(self, x, algorithm, out, check)
-
-    @_collective
-    def all_to_all_v(self, x, send_counts, recv_counts=None, algorithm="pairwise", check=None):
-        """Rows by peer: send_counts[j] rows go to rank j; returns those received, rank 0's first."""
-        return exchange.all_to_all_v(self, x, send_counts, recv_counts, algorithm, check)
-
-    @_collective
-    def gather(self, x, root=0, algorithm="linear", out=None, check=None):
-        """Root gets the stack [x_0, ..., x_{p-1}]; the other ranks get None."""
-        return exchange.gather(self, x, root, algorithm, out, check)
-
-    @_collective
-    def scatter(self, x, root=0, algorithm="linear", out=None, check=None):
-        """Rank r gets row r of root's x of shape (p, ...) (others: x of that shape, or out)."""
-        return exchange.scatter(self, x, root, algorithm, out, check)
 
 
 _world = {}

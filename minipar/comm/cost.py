@@ -21,6 +21,8 @@ from minipar.comm.registry import ALGORITHMS
 AUTO_CANDIDATES = ("ring", "recursive_halving", "recursive_doubling")  # any placement of ranks
 Params = collections.namedtuple("Params", "alpha beta gamma")  # the constants at one size
 _fitted = {}  # "model": the last fit in this process (fit.py sets it through use())
+# auto's choice at the entry point, by (p, bytes, nodes): kept until the model changes (use())
+CHOICES = {}
 
 
 def interpolate(table, m):
@@ -73,6 +75,7 @@ GUESS = Model(5e-6, {1: 4 / 12e9}, {1: 3 / 12e9})
 def use(model):
     """Make ``model`` the ``default_model()`` of this process (``fit.fit`` calls it)."""
     _fitted["model"] = model
+    CHOICES.clear()
     return model
 
 

@@ -18,97 +18,97 @@ import math
 import numbers
 
 from minipar import backend
-from minipar.comm.buffers import (Accumulator, bounds as chunks_of, check_same, contiguous, copy,
-                                  finish, result_buffer, wait_all)
+from minipar.comm.buffers import (Accumulator, bounds as chunks_of, check_call, contiguous, copy,
+                                  finish, result_buffer)
 from minipar.comm.errors import CommError
 from minipar.comm.patterns import (block_bounds, doubling_all_gather, fold, fold_cost, fold_in,
                                    fold_out, halves, halving_reduce_scatter, ring_all_gather,
                                    ring_reduce_scatter)
-from minipar.comm.registry import algorithm, pick
+from minipar.comm.registry import ALGORITHMS, algorithm
 
 
 # -- reduce_scatter: x is the whole vector; rank r gets chunk r of the reduced one ---------------
 
 def reduce_scatter(comm, x, op="sum", algorithm="ring", out=None, check=None):
     """Rank r gets chunk r of op(x_0, ..., x_{p-1}) flattened (1-D, ``chunk_bounds`` sizes)."""
-    run = pick("reduce_scatter", algorithm, op)
-    check_same(comm, "reduce_scatter", x, check)
+    check_call(comm, "reduce_scatter", x, check, op)
+    run = ALGORITHMS["reduce_scatter"][algorithm]
     bounds = chunks_of(x.size, comm.size)
     lo, hi = bounds[comm.rank], bounds[comm.rank + 1]
     result = result_buffer(x, out, shape=(hi - lo,))
     work = copy(x).reshape(-1)
     if comm.size > 1:
-        run(comm.coll, work, bounds, op,
-            comm.collective_tag("reduce_scatter", algorithm, op, x, check=check))
+        with comm.coll.call("reduce_scatter", algorithm, op, x, check=check):
+            run(comm.coll, work, bounds, op)
     result[...] = work[lo:hi]
     return finish(result, op, comm.size)
 
 
-@algorithm("reduce_scatter", "ring",
+@algorithm("reduce_scatter", "ring", 0,
            lambda p, n, a, b, g: (p - 1) * (a + n / p * (b(n / p) + g(n / p))))
-def _reduce_scatter_ring(c, buf, bounds, op, tag):
+def _reduce_scatter_ring(c, buf, bounds, op):
     """The first half of the ring all-reduce, shifted so that rank r ends with chunk r."""
-    ring_reduce_scatter(c, buf, bounds, op, tag, shift=-1)
+    ring_reduce_scatter(c, buf, bounds, op, shift=-1)
 
 
-@algorithm("reduce_scatter", "recursive_halving",
+@algorithm("reduce_scatter", "recursive_halving", 1,
            lambda p, n, a, b, g: (sum(a + m * (b(m) + g(m)) for m in halves(p, n))
                                   + fold_cost(p, n, a, b, g) / 2))
-def _reduce_scatter_halving(c, buf, bounds, op, tag):
+def _reduce_scatter_halving(c, buf, bounds, op):
     """Recursive halving; when p is not a power of two the odd partner, which reduced both
     chunks, hands rank - 1 its chunk at the end."""
-    fold_in(c, buf, buf, op, tag)
+    fold_in(c, buf, buf, op)
     if fold(c.size)[2](c.rank) >= 0:
-        halving_reduce_scatter(c, buf, block_bounds(bounds, c.size), op, tag)
+        halving_reduce_scatter(c, buf, block_bounds(bounds, c.size), op)
     if c.rank < 2 * fold(c.size)[1]:
         r = c.rank - c.rank % 2  # the even rank's chunk
         part = buf[bounds[r]:bounds[r + 1]]
-        c.recv(part, c.rank + 1, tag) if c.rank % 2 == 0 else c.send(part, c.rank - 1, tag)
+        c.Recv(part, c.rank + 1) if c.rank % 2 == 0 else c.Send(part, c.rank - 1)
 
 
-@algorithm("reduce_scatter", "pairwise",
+@algorithm("reduce_scatter", "pairwise", 2,
            lambda p, n, a, b, g: (p - 1) * (a + n / p * (b(n / p) + g(n / p))))
-def _reduce_scatter_direct(c, buf, bounds, op, tag):
+def _reduce_scatter_direct(c, buf, bounds, op):
     """Direct: send chunk j straight to rank j, reduce the p-1 chunks that arrive."""
     r, p = c.rank, c.size
     chunk = lambda j: buf[bounds[j]:bounds[j + 1]]  # noqa: E731
     mine = chunk(r)
-    sends = [c.isend(chunk((r + s) % p), (r + s) % p, tag) for s in range(1, p)]
+    sends = [c.Isend(chunk((r + s) % p), (r + s) % p) for s in range(1, p)]
     got = c.scratch("tmp", mine.size, buf)
     # every chunk arrives as its rank's input, exact: a 16-bit sum rounds once, at done()
     total = Accumulator(op, mine)
     total.add(mine)
     for s in range(1, p):
-        total.add(c.recv(got, (r - s) % p, tag))
+        total.add(c.Recv(got, (r - s) % p))
     total.done()
-    wait_all(sends)
+    c.Waitall(sends)
 
 
 # -- all_gather: rank r contributes x; everyone gets an array of shape (p, *x.shape) ------------
 
 def all_gather(comm, x, algorithm="ring", out=None, check=None):
     """Every rank gets the stack [x_0, ..., x_{p-1}] (shape (p, *x.shape))."""
-    run = pick("all_gather", algorithm)
-    check_same(comm, "all_gather", x, check)
+    check_call(comm, "all_gather", x, check)
+    run = ALGORITHMS["all_gather"][algorithm]
     result = result_buffer(x, out, shape=(comm.size,) + tuple(x.shape))
     result[comm.rank] = x
     if comm.size > 1:
         bounds = [j * x.size for j in range(comm.size + 1)]
-        run(comm.coll, result.reshape(-1), bounds,
-            comm.collective_tag("all_gather", algorithm, None, x, check=check))
+        with comm.coll.call("all_gather", algorithm, None, x, check=check):
+            run(comm.coll, result.reshape(-1), bounds)
     return result
 
 
-@algorithm("all_gather", "ring", lambda p, n, a, b, g: (p - 1) * (a + n / p * b(n / p)))
-def _all_gather_ring(c, buf, bounds, tag):
+@algorithm("all_gather", "ring", 0, lambda p, n, a, b, g: (p - 1) * (a + n / p * b(n / p)))
+def _all_gather_ring(c, buf, bounds):
     """p-1 steps: pass on to the right the chunk that arrived from the left."""
-    ring_all_gather(c, buf, bounds, tag, shift=0)
+    ring_all_gather(c, buf, bounds, shift=0)
 
 
-@algorithm("all_gather", "recursive_doubling",
+@algorithm("all_gather", "recursive_doubling", 1,
            lambda p, n, a, b, g: (sum(a + m * b(m) for m in halves(p, n))
                                   + fold_cost(p, n, a, b, lambda m: 0)))
-def _all_gather_doubling(c, buf, bounds, tag):
+def _all_gather_doubling(c, buf, bounds):
     """log p steps, the block each rank holds doubling every step (MPICH fold when p is not a
     power of two: the even rank lends its chunk to rank + 1 and gets the whole result back)."""
     _, rem, _, _ = fold(c.size)
@@ -116,89 +116,93 @@ def _all_gather_doubling(c, buf, bounds, tag):
     if r < 2 * rem:
         even = r - r % 2
         part = buf[bounds[even]:bounds[even + 1]]
-        c.send(part, r + 1, tag) if r % 2 == 0 else c.recv(part, r - 1, tag)
+        c.Send(part, r + 1) if r % 2 == 0 else c.Recv(part, r - 1)
     if fold(c.size)[2](r) >= 0:
-        doubling_all_gather(c, buf, block_bounds(bounds, c.size), tag)
-    fold_out(c, buf, tag)
+        doubling_all_gather(c, buf, block_bounds(bounds, c.size))
+    fold_out(c, buf)
 
 
 # -- all_to_all, gather, scatter -----------------------------------------------------------------
 
 def all_to_all(comm, x, algorithm="pairwise", out=None, check=None):
     """x has shape (p, ...): row j goes to rank j; rank r gets [x_0[r], ..., x_{p-1}[r]]."""
-    run = pick("all_to_all", algorithm)
+    check_call(comm, "all_to_all", x)
+    run = ALGORITHMS["all_to_all"][algorithm]
     if x.ndim == 0 or x.shape[0] != comm.size:
         raise CommError(f"all_to_all needs x of shape ({comm.size}, ...), got {x.shape}")
-    check_same(comm, "all_to_all", x, check)
+    check_call(comm, "all_to_all", x, check)
     x = contiguous(x)
     result = result_buffer(x, out)
     result[comm.rank] = x[comm.rank]
-    run(comm.coll, x, result, comm.collective_tag("all_to_all", algorithm, None, x, check=check))
+    with comm.coll.call("all_to_all", algorithm, None, x, check=check):
+        run(comm.coll, x, result)
     return result
 
 
-@algorithm("all_to_all", "pairwise", lambda p, n, a, b, g: (p - 1) * (a + n / p * b(n / p)))
-def _all_to_all_pairwise(c, x, result, tag):
+@algorithm("all_to_all", "pairwise", 0, lambda p, n, a, b, g: (p - 1) * (a + n / p * b(n / p)))
+def _all_to_all_pairwise(c, x, result):
     """p-1 steps: in step s send row r+s to rank r+s and receive row r from rank r-s (rows as
     slices: a row of a 1-D x is a scalar, not a buffer)."""
     r, p = c.rank, c.size
     for s in range(1, p):
         dst, src = (r + s) % p, (r - s) % p
-        c.sendrecv(x[dst:dst + 1], dst, result[src:src + 1], src, tag)
+        c.Sendrecv(x[dst:dst + 1], dst, result[src:src + 1], src)
 
 
 def gather(comm, x, root=0, algorithm="linear", out=None, check=None):
     """Root gets the stack [x_0, ..., x_{p-1}] (returned; other ranks get None)."""
-    run = pick("gather", algorithm)
+    check_call(comm, "gather", x, check)
+    run = ALGORITHMS["gather"][algorithm]
     root = comm.check_peer(root)
-    check_same(comm, "gather", x, check)
     x = contiguous(x)
     at_root = comm.rank == root
     result = result_buffer(x, out, shape=(comm.size,) + tuple(x.shape)) if at_root else None
     if at_root:
         result[root] = x
-    run(comm.coll, x, result, root, comm.collective_tag("gather", algorithm, None, x, root, check))
+    with comm.coll.call("gather", algorithm, None, x, root, check):
+        run(comm.coll, x, result, root)
     return result
 
 
-@algorithm("gather", "linear", lambda p, n, a, b, g: (p - 1) * (a + n / p * b(n / p)))
-def _gather_linear(c, x, result, root, tag):
+@algorithm("gather", "linear", 0, lambda p, n, a, b, g: (p - 1) * (a + n / p * b(n / p)))
+def _gather_linear(c, x, result, root):
     """Root receives from every rank in turn (its link carries (p-1)/p of the result)."""
     if c.rank == root:
         for j in range(c.size):
             if j != root:
-                c.recv(result[j], j, tag)
+                c.Recv(result[j], j)
     else:
-        c.send(x, root, tag)
+        c.Send(x, root)
 
 
 def scatter(comm, x, root=0, algorithm="linear", out=None, check=None):
     """Rank r gets row r of root's x (shape (p, ...)). Other ranks pass x of the same shape
     (values ignored), or x=None with ``out`` of shape x.shape[1:]."""
-    run = pick("scatter", algorithm)
+    check_call(comm, "scatter", x if x is not None else out)
+    run = ALGORITHMS["scatter"][algorithm]
     root = comm.check_peer(root)
     at_root = comm.rank == root
     if x is None and (at_root or out is None):
         raise CommError("scatter: the root passes x; other ranks pass x or out")
     if x is not None and (x.ndim == 0 or x.shape[0] != comm.size):
         raise CommError(f"scatter needs x of shape ({comm.size}, ...), got {x.shape}")
-    check_same(comm, "scatter", x[0] if x is not None else out, check)
+    check_call(comm, "scatter", x[0] if x is not None else out, check)
     result = result_buffer(out if x is None else x[0], out)
     x = contiguous(x) if at_root else x
     if at_root:
         result[...] = x[root]
-    run(comm.coll, x, result, root,
-        comm.collective_tag("scatter", algorithm, None, result, root, check))
+    with comm.coll.call("scatter", algorithm, None, result, root, check):
+        run(comm.coll, x, result, root)
     return result
 
 
-@algorithm("scatter", "linear", lambda p, n, a, b, g: (p - 1) * (a + n / p * b(n / p)))
-def _scatter_linear(c, x, result, root, tag):
+@algorithm("scatter", "linear", 0, lambda p, n, a, b, g: (p - 1) * (a + n / p * b(n / p)))
+def _scatter_linear(c, x, result, root):
     """Root sends row j to rank j, all at once."""
     if c.rank == root:
-        wait_all([c.isend(x[j], j, tag) for j in range(c.size) if j != root])
+        c.Waitall([c.Isend(x[j], j) for j in range(c.size) if j != root])
     else:
-        c.recv(result, root, tag)
+        c.Recv(result, root)
 
 
 # -- all_to_all_v: a different number of rows for every peer (expert parallelism) ----------------
@@ -208,12 +212,13 @@ def all_to_all_v(comm, x, send_counts, recv_counts=None, algorithm="pairwise", c
     ``send_counts[1]`` to rank 1, ...; returns the rows received, rank 0's first (shape
     (sum(recv_counts), *x.shape[1:])). ``recv_counts[j]`` is rank j's ``send_counts[me]``; when
     None, the ranks first exchange their counts (an all_to_all of p integers, counted too)."""
-    run = pick("all_to_all_v", algorithm)
+    check_call(comm, "all_to_all_v", x)
+    run = ALGORITHMS["all_to_all_v"][algorithm]
     send = _counts(comm, "send_counts", send_counts)
     if x.ndim == 0 or x.shape[0] != sum(send):
         raise CommError(f"rank {comm.rank}: all_to_all_v: send_counts {send} add up to "
                         f"{sum(send)} rows, but x has shape {tuple(x.shape)}")
-    check_same(comm, "all_to_all_v (row counts shown as 0)", x[:0], check)  # the row shape
+    check_call(comm, "all_to_all_v (row counts shown as 0)", x[:0], check)  # the row shape
     if recv_counts is None:
         recv = [int(n) for n in all_to_all(comm, backend.numpy.asarray(send, "int64"))]
     else:
@@ -228,8 +233,8 @@ def all_to_all_v(comm, x, send_counts, recv_counts=None, algorithm="pairwise", c
     me = comm.rank
     result[got[me]:got[me + 1]] = rows[sent[me]:sent[me + 1]]
     like = _Like(x.dtype, width)  # the fingerprint's count: the row width, equal on every rank
-    run(comm.coll, rows, result, sent, got,
-        comm.collective_tag("all_to_all_v", algorithm, None, like, check=check))
+    with comm.coll.call("all_to_all_v", algorithm, None, like, check=check):
+        run(comm.coll, rows, result, sent, got)
     return result.reshape((sum(recv),) + tuple(x.shape[1:]))
 
 
@@ -250,11 +255,11 @@ def _counts(comm, name, counts):
     return counts
 
 
-@algorithm("all_to_all_v", "pairwise", lambda p, n, a, b, g: (p - 1) * (a + n / p * b(n / p)))
-def _all_to_all_v_pairwise(c, rows, result, sent, got, tag):
+@algorithm("all_to_all_v", "pairwise", 0, lambda p, n, a, b, g: (p - 1) * (a + n / p * b(n / p)))
+def _all_to_all_v_pairwise(c, rows, result, sent, got):
     """p-1 steps: in step s send my rows for rank r+s and receive rank r-s's rows for me (a
     message of zero rows still goes: both sides know the counts, and it keeps the steps paired)."""
     r, p = c.rank, c.size
     for s in range(1, p):
         dst, src = (r + s) % p, (r - s) % p
-        c.sendrecv(rows[sent[dst]:sent[dst + 1]], dst, result[got[src]:got[src + 1]], src, tag)
+        c.Sendrecv(rows[sent[dst]:sent[dst + 1]], dst, result[got[src]:got[src + 1]], src)

@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from minipar.comm import agreement, cost, node
 from minipar.comm.errors import CommError
-from minipar.comm.registry import ALGORITHMS, algorithm, pick
+from minipar.comm.registry import ALGORITHMS, algorithm
 from minipar.comm.shm import (Window, copy_cost, copy_out, node_reduce, node_reduce_cost,
                               reduce_into, shm_cost)
 
@@ -52,7 +52,7 @@ class Hierarchy:
         self.ranks = tuple(MPI.Group.Translate_ranks(
             local.Get_group(), list(range(local.Get_size())), MPI.COMM_WORLD.Get_group()))
         split = c.mpi.Split(0 if leader else MPI.UNDEFINED, key=c.rank)
-        self.leaders = type(c)(split, counters=c.counters) if leader else None
+        self.leaders = type(c.comm)(split, counters=c.counters) if leader else None
         self.window = Window(local)
 
 
@@ -84,10 +84,10 @@ def agree_across(h, error):
     return error  # a node that disagrees inside raises its own words at once
 
 
-@algorithm("all_reduce", "hierarchical", hierarchical_cost)
-def _all_reduce_hierarchical(c, x, buf, op, tag):
+@algorithm("all_reduce", "hierarchical", 6, hierarchical_cost)
+def _all_reduce_hierarchical(c, x, buf, op):
     """Shared memory inside each node, the leaders' all-reduce across, the result copied out."""
-    h = hierarchy(c)
+    h, tag = hierarchy(c), c.tag
     w = h.window
     if h.nodes == 1:  # one node: the shm all-reduce
         reduce_into(w, x, buf, op, tag, h.ranks)
@@ -102,7 +102,9 @@ def _all_reduce_hierarchical(c, x, buf, op, tag):
     if h.leaders is not None:
         name = cost.cheapest("all_reduce", cost.AUTO_CANDIDATES, h.leaders.size, result.nbytes)
         try:
-            pick("all_reduce", name)(h.leaders.coll, result, result, op, tag)
+            # the leaders' messages carry this call's fingerprint, on their own channel
+            h.leaders.coll.tag = tag
+            ALGORITHMS["all_reduce"][name](h.leaders.coll, result, result, op)
             w.post(None, 1)
         except CommError as err:
             w.post(f"across nodes: {err}", 1)

@@ -21,7 +21,7 @@ from minipar.comm import watch
 from minipar.comm.buffers import finish, result_buffer
 from minipar.comm.mpi import MPI_OP, agree_on_call, refuse_bfloat16
 from minipar.comm.registry import pick
-from minipar.comm.staging import inout_buffer, recv_buffer, send_buffer
+from minipar.comm.wire import inout_buffer, recv_buffer, send_buffer
 
 
 class Work:
@@ -126,7 +126,7 @@ def iall_reduce_mpi(comm, x, op="sum", out=None):
     # the blocking "mpi" collectives do, for a mismatch would give a silently wrong sum
     agree_on_call(comm, "all_reduce", op, x)
     result = result_buffer(x, out)
-    aware, sent = comm.is_cuda_aware(), None
+    aware, sent = comm.coll.is_cuda_aware(), None
     if result is x:
         send, (recv, done) = MPI.IN_PLACE, inout_buffer(result, aware)
     else:

@@ -57,32 +57,32 @@ def block_bounds(bounds, p):
     return [bounds[2 * j if j < rem else j + rem] for j in range(pof2)] + [bounds[p]]
 
 
-def fold_in(c, x, buf, op, tag):
+def fold_in(c, x, buf, op):
     """Non-power-of-two pre-step: even ranks below 2*rem give their vector to rank + 1.
     Returns where this rank's vector now is: buf (it received and reduced) or still x."""
     _, rem, _, _ = fold(c.size)
     if c.rank < 2 * rem:
         if c.rank % 2 == 0:
-            c.send(x, c.rank + 1, tag)
+            c.Send(x, c.rank + 1)
         else:
             got = c.scratch("tmp", buf.size, buf)
-            c.recv(got, c.rank - 1, tag)
+            c.Recv(got, c.rank - 1)
             reducer(op, buf)(x, got, out=buf)
             return buf
     return x
 
 
-def fold_out(c, buf, tag):
+def fold_out(c, buf):
     """Non-power-of-two post-step: odd ranks below 2*rem hand the result back to rank - 1."""
     _, rem, _, _ = fold(c.size)
     if c.rank < 2 * rem:
         if c.rank % 2 == 0:
-            c.recv(buf, c.rank + 1, tag)
+            c.Recv(buf, c.rank + 1)
         else:
-            c.send(buf, c.rank - 1, tag)
+            c.Send(buf, c.rank - 1)
 
 
-def halving_reduce_scatter(c, buf, nb, op, tag, src=None):
+def halving_reduce_scatter(c, buf, nb, op, src=None):
     """Recursive halving over pof2 newranks: after log p steps newrank j holds block j reduced.
 
     Step k exchanges half of the current window with newrank ^ (pof2 >> k). The first step
@@ -98,25 +98,25 @@ def halving_reduce_scatter(c, buf, nb, op, tag, src=None):
         mid = (lo + hi) // 2
         (k0, k1), (g0, g1) = ((mid, hi), (lo, mid)) if me & mask else ((lo, mid), (mid, hi))
         got = tmp[:nb[k1] - nb[k0]]
-        c.sendrecv(src[nb[g0]:nb[g1]], real(me ^ mask), got, real(me ^ mask), tag)
+        c.Sendrecv(src[nb[g0]:nb[g1]], real(me ^ mask), got, real(me ^ mask))
         reduce(src[nb[k0]:nb[k1]], got, out=buf[nb[k0]:nb[k1]])
         lo, hi, mask, src = k0, k1, mask >> 1, buf
     ### END SOLUTION
 
 
-def doubling_all_gather(c, buf, nb, tag):
+def doubling_all_gather(c, buf, nb):
     """Recursive doubling over pof2 newranks: the window each holds doubles every step."""
     pof2, _, newrank, real = fold(c.size)
     me, mask = newrank(c.rank), 1
     while mask < pof2:
         lo = me - me % mask
         peer_lo = lo ^ mask
-        c.sendrecv(buf[nb[lo]:nb[lo + mask]], real(me ^ mask),
-                   buf[nb[peer_lo]:nb[peer_lo + mask]], real(me ^ mask), tag)
+        c.Sendrecv(buf[nb[lo]:nb[lo + mask]], real(me ^ mask),
+                   buf[nb[peer_lo]:nb[peer_lo + mask]], real(me ^ mask))
         mask <<= 1
 
 
-def ring_reduce_scatter(c, buf, bounds, op, tag, shift, src=None):
+def ring_reduce_scatter(c, buf, bounds, op, shift, src=None):
     """p-1 steps round the ring; rank r ends holding chunk (r + shift + 1) % p reduced.
 
     Each chunk is reduced once, from the input ``src`` (default: buf itself) into buf, so an
@@ -133,16 +133,16 @@ def ring_reduce_scatter(c, buf, bounds, op, tag, shift, src=None):
         send, recv = (r + shift - s) % p, (r + shift - s - 1) % p
         lo, hi = bounds[recv], bounds[recv + 1]
         got = tmp[:hi - lo]
-        c.sendrecv((src if s == 0 else buf)[bounds[send]:bounds[send + 1]], right, got, left, tag)
+        c.Sendrecv((src if s == 0 else buf)[bounds[send]:bounds[send + 1]], right, got, left)
         reduce(src[lo:hi], got, out=buf[lo:hi])
         ### END SOLUTION
 
 
-def ring_all_gather(c, buf, bounds, tag, shift):
+def ring_all_gather(c, buf, bounds, shift):
     """p-1 steps round the ring; rank r starts holding chunk (r + shift) % p, ends with all."""
     r, p = c.rank, c.size
     right, left = (r + 1) % p, (r - 1) % p
     for s in range(p - 1):
         send, recv = (r + shift - s) % p, (r + shift - s - 1) % p
-        c.sendrecv(buf[bounds[send]:bounds[send + 1]], right,
-                   buf[bounds[recv]:bounds[recv + 1]], left, tag)
+        c.Sendrecv(buf[bounds[send]:bounds[send + 1]], right,
+                   buf[bounds[recv]:bounds[recv + 1]], left)

@@ -288,17 +288,17 @@ def reduce_into(w, x, buf, op, tag, ranks, meet=None):
     buf[:lo], buf[hi:] = result[:lo], result[hi:]
 
 
-@algorithm("all_reduce", "shm", lambda p, n, a, b, g: shm_cost(p, n, a, g))
-def _all_reduce_shm(c, x, buf, op, tag):
+@algorithm("all_reduce", "shm", 5, lambda p, n, a, b, g: shm_cost(p, n, a, g))
+def _all_reduce_shm(c, x, buf, op):
     """Copy in, reduce my 1/p reading the peers' slots in place (into R and out), copy the
     peers' slices of R out; a shared_array: reduce my 1/p into it, then copy the peers'
     slices out of theirs."""
-    ranks, found = tuple(c.world_ranks), owner(x, buf)
+    ranks, found, tag = tuple(c.world_ranks), owner(x, buf), c.tag
     one_node(c)
     # the window and its barriers are MPI's, where a peer inside another collective never
     # comes: the ranks meet by trading the call's fingerprint in empty messages instead, in
     # the first barrier's place (still one rendezvous a call), and before a window is made
-    meet = functools.partial(agreement.exchange, c, tag)
+    meet = functools.partial(agreement.exchange, c)
     if found is None:
         if c not in _windows:
             meet()

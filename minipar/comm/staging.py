@@ -1,14 +1,14 @@
-"""GPU arrays and MPI: hand MPI the device buffer (CUDA-aware) or stage through host memory.
+"""GPU arrays and MPI: host buffers to stage device arrays through, and whether MPI takes device
+memory at all.
 
     aware = cuda_aware()[0]              # (bool, how it was decided)
-    buf, done = send_buffer(x, aware)    # buffer MPI reads holding x; done() once MPI is done
-    buf, done = recv_buffer(out, aware)  # buffer MPI writes into; done() copies it into out
-    buf, done = inout_buffer(a, aware)   # read and written in place; done(copy_back=True)
+    host, key = to_host(x)               # device array x in a reused host buffer
+    to_device(host, out, key)            # host into device array out; the buffer given back
     stats()                              # bytes staged each way, staged calls, host buffers made
 
-``done`` is None on the direct path. Staging reuses pinned host buffers (``HostBuffers``);
-a buffer in flight (an isend's) is never handed out twice. How CUDA-awareness is detected and
-why pinned memory: docs/comm.md.
+The door to MPI (wire.py) decides for each call whether to stage. Staging reuses pinned host
+buffers (``HostBuffers``); a buffer in flight (an isend's) is never handed out twice. How
+CUDA-awareness is detected and why pinned memory: docs/comm.md.
 """
 import ctypes
 import os
@@ -17,9 +17,7 @@ import threading
 from mpi4py import MPI
 
 from minipar import backend
-from minipar.comm.errors import CommError
 
-HOST_ARRAY = backend.numpy.ndarray  # NumPy arrays take the short path through the checks
 
 
 def _query_cuda_support_symbol():
@@ -113,7 +111,7 @@ def stats():
     return dict(BUFFERS.counts)
 
 
-def _to_host(x):
+def to_host(x):
     """(host copy of device array x in a reused buffer, key to give it back)."""
     if not x.flags.c_contiguous:
         x = backend.get_array_module(x).ascontiguousarray(x)
@@ -123,68 +121,10 @@ def _to_host(x):
     return host, key
 
 
-def _to_device(host, out, key):
+def to_device(host, out, key):
     """Copy host into device array out, then give the host buffer back."""
     out.set(host)
     if key[0]:  # from pinned memory the copy is asynchronous: wait before the buffer is reused
         backend.get_array_module(out).cuda.get_current_stream().synchronize()
     BUFFERS.count("bytes_to_device", out.nbytes)
     BUFFERS.give(key)
-
-
-def wire(x):
-    """The array MPI reads or writes for x: x, or a bfloat16 array's bits as uint16. mpi4py
-    knows no bfloat16 (its buffer refuses the type), so the 2-byte elements travel as 2-byte
-    integers: half a float32's bytes, the counters count them as they are. This is the one
-    place that knows; MPI's reductions must never see those integers (mpi.py refuses them)."""
-    return x.view("uint16") if x.dtype.name == "bfloat16" else x
-
-
-def send_buffer(x, aware):
-    """(a buffer MPI can read holding x, function to call once MPI is done with it, or None):
-    x itself when possible (C-contiguous; a GPU array if CUDA-aware), else a host copy."""
-    if type(x) is HOST_ARRAY and x.flags.c_contiguous:  # the common case, first
-        return wire(x), None
-    if backend.is_gpu_array(x):
-        if not aware:
-            host, key = _to_host(x)
-            return wire(host), lambda: BUFFERS.give(key)
-        x = backend.get_array_module(x).ascontiguousarray(x)
-        backend.synchronize()
-        return wire(x), None
-    if not x.flags.c_contiguous:
-        x = backend.get_array_module(x).ascontiguousarray(x)
-    return wire(x), None
-
-
-def recv_buffer(out, aware, rank=None):
-    """(buffer MPI writes into, function to call after the receive completes, or None)."""
-    if type(out) is HOST_ARRAY and out.flags.c_contiguous:  # the common case, first
-        return wire(out), None
-    if not out.flags.c_contiguous:
-        raise CommError(f"rank {rank}: receive buffer must be C-contiguous "
-                        f"(got strides {out.strides}); pass a contiguous array")
-    if backend.is_gpu_array(out):
-        if aware:
-            backend.synchronize()
-            return wire(out), None
-        host, key = BUFFERS.take(out)
-        return wire(host), lambda: _to_device(host, out, key)
-    return wire(out), None
-
-
-def inout_buffer(a, aware):
-    """(buffer MPI reads and writes in place, ``done(copy_back=True)`` to call afterwards, or
-    None): copy_back=False where MPI left the buffer as it was (a broadcast's root)."""
-    if backend.is_gpu_array(a) and not aware:
-        host, key = _to_host(a)
-
-        def done(copy_back=True):
-            if copy_back:
-                _to_device(host, a, key)
-            else:
-                BUFFERS.give(key)
-        return wire(host), done
-    if backend.is_gpu_array(a):  # MPI reads device memory: wait for its kernels; host arrays: no
-        backend.synchronize()
-    return wire(a), None

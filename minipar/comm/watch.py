@@ -28,7 +28,7 @@ class Call(NamedTuple):
     peers: tuple  # world ranks
     nbytes: int
     tag: object  # None for MPI's own calls (a barrier, a split, a collective of MPI's)
-    since: float  # time.monotonic() of its start or of its last finished chunk (chunks.py)
+    since: float  # time.monotonic() of its start or of its last finished chunk (wire.py)
 
 
 class Collective(NamedTuple):
