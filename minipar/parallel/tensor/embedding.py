@@ -13,7 +13,7 @@ from ...amp.autocast_mode import to_float32
 from ...autograd import Tensor, as_tensor, embedding, make_result
 from ...distributed.sharded import ShardedStateDict
 from ...nn import Module, Parameter
-from .mappings import _all_reduce, reduce_from_tensor_region, reduce_scatter_to_sequence_region
+from .mappings import logged, reduce_from_tensor_region, reduce_scatter_to_sequence_region
 from .shard import divide, shard
 
 
@@ -84,12 +84,12 @@ def vocab_parallel_cross_entropy(local_logits, targets, group, where="loss", ign
     mine = keep & (local_t >= 0) & (local_t < v_local)
     local_t = xp.where(mine, local_t, 0)
     rows = xp.arange(z.shape[0])
-    note = (where, "forward")
+    group = logged(group, where, "forward")  # recorded while a CollectiveLog is open
     ### BEGIN SOLUTION vocab-cross-entropy
-    z = z - _all_reduce(z.max(axis=-1), group, -1, note, op="max")[:, None]
+    z = z - group.all_reduce(z.max(axis=-1), op="max")[:, None]
     e = xp.exp(z)
-    total = _all_reduce(e.sum(axis=-1), group, -1, note)
-    z_target = _all_reduce(z[rows, local_t] * mine, group, -1, note)
+    total = group.all_reduce(e.sum(axis=-1))
+    z_target = group.all_reduce(z[rows, local_t] * mine)
     ### END SOLUTION
     n = xp.maximum(keep.sum(), 1).astype(z.dtype)  # on the device: no host read
     loss = ((xp.log(total) - z_target) * keep).sum() / n

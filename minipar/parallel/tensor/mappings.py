@@ -23,11 +23,9 @@ SEQ = 1  # the sequence axis of (B, T, C) activations
 
 
 # ----------------------------------------------------------------------------------------------
-# The collectives, logged for accounting
+# The accounting: while a CollectiveLog is open, the operators' group records what it runs
 # ----------------------------------------------------------------------------------------------
 
-# Every collective below is also written to the active CollectiveLogs, so a lesson or a test can
-# count what a layer moved (report.py tabulates it).
 class CollectiveLog(Recorder):
     """Context: records every collective the operators below run, as dicts with ``op``,
     ``where`` (the module's name), ``direction`` (forward/backward), ``bytes`` (the whole tensor:
@@ -35,45 +33,62 @@ class CollectiveLog(Recorder):
     rank's bytes on the wire, from the group's counters)."""
 
 
-def _logged(op, group, note, nbytes, run):
-    before = group.counters.bytes_sent
-    out = run()
-    CollectiveLog.record({"op": op, "where": note[0], "direction": note[1], "bytes": int(nbytes),
-                          "sent": group.counters.bytes_sent - before})
-    return out
+class _Recording:
+    """The tensor group as the operators see it while a CollectiveLog is open: its
+    collectives, each recorded with the place and direction it ran for (report.py tabulates)."""
 
+    def __init__(self, group, where, direction):
+        self.group, self.where, self.direction = group, where, direction
+        self.rank, self.size = group.rank, group.size
+
+    def all_reduce(self, a, op="sum"):
+        return self._record("all_reduce", a.nbytes, lambda: self.group.all_reduce(a, op=op))
+
+    def all_gather(self, a):
+        return self._record("all_gather", a.nbytes * self.size, lambda: self.group.all_gather(a))
+
+    def reduce_scatter(self, a):
+        return self._record("reduce_scatter", a.nbytes, lambda: self.group.reduce_scatter(a))
+
+    def _record(self, op, nbytes, run):
+        before = self.group.counters.bytes_sent
+        out = run()
+        sent = self.group.counters.bytes_sent - before
+        CollectiveLog.record({"op": op, "where": self.where, "direction": self.direction,
+                              "bytes": int(nbytes), "sent": sent})
+        return out
+
+
+def logged(group, where, direction):
+    """``group`` itself, or while a CollectiveLog is open the stand-in that records."""
+    return _Recording(group, where, direction) if CollectiveLog.recording() else group
+
+
+# ----------------------------------------------------------------------------------------------
+# What the operators do to an array along an axis: keep this rank's slice, gather, scatter
+# ----------------------------------------------------------------------------------------------
 
 def _contiguous(a):
     return backend.get_array_module(a).ascontiguousarray(a)
 
 
-def _identity(a, group, axis, note):
-    return a
-
-
-def _all_reduce(a, group, axis, note, op="sum"):
-    return _logged("all_reduce", group, note, a.nbytes, lambda: group.all_reduce(a, op=op))
-
-
-def _keep_mine(a, group, axis, note):
+def _keep_mine(a, group, axis):
     n = divide(a.shape[axis], group.size, "sequence length" if axis == SEQ else "feature size")
     index = [slice(None)] * a.ndim
     index[axis] = slice(group.rank * n, (group.rank + 1) * n)
     return _contiguous(a[tuple(index)])
 
 
-def _all_gather(a, group, axis, note):
-    xp = backend.get_array_module(a)
-    parts = _logged("all_gather", group, note, a.nbytes * group.size,
-                    lambda: group.all_gather(_contiguous(a)))
-    return xp.concatenate(list(parts), axis=axis)
+def _all_gather(a, group, axis):
+    parts = group.all_gather(_contiguous(a))
+    return backend.get_array_module(a).concatenate(list(parts), axis=axis)
 
 
-def _reduce_scatter(a, group, axis, note):
+def _reduce_scatter(a, group, axis):
     xp = backend.get_array_module(a)
     n = divide(a.shape[axis], group.size, "sequence length")
     front = _contiguous(xp.moveaxis(a, axis, 0))
-    mine = _logged("reduce_scatter", group, note, a.nbytes, lambda: group.reduce_scatter(front))
+    mine = group.reduce_scatter(front)
     return _contiguous(xp.moveaxis(mine.reshape(n, *front.shape[1:]), 0, axis))
 
 
@@ -85,15 +100,9 @@ def _into_product(x):
     return to_lower_precision(as_tensor(x))
 
 
-def _mapping(op, x, group, where, forward, backward, axis):
-    # Each operator is differentiable and runs its collectives on the group it is given.
-    x = as_tensor(x)
-    out = forward(x.data, group, axis, (where, "forward"))
-    return make_result(out, (x,), lambda g: (backward(g, group, axis, (where, "backward")),), op)
-
-
 # ----------------------------------------------------------------------------------------------
-# The conjugate operators (Megatron's names)
+# The conjugate operators (Megatron's names): each a differentiable op whose forward and
+# backward run their collectives on the group it is given
 # ----------------------------------------------------------------------------------------------
 
 def copy_to_tensor_region(x, group, where="f"):
@@ -101,14 +110,17 @@ def copy_to_tensor_region(x, group, where="f"):
     every rank's slice of the layer contributes to dX."""
     x = _into_product(x)
     ### BEGIN SOLUTION megatron-f-g
-    return _mapping("f", x, group, where, _identity, _all_reduce, -1)
+    return make_result(x.data, (x,),
+                       lambda g: (logged(group, where, "backward").all_reduce(g),), "f")
     ### END SOLUTION
 
 
 def reduce_from_tensor_region(x, group, where="g"):
     """g: all-reduce forward, identity backward (conjugate: f). After a row-parallel linear."""
+    x = as_tensor(x)
     ### BEGIN SOLUTION megatron-f-g
-    return _mapping("g", x, group, where, _all_reduce, _identity, -1)
+    return make_result(logged(group, where, "forward").all_reduce(x.data), (x,),
+                       lambda g: (g,), "g")
     ### END SOLUTION
 
 
@@ -116,30 +128,42 @@ def scatter_to_tensor_region(x, group, where="scatter"):
     """Keep this rank's slice of the last axis; backward all-gathers it (conjugate: gather).
     Before a row-parallel linear."""
     x = _into_product(x)
-    return _mapping("scatter", x, group, where, _keep_mine, _all_gather, -1)
+    return make_result(_keep_mine(x.data, group, -1), (x,),
+                       lambda g: (_all_gather(g, logged(group, where, "backward"), -1),),
+                       "scatter")
 
 
 def gather_from_tensor_region(x, group, where="gather"):
     """All-gather the last axis; backward keeps this rank's slice (conjugate: scatter)."""
-    return _mapping("gather", x, group, where, _all_gather, _keep_mine, -1)
+    x = as_tensor(x)
+    return make_result(_all_gather(x.data, logged(group, where, "forward"), -1), (x,),
+                       lambda g: (_keep_mine(g, group, -1),), "gather")
 
 
 def scatter_to_sequence_region(x, group, where="scatter_seq"):
     """Keep this rank's slice of T; backward all-gathers T (conjugate: gather_from_sequence)."""
-    return _mapping("scatter_seq", x, group, where, _keep_mine, _all_gather, SEQ)
+    x = as_tensor(x)
+    return make_result(_keep_mine(x.data, group, SEQ), (x,),
+                       lambda g: (_all_gather(g, logged(group, where, "backward"), SEQ),),
+                       "scatter_seq")
 
 
 def gather_from_sequence_region(x, group, where="gather_seq"):
     """All-gather T, backward reduce-scatter T (conjugate: reduce_scatter_to_sequence). Takes the
     place of f before a column-parallel linear under sequence parallelism."""
     x = _into_product(x)
-    return _mapping("gather_seq", x, group, where, _all_gather, _reduce_scatter, SEQ)
+    return make_result(_all_gather(x.data, logged(group, where, "forward"), SEQ), (x,),
+                       lambda g: (_reduce_scatter(g, logged(group, where, "backward"), SEQ),),
+                       "gather_seq")
 
 
 def reduce_scatter_to_sequence_region(x, group, where="reduce_scatter_seq"):
     """Reduce-scatter T, backward all-gather T (conjugate: gather_from_sequence). Takes the place
     of g after a row-parallel linear under sequence parallelism."""
-    return _mapping("reduce_scatter_seq", x, group, where, _reduce_scatter, _all_gather, SEQ)
+    x = as_tensor(x)
+    return make_result(_reduce_scatter(x.data, logged(group, where, "forward"), SEQ), (x,),
+                       lambda g: (_all_gather(g, logged(group, where, "backward"), SEQ),),
+                       "reduce_scatter_seq")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -152,4 +176,4 @@ def allreduce_replicated_grads(module, group):
     split = split_specs(module)
     for name, p in module.named_parameters():
         if name not in split and p.grad is not None:
-            p.grad = _all_reduce(p.grad, group, -1, ("grads", "backward"))
+            p.grad = logged(group, "grads", "backward").all_reduce(p.grad)
