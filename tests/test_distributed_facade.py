@@ -321,6 +321,25 @@ def test_signatures_follow_torch_distributed():
 
 
 @pytest.mark.mpi
+@pytest.mark.fault
+def test_a_rank_that_fails_before_init_ends_the_peers_waiting_in_it():
+    """Rank 1 raises before init_process_group while rank 0 waits inside it (in MPI's
+    start-up, for rank 1): rank 1 starts MPI itself and aborts the job, its traceback printed,
+    where it used to leave rank 0 waiting for ever."""
+    from minipar.testing import run_job
+
+    script = ("import minipar.distributed as dist\n"
+              "if dist.process_group.launched_rank() == 1:\n"
+              "    raise ValueError('bad config on rank 1')\n"
+              "dist.init_process_group('mpi')\n"
+              "dist.barrier()\n")
+    status, output, seconds = run_job(script, 2, timeout=60)
+    assert status not in (None, 0), output  # None: still running at the timeout, killed
+    assert "[rank 1] ValueError: bad config on rank 1" in output, output
+    assert seconds < 30, (seconds, output)
+
+
+@pytest.mark.mpi
 def test_an_error_before_init_names_its_rank_on_every_line():
     """A launched script that raises before init_process_group (minipar.comm not yet imported)
     prints its traceback with ``[rank r]`` on every line, as an error after start-up does."""

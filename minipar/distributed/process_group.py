@@ -35,12 +35,37 @@ def launched_rank():
 
 def _uncaught_before_init(exc_type, exc, tb):
     """A launched rank's traceback before minipar.comm starts MPI, each line prefixed with the
-    rank as after (comm/watch.py's abort hook, which replaces this one); the rank then exits
-    with status 1 (no MPI to abort the job with: a peer already inside MPI's start-up waits)."""
+    rank as after (comm/watch.py's abort hook, which replaces this one); then the whole job
+    ends: a peer already inside MPI's start-up (init_process_group) waits there for this rank,
+    so this rank starts MPI too and aborts the job (``end_the_job``)."""
     rank = launched_rank()
     text = "".join(traceback.format_exception(exc_type, exc, tb))
     sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in text.rstrip().splitlines()))
     sys.stderr.flush()
+    end_the_job(rank)
+
+
+# seconds a failing rank waits for its peers to reach MPI's start-up before it leaves alone
+START_UP_WAIT = 30.0
+
+
+def end_the_job(rank):
+    """MPI_Abort from a rank that never started MPI: MPI_Init pairs with the peers' (those
+    waiting in init_process_group), then the abort ends them all. A peer that never starts MPI
+    would keep MPI_Init waiting: after START_UP_WAIT seconds this rank exits with status 1."""
+    import threading
+    import time
+
+    def leave():
+        time.sleep(START_UP_WAIT)
+        sys.stderr.write(f"[rank {rank}] no peer started MPI within {START_UP_WAIT:g} s: this "
+                         f"rank exits alone (status 1)\n")
+        sys.stderr.flush()
+        os._exit(1)
+    threading.Thread(target=leave, daemon=True).start()
+    from mpi4py import MPI
+    time.sleep(0.5)  # mpiexec forwards output asynchronously; an abort at once can lose it
+    MPI.COMM_WORLD.Abort(1)
 
 
 # minipar.comm, imported by init_process_group, starts MPI, so the launched rank is all there is
