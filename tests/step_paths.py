@@ -71,8 +71,8 @@ def _calls_mpi(frame):
 
 class PathTrace:
     """Tracer: ``files`` (paths under minipar/comm and minipar/parallel, in first-call order)
-    and ``frames`` (the minipar frames at the main thread's first line that calls MPI,
-    outermost first) while ``on``."""
+    and ``frames`` (the minipar frames between the step's caller and the main thread's first
+    line that calls MPI, outermost first) while ``on``."""
 
     def __init__(self):
         self.files, self.frames, self.on = [], None, False
@@ -91,11 +91,10 @@ class PathTrace:
     def line(self, frame, event, arg):
         if (event == "line" and self.on and self.frames is None
                 and threading.current_thread() is self.main and _calls_mpi(frame)):
-            stack = []
-            while frame is not None:
-                if frame.f_code.co_filename.startswith(PACKAGE + os.sep):
-                    stack.append(f"{os.path.relpath(frame.f_code.co_filename, PACKAGE)}:"
-                                 f"{frame.f_code.co_name}")
+            stack = []  # minipar's frames, up to the step's own caller (this file's)
+            while frame is not None and frame.f_code.co_filename.startswith(PACKAGE + os.sep):
+                stack.append(f"{os.path.relpath(frame.f_code.co_filename, PACKAGE)}:"
+                             f"{frame.f_code.co_name}")
                 frame = frame.f_back
             self.frames = stack[::-1]
         return self.line if self.frames is None else None

@@ -19,7 +19,9 @@ function-local ones included), not a sentence in the README:
 It also checks how the code reads (docs/architecture.md): a module docstring says what the
 module is in at most 15 lines; no module only re-exports another; no file name is held by three
 modules; each point-to-point call of the Communicator reads as its MPI call; the pipeline's core
-executor holds no PipeDream bookkeeping; the README is a reading path, a row per lesson.
+executor holds no PipeDream bookkeeping; the README is a reading path, a row per lesson; and the
+path a student walks into one step (tests/step_paths.py) stays short: the idea's files and one
+door to MPI.
 """
 import ast
 import collections
@@ -27,6 +29,8 @@ import pathlib
 import re
 
 import pytest
+
+from minipar.testing import run_on_ranks
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "minipar"
 TEACHING = {"minipar.testing", "minipar.cli", "minipar.bench", "minipar.console",
@@ -304,6 +308,31 @@ def test_the_readme_is_a_reading_path():
         assert read[0] == f"lessons/{path.name}" and tests, rows[path.name[:2]]
         for name in read + tests:
             assert (PACKAGE.parent / name).exists(), f"README row {path.name[:2]} names {name}"
+
+
+# One step, traced on 2 ranks: (files of comm/ and parallel/ that run, minipar frames on the stack
+# at the first line that calls MPI) at most. Before the door (wire.py) they were 9/4, 16/12,
+# 12/7 and 16/15: machinery stood on the path (chunks, requests, staging, transfer, watch,
+# agreement, registry, errors, cost, node) instead of beside it.
+PATH_BUDGET = {"1F1B step": (5, 5), "DDP step": (7, 8), "ring all-reduce": (5, 5),
+               "ParallelMLP forward + backward": (7, 9)}
+
+
+def test_a_step_meets_the_ideas_files_and_one_door_to_mpi():
+    traced = run_on_ranks(str(pathlib.Path(__file__).with_name("step_paths.py")) + ":all_paths",
+                          2, timeout=180)
+    long = []
+    for rank, paths in enumerate(traced):
+        assert sorted(paths) == sorted(PATH_BUDGET)
+        for name, (files, frames) in PATH_BUDGET.items():
+            path = paths[name]
+            # the tracer saw the MPI call, and it is the door's
+            assert path["frames"] and path["frames"][-1].startswith("comm/wire.py:"), path
+            if len(path["files"]) > files or len(path["frames"]) > frames:
+                long.append(f"rank {rank}, {name}: {len(path['files'])} files (at most {files}): "
+                            f"{', '.join(path['files'])}; {len(path['frames'])} frames (at most "
+                            f"{frames}): {' > '.join(path['frames'])}")
+    assert not long, "paths grew longer:\n" + "\n".join(long)
 
 
 # -- the checker itself: it must catch what it is there to catch ---------------------------------
