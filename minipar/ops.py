@@ -37,17 +37,20 @@ def unbroadcast(g, shape):
 
 def _broadcast(name, fn, a, b):
     """fn(a, b), naming the op and both shapes if they do not broadcast."""
+    # A Python number with a bfloat16 array: torch computes in float32 ("opmath") and rounds
+    # back to bfloat16 once, so a number never widens a tensor. NumPy widens to float32, or
+    # (NumPy 2 with ml_dtypes 0.7) rounds the number to bfloat16 first: float32 here gives
+    # torch's bits under either
+    array, other = (a, b) if hasattr(a, "dtype") else (b, a)
+    opmath = array.dtype == backend.bfloat16 and not hasattr(other, "dtype")
+    if opmath:
+        a, b = (x.astype("float32") if x is array else x for x in (a, b))
     try:
         out = fn(a, b)
     except ValueError as e:
         raise ValueError(f"{name}: cannot broadcast shapes {_shape(a)} and {_shape(b)} ({e})") \
             from None
-    # NumPy computes bfloat16 with a Python number in float32 and keeps float32; torch computes
-    # the same way ("opmath") but rounds back to bfloat16, so a number never widens a tensor
-    array, other = (a, b) if hasattr(a, "dtype") else (b, a)
-    if array.dtype == backend.bfloat16 != out.dtype and not hasattr(other, "dtype"):
-        return out.astype(array.dtype)
-    return out
+    return out.astype(backend.bfloat16) if opmath else out
 
 
 def _shape(x):
