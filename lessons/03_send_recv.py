@@ -10,7 +10,7 @@ one message. Then a deadlock: both ranks send a large message first and receive 
 send waits until the receiver posts its receive (rendezvous), so both wait for ever. Two ways
 out: ``sendrecv`` (send and receive as one call) or non-blocking ``isend`` + ``recv`` + ``wait``.
 
-Read next: minipar/comm/communicator.py, then wire.py and watch.py; proved by
+Read next: minipar/comm/communicator.py, wire.py, then watch.py; proved by
 tests/test_comm_p2p.py.
 """
 import time

@@ -15,8 +15,8 @@ Part 3 times the same step with each bucket reduced on a background thread while
 on (overlap on) and with backward waiting for each (off), taking turns, and prints what ``DistributedDataParallel``'s default chooses here and why:
 overlap hides communication only on a core that backward leaves idle.
 
-Read next: minipar/parallel/data/ddp.py, buckets.py, sampler.py, then param_server.py; proved by
-tests/test_dp_equivalence.py.
+Read next: minipar/parallel/data/ddp.py, averaging.py, buckets.py, sampler.py, then
+param_server.py; proved by tests/test_dp_equivalence.py.
 """
 import numpy as np
 
