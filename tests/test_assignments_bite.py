@@ -81,10 +81,10 @@ for i, g in pending.items():
     self.weights[i].grad = g  # replaces the gradient of the earlier micro-batches
 """
 VOCAB_EVERY_RANK_ADDS_A_TARGET = """
-z = z - _all_reduce(z.max(axis=-1), group, -1, note, op="max")[:, None]
+z = z - group.all_reduce(z.max(axis=-1), op="max")[:, None]
 e = xp.exp(z)
-total = _all_reduce(e.sum(axis=-1), group, -1, note)
-z_target = _all_reduce(z[rows, local_t], group, -1, note)  # not only the owner's logit
+total = group.all_reduce(e.sum(axis=-1))
+z_target = group.all_reduce(z[rows, local_t])  # not only the owner's logit
 """
 MOE_ROUTE = """
 flat = expert.reshape(-1)
