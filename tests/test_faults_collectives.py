@@ -142,6 +142,39 @@ on_every_rank(world, lambda: print("sum", world.all_reduce(x, algorithm="shm")))
 }
 
 
+# two "nodes" of two ranks (MINIPAR_RANKS_PER_NODE=2): the mismatch reaches across nodes, where
+# the hierarchical all-reduce's barriers and leaders' exchange are MPI's own
+NODES_CASES = {
+    "hierarchical on one node, ring on the other, at the first call": ("""
+world = comm.world()
+x = np.ones(1000)
+world.all_reduce(x, algorithm="hierarchical" if world.rank < 2 else "ring")
+""", ["CommError", "all_reduce #0 (ring, sum, float64)",
+      "all_reduce #0 (hierarchical, sum, float64)", "algorithms differ across ranks"]),
+    "hierarchical on one node, ring on the other, at the second call": ("""
+world = comm.world()
+x = np.ones(1000)
+world.all_reduce(x, algorithm="hierarchical")
+world.all_reduce(x, algorithm="hierarchical" if world.rank < 2 else "ring")
+""", ["CommError", "all_reduce #1 (ring, sum, float64)",
+      "all_reduce #1 (hierarchical, sum, float64)", "algorithms differ across ranks"]),
+}
+
+
+@pytest.mark.parametrize("case", NODES_CASES)
+def test_a_mismatch_across_nodes_names_both_calls(case):
+    body, words = NODES_CASES[case]
+    status, output, seconds = run_job(PRELUDE + textwrap.dedent(body), 4, timeout=60,
+                                      env={"MINIPAR_TIMEOUT": "10", "MINIPAR_RANKS_PER_NODE": "2"})
+    print(f"\n{case}: exit status {status}, ended in {seconds:.1f} s")
+    assert status not in (None, 0), f"{case}: the job did not fail (status {status}):\n{output}"
+    missing = [w for w in words if w not in output]
+    assert not missing, f"{case}: {missing} not in the output:\n{output}"
+    assert "minipar watchdog" not in output, output  # the CommError, not the watchdog, ends it
+    # four ranks start on two cores: twice the two-rank jobs' bound
+    assert seconds < 2 * BOUND, f"{case}: the job took {seconds:.1f} s to end:\n{output}"
+
+
 @pytest.mark.parametrize("case,nprocs", [(case, 2) for case in CASES]
                          + [(case, 3) for case in SHM_CASES])
 def test_the_job_ends_with_a_message_naming_the_problem(case, nprocs):

@@ -108,30 +108,34 @@ _EMPTY = [bytearray(), MPI.BYTE]  # an exchange's message: its tag is all it say
 def exchange(c):
     """A rendezvous of the ranks of Wire ``c`` (a communicator's collectives' channel) under
     the call's fingerprint ``c.tag``, for an algorithm that sends no message of its own (shm.py,
-    whose barriers are MPI's, where a peer inside another collective never comes): each rank
-    sends the tag to every peer in an empty message and waits for theirs. A peer inside
-    another collective gets one (its receive checks the tag) or sends one here: a CommError at
-    once on that rank or on this one, and the abort hook ends the job. Peers in the same algorithm pass whatever else
-    differs: the caller compares the calls in the same words everywhere (shm.header_error)."""
+    hierarchical.py, whose barriers are MPI's, where a peer inside another collective never
+    comes): each rank sends the tag to every peer in an empty message and waits for theirs. A
+    peer inside another collective gets one (its receive checks the tag) or sends one here: a
+    CommError at once on that rank or on this one, and the abort hook ends the job. Peers in
+    the same algorithm pass whatever else differs: the caller compares the calls in the same
+    words everywhere (shm.header_error)."""
     tag = c.tag
-    sends = [c.mpi.Isend(_EMPTY, j, tag) for j in range(c.size) if j != c.rank]
-    heard, status = [], c.status
+    peers = [j for j in range(c.size) if j != c.rank]
+    # one receive per peer, posted before any send: MPICH's network module (MPIR_CVAR_NOLOCAL)
+    # can leave empty messages unmatched by receives from any source posted after them
+    recvs = [c.mpi.Irecv(_EMPTY, j, MPI.ANY_TAG) for j in peers]
+    sends = [c.mpi.Isend(_EMPTY, j, tag) for j in peers]
+    status = c.status
     # noted for the watchdog, uncounted: the exchange is the check, not the algorithm's traffic
     with watch.blocking("fingerprint exchange", c.world_ranks):
-        for _ in sends:
+        for _ in peers:
             try:
-                c.mpi.Recv(_EMPTY, MPI.ANY_SOURCE, MPI.ANY_TAG, status)
-                # a second message from one peer: it has gone on to a later call
-                foreign = (status.Get_tag() ^ tag) & _KIND or status.Get_source() in heard
+                MPI.Request.Waitany(recvs, status)
+                got = status.Get_tag()
+                foreign = (got ^ tag) & _KIND
             except MPI.Exception as error:  # a message with data: another call's
-                if error.Get_error_class() != MPI.ERR_TRUNCATE:
+                if error.Get_error_class() not in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
                     raise
-                foreign = True
+                got, foreign = status.Get_tag(), True
             if foreign:
-                got, source = status.Get_tag(), status.Get_source()
                 raise CommError(f"rank {c.rank}: {describe(tag)} received a message of rank "
-                                f"{source}'s {describe(got)}: {difference(tag, got)}")
-            heard.append(status.Get_source())
+                                f"{status.Get_source()}'s {describe(got)}: "
+                                f"{difference(tag, got)}")
         MPI.Request.Waitall(sends)
 
 

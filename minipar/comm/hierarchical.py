@@ -13,6 +13,7 @@ direction and step, where a flat ring sends L times as many messages out of each
 
 The derivation, and what NCCL does beyond it: docs/comm.md.
 """
+import functools
 import weakref
 
 from mpi4py import MPI
@@ -87,15 +88,23 @@ def agree_across(h, error):
 @algorithm("all_reduce", "hierarchical", 6, hierarchical_cost)
 def _all_reduce_hierarchical(c, x, buf, op):
     """Shared memory inside each node, the leaders' all-reduce across, the result copied out."""
+    # the window's barriers and the leaders' exchanges are MPI's, where a peer inside another
+    # collective never comes: every rank of c meets by trading the call's fingerprint first, in
+    # the first barrier's place and before the levels are made (shm.py does the same), so a
+    # rank in another collective meets a CommError naming both calls
+    meet = functools.partial(agreement.exchange, c)
+    if c not in _levels:
+        meet()
     h, tag = hierarchy(c), c.tag
     w = h.window
     if h.nodes == 1:  # one node: the shm all-reduce
-        reduce_into(w, x, buf, op, tag, h.ranks)
+        reduce_into(w, x, buf, op, tag, h.ranks, meet)
         return
     # ranks that disagree on the count, dtype or op hear it inside a node as in shm.py; across
     # nodes the leaders compare every node's header while their nodes reduce (agree_across),
     # so every rank raises the same CommError before any message of the leaders' all-reduce
-    result = node_reduce(w, x, op, tag, h.ranks, agree=lambda error: agree_across(h, error))
+    result = node_reduce(w, x, op, tag, h.ranks, agree=lambda error: agree_across(h, error),
+                         meet=meet)
     error = w.posted(0)  # the leaders' verdict on the nodes, read after node_reduce's barrier
     if error:
         raise CommError(error)
