@@ -143,6 +143,56 @@ def test_an_ungradeable_submission_still_gets_results_with_the_reason(student, t
             assert test["output"].startswith("not graded: ") and reason in test["output"], test
 
 
+def _venv(folder):
+    """What `python -m venv` leaves that matters here: pyvenv.cfg, and packages."""
+    (folder / "lib/python3/site-packages/numpy").mkdir(parents=True)
+    (folder / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (folder / "lib/python3/site-packages/numpy/core.so").write_bytes(bytes(3 * 2**20))
+
+
+def test_pack_leaves_out_environments_caches_and_builds_and_stays_small(tmp_path, capsys):
+    tree = tmp_path / "hw"
+    assignments.make(tree)  # all 15 tasks
+    _venv(tree / ".venv")
+    _venv(tree / "my-env")  # a virtual environment of any name: it holds a pyvenv.cfg
+    for folder in ("__pycache__", "build/lib", "dist", "minipar.egg-info", ".git",
+                   "minipar/__pycache__", ".pytest_cache"):
+        (tree / folder).mkdir(parents=True, exist_ok=True)
+        (tree / folder / "x.bin").write_bytes(bytes(2**20))
+    (tree / "notes.txt").write_text("the student's own notes travel with the tree\n")
+    assert main(["assignment", "pack", str(tree)]) == 0
+    assert "hand in this file" in capsys.readouterr().out
+    packed = tmp_path / "hw.zip"
+    names = zipfile.ZipFile(packed).namelist()
+    assert packed.stat().st_size < 2**20, packed.stat().st_size  # the 15 tasks under 1 MB
+    kept = {n.split("/")[1] for n in names}
+    assert kept >= {"minipar", "lessons", "README.md", "assignment.json", "notes.txt"}
+    assert kept.isdisjoint({".venv", "my-env", "build", "dist", "minipar.egg-info", ".git",
+                            "__pycache__", ".pytest_cache"}) and ".pyc" not in str(names)
+    with submission.opened(packed) as (found, reason):
+        assert reason is None and found.name == "hw"
+    with pytest.raises(SystemExit) as exit:  # not a tree: refused, nothing written
+        main(["assignment", "pack", str(tmp_path), "--out", str(tmp_path / "x.zip")])
+    assert exit.value.code == 2 and not (tmp_path / "x.zip").exists()
+    assert "holds no minipar/ folder" in capsys.readouterr().err
+
+
+def test_a_zip_made_by_hand_is_read_without_its_environment_or_says_what_made_it_large(
+        student, tmp_path, monkeypatch):
+    monkeypatch.setattr(submission, "MAX_BYTES", 4 * 2**20)  # the tree is about 1.5 MB
+    hand = tmp_path / "hand"
+    shutil.copytree(student, hand / "hw")
+    _venv(hand / "hw" / ".venv")
+    with submission.opened(_zip(tmp_path / "venv.zip", hand)) as (found, reason):
+        assert reason is None and not (found / ".venv").exists()  # left out, not counted
+    (hand / "hw/data").mkdir()
+    (hand / "hw/data/big.bin").write_bytes(bytes(5 * 2**20))
+    with submission.opened(_zip(tmp_path / "data.zip", hand)) as (found, reason):
+        assert found is None and "over the 4 MB / 20000 limit" in reason
+        assert "the most is in hw/data/ 5 MB in 1 files" in reason
+        assert "minipar assignment pack" in reason
+
+
 def test_an_unpacked_zip_never_lands_outside_its_folder(tmp_path):
     evil = tmp_path / "evil.zip"
     with zipfile.ZipFile(evil, "w") as archive:
@@ -208,7 +258,7 @@ def test_a_lesson_says_which_minipar_it_runs_when_not_its_trees(student):
 def test_the_installed_tree_runs_the_students_code_beside_the_reference(tmp_path):
     student = tmp_path / "hw"
     assignments.make(student, ["ring-all-reduce"])
-    venv = tmp_path / "venv"
+    venv = student / ".venv"  # where the tree's README makes it
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
                     str(venv)], check=True, timeout=120)
     # the system site of a venv made from a venv is the base Python's: this .pth adds the one
@@ -233,3 +283,16 @@ def test_the_installed_tree_runs_the_students_code_beside_the_reference(tmp_path
                             cwd=tmp_path)
     assert lesson.returncode != 0 and "PASS" not in lesson.stdout
     assert "Task ring-all-reduce: the ring reduce-scatter" in lesson.stdout + lesson.stderr
+    # handed in as the README says: its pack command, run in the tree, leaves .venv out
+    (venv / "lib/fat.bin").write_bytes(bytes(2**20))
+    pack = subprocess.run([str(venv / "bin/minipar"), "assignment", "pack", "."],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=student)
+    assert pack.returncode == 0 and "hand in this file" in pack.stdout, pack.stderr
+    names = zipfile.ZipFile(tmp_path / "hw.zip").namelist()
+    assert "hw/minipar/comm/patterns.py" in names and not any(".venv" in n for n in names)
+    assert not any("egg-info" in n or "__pycache__" in n for n in names)
+    zipped, folder = (_results(handed, tmp_path / f"of-{handed.name}")
+                      for handed in (tmp_path / "hw.zip", student))
+    assert [(t["name"], t["score"], t["status"]) for t in zipped["tests"]] == \
+        [(t["name"], t["score"], t["status"]) for t in folder["tests"]]
+    assert "Task ring-all-reduce:" in zipped["tests"][0]["output"]

@@ -55,8 +55,18 @@ minipar assignment grade .    # every task of this assignment (assignment.json)
 
 The grader runs each task's checks on your code, all or nothing per task, and shows for each
 failing task its first failing check. Your teacher grades with their own copy of the checks,
-so editing `minipar/assignments/checks.py` changes nothing. Hand in this folder as a zip (of
-the folder or of its contents, either works).
+so editing `minipar/assignments/checks.py` changes nothing.
+
+To hand in, write the zip with
+
+```bash
+minipar assignment pack .    # writes ../{folder}.zip; hand in that file
+```
+
+It leaves out what is not your work: `.venv/` (any virtual environment), `__pycache__/` and
+other caches, `build/`, `dist/`, `*.egg-info` and `.git/`. Zipping the folder yourself works
+too if you leave those out: with `.venv/` inside, the zip is hundreds of megabytes, and the
+grader leaves those folders out of it before checking its size.
 """
 README_TASK = """\
 ## `{id}` ({points} points): {title}
@@ -86,7 +96,7 @@ def write(out, tasks, lessons=None, source=None):
     """The README, setup.cfg, pyproject.toml and assignment.json of the tree at ``out``, whose
     stripped tasks are ``tasks`` (minipar.assignments.Task rows) and lessons are in ``lessons``."""
     out = pathlib.Path(out)
-    (out / "README.md").write_text(readme(tasks, lessons))
+    (out / "README.md").write_text(readme(tasks, lessons, out.resolve().name))
     (out / "setup.cfg").write_text(setup_cfg(source))
     (out / "pyproject.toml").write_text(PYPROJECT)
     record = {"tasks": [t.id for t in tasks], "points": sum(t.points for t in tasks)}
@@ -147,7 +157,7 @@ def _lines(items):
     return "\n" + "\n".join(items)
 
 
-def readme(tasks, lessons=None):
+def readme(tasks, lessons=None, folder="hw"):
     """The student's README: the tasks and their points, how to install the tree, then per task
     what to read and how to run its checks, its lesson and the grader; how to hand it in."""
     rows = [f"| `{t.id}` | {t.points} | {t.title} | {_lesson(t, lessons)} | {_files(t)} |"
@@ -156,7 +166,7 @@ def readme(tasks, lessons=None):
                                    lesson_file=_lesson(t, lessons), files=_files(t),
                                    tests=" or ".join(t.tests)) for t in tasks]
     return README.format(count=len(tasks), points=sum(t.points for t in tasks),
-                         rows="\n".join(rows), tasks="\n".join(sections))
+                         rows="\n".join(rows), tasks="\n".join(sections), folder=folder)
 
 
 def _files(task):

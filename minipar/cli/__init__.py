@@ -25,7 +25,7 @@ SUBCOMMANDS = {
     "groups": ("minipar.cli.groups", "print the data x tensor x pipeline rank grid and its groups"),
     "schedule": ("minipar.cli.schedule", "draw a pipeline schedule, its bubble and in-flight micro-batches"),
     "plan": ("minipar.cli.plan", "predict memory and step time of a layout, or rank them all"),
-    "assignment": ("minipar.cli.assignment", "assignments: list the tasks, make a student tree, grade it"),
+    "assignment": ("minipar.cli.assignment", "assignments: list the tasks, make a student tree, pack it, grade it"),
 }
 
 

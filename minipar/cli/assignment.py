@@ -2,6 +2,7 @@
 
     minipar assignment list
     minipar assignment make --out DIR [--tasks ID,ID] [--force]
+    minipar assignment pack [DIR] [--out ZIP]
     minipar assignment grade [DIR|ZIP] [--tasks ID,ID | --all] [--json FILE] [--markdown FILE]
 
 Grading exits 0 whenever it ran, whatever the score (Gradescope reads the score from the JSON);
@@ -9,9 +10,10 @@ a submission it cannot grade (no tree, two trees, a bad zip) scores 0 on every t
 in each task's output. Without --tasks it grades the tasks the tree records (assignment.json).
 """
 import importlib.util
+import pathlib
 
 from minipar import assignments
-from minipar.assignments import submission, tree
+from minipar.assignments import grader, submission, tree
 from minipar.cli.args import UsageError
 
 
@@ -23,6 +25,10 @@ def add_arguments(parser):
     make.add_argument("--tasks", help="comma-separated task ids (default: every task)")
     make.add_argument("--force", action="store_true",
                       help="write into --out even when it holds something (overwrites the tree)")
+    pack = actions.add_parser("pack", help="write the zip to hand in: the tree less its "
+                                           "virtual environments, caches and build folders")
+    pack.add_argument("dir", nargs="?", default=".", help="the student tree (default: here)")
+    pack.add_argument("--out", help="the zip to write (default: DIR's name .zip, beside DIR)")
     grade = actions.add_parser("grade", help="grade the tree in DIR (or a zip of it) per task")
     grade.add_argument("dir", nargs="?", default=".",
                        help="the student tree, a folder holding it, or a zip (default: here)")
@@ -64,6 +70,8 @@ def run(args):
             print(f"  {t.id:24s} {t.points:3d}  {t.title}")
         print(f"grade it with: minipar assignment grade {args.out}")
         return 0
+    if args.action == "pack":
+        return _pack(args)
     if args.action == "grade":
         ids = _ids(args.tasks)
         if importlib.util.find_spec("pytest") is None:  # else every task would score 0
@@ -77,7 +85,22 @@ def run(args):
         print(f"{'total':24s} {total:3d} / {sum(r['max_score'] for r in results)}")
         assignments.write_reports(results, args.json, args.markdown)
         return 0
-    raise UsageError("an action is required: list, make or grade")
+    raise UsageError("an action is required: list, make, pack or grade")
+
+
+def _pack(args):
+    folder = pathlib.Path(args.dir).resolve()
+    why = grader.refusal(folder)
+    if why:
+        raise UsageError(f"argument dir: {folder} is not a tree to hand in: {why}")
+    out = pathlib.Path(args.out) if args.out else folder.parent / f"{folder.name}.zip"
+    try:
+        files, size = submission.pack(folder, out)
+    except submission.Unusable as err:
+        raise UsageError(f"argument dir: {err}") from None
+    print(f"wrote {out}: {files} files, {size / 1024:.0f} KB (virtual environments, caches and "
+          f"build folders left out); hand in this file")
+    return 0
 
 
 def _grade(found, reason, ids, args):
