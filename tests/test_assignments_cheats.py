@@ -1,7 +1,7 @@
 """The grader against submissions that try to fool it (issue 21's list), each made as a student
 would: a tree from ``make``, one task's stub replaced by the cheat. Each cheat scores 0 on the
-task it fakes, or the tree is refused with the reason, while an honest task graded beside it
-keeps its points. The graded cases use op-backward and layer-norm (one process, about a second
+task it fakes while an honest task graded beside it keeps its points; a file at the tree's top
+that could fool pytest is set aside and named (issue 37), a folder that is not a tree refused. The graded cases use op-backward and layer-norm (one process, about a second
 each) except where the cheat needs ranks.
 """
 import contextlib
@@ -76,7 +76,7 @@ def _alive(folder):
     return alive
 
 
-# --- refused before anything runs ---------------------------------------------------------------
+# --- set aside, or refused before anything runs ------------------------------------------------
 def _pytest_plugin(tree):
     info = tree / "cheat-1.0.dist-info"
     info.mkdir()
@@ -84,39 +84,70 @@ def _pytest_plugin(tree):
     (info / "entry_points.txt").write_text("[pytest11]\ncheat = cheat_plugin\n")
 
 
-REFUSED = {  # what a student adds -> a phrase of the reason
-    "sitecustomize": (lambda t: (t / "sitecustomize.py").write_text("import os\n"),
-                      "sitecustomize.py at the top"),
-    "usercustomize": (lambda t: (t / "usercustomize.py").write_text("import os\n"),
+FAKE = "import numpy.testing\nnumpy.testing.assert_allclose = lambda *a, **k: None\n"
+SET_ASIDE = {  # what a student adds at the tree's top -> a phrase of the note
+    "sitecustomize": (lambda t: (t / "sitecustomize.py").write_text(FAKE),
+                      "sitecustomize.py would run when Python starts"),
+    "usercustomize": (lambda t: (t / "usercustomize.py").write_text(FAKE),
                       "usercustomize.py"),
     "pth": (lambda t: (t / "cheat.pth").write_text("import os\n"), "cheat.pth"),
     "pytest module": (lambda t: (t / "pytest.py").write_text("def main(): return 0\n"),
-                      "in place of pytest"),
+                      "pytest.py would be imported in place of pytest"),
     "pytest package": (lambda t: (t / "pytest").mkdir() or (t / "pytest/__init__.py").touch(),
                        "in place of pytest"),
     "_pytest": (lambda t: (t / "_pytest").mkdir(), "in place of _pytest"),
-    "numpy": (lambda t: (t / "numpy.py").write_text("\n"), "in place of numpy"),
+    "numpy.testing": (lambda t: (t / "numpy/testing").mkdir(parents=True)
+                      or (t / "numpy/testing/__init__.py").write_text(FAKE),
+                      "numpy would be imported in place of numpy"),
     "mpi4py": (lambda t: (t / "mpi4py").mkdir(), "in place of mpi4py"),
-    "plugin": (_pytest_plugin, "pytest11"),
+    "plugin": (_pytest_plugin, "cheat-1.0.dist-info declares a pytest plugin"),
+}
+REFUSED = {  # a folder that is not a tree -> a phrase of the reason
     "no __init__": (lambda t: (t / "minipar/__init__.py").unlink(), "no __init__.py"),
     "empty minipar": (lambda t: shutil.rmtree(t / "minipar") or (t / "minipar").mkdir(),
                       "no __init__.py"),
     "link": (lambda t: (t / "minipar/ops.py").unlink() or (t / "minipar/ops.py").symlink_to(
         ROOT / "minipar/ops.py"), "links (minipar/ops.py)"),
+    "no minipar": (lambda t: shutil.rmtree(t / "minipar"), "holds no minipar/"),
 }
 
 
+@pytest.mark.parametrize("cheat", list(SET_ASIDE))
+def test_a_file_that_could_fool_pytest_is_set_aside_and_named(tmp_path, cheat, capsys):
+    """The file never reaches the sandbox: the task it would fake scores 0, the honest task
+    keeps its points, and both reports name what was set aside."""
+    tree = _tree(tmp_path, "op-backward")
+    assert grader.set_aside(tree) == []
+    add, phrase = SET_ASIDE[cheat]
+    add(tree)
+    json_path, md_path = tmp_path / "results.json", tmp_path / "report.md"
+    assert main(["assignment", "grade", str(tree), "--tasks", f"op-backward,{HONEST}",
+                 "--json", str(json_path), "--markdown", str(md_path)]) == 0
+    report = json.loads(json_path.read_text())
+    scores = {t["name"].split(":")[0]: t["score"] for t in report["tests"]}
+    assert scores == {"op-backward": 0, HONEST: FULL}, report
+    assert report["output"].startswith("set aside, not run") and phrase in report["output"]
+    assert phrase in md_path.read_text().split("| task |")[0]
+    assert phrase in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("cheat", list(REFUSED))
-def test_a_tree_that_could_fool_pytest_is_refused_with_the_reason(tmp_path, cheat):
-    tree = _tree(tmp_path, "op-backward", HONEST)
+def test_a_folder_that_is_not_a_tree_is_refused_with_what_is_missing(tmp_path, cheat, capsys):
+    tree = _tree(tmp_path, "op-backward")
     assert grader.refusal(tree) is None
     add, phrase = REFUSED[cheat]
     add(tree)
-    results = assignments.grade(tree, ["op-backward", HONEST])
-    assert _scores(results) == {"op-backward": 0, HONEST: 0}
-    for r in results:
-        assert r["output"].startswith("not graded: ") and phrase in r["output"], r["output"]
-        assert r["seconds"] < 5  # nothing ran
+    json_path = tmp_path / "results.json"
+    assert main(["assignment", "grade", str(tree), "--tasks", f"op-backward,{HONEST}",
+                 "--json", str(json_path)]) == 1
+    assert phrase in capsys.readouterr().out
+    report = json.loads(json_path.read_text())  # Gradescope still reads why
+    assert report["score"] == 0
+    for test in report["tests"]:
+        assert test["output"].startswith("not graded: ") and phrase in test["output"], test
+    if cheat != "no minipar":  # the library call refuses too, before anything runs
+        results = assignments.grade(tree, ["op-backward", HONEST])
+        assert all(r["seconds"] < 5 and phrase in r["output"] for r in results)
 
 
 def test_the_reference_is_not_refused():

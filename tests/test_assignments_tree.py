@@ -114,9 +114,9 @@ def _zip(path, folder, prefix=""):
     return path
 
 
-def _results(submitted, tmp_path, *extra):
+def _results(submitted, tmp_path, *extra, status=0):
     out = tmp_path / "results" / "results.json"
-    assert main(["assignment", "grade", str(submitted), "--json", str(out), *extra]) == 0
+    assert main(["assignment", "grade", str(submitted), "--json", str(out), *extra]) == status
     report = json.loads(out.read_text())
     assert set(report) >= {"score", "execution_time", "tests"}
     for test in report["tests"]:
@@ -137,7 +137,7 @@ def test_an_ungradeable_submission_still_gets_results_with_the_reason(student, t
              _zip(tmp_path / "two.zip", two): "holds 2 minipar/ trees (backup, mine)",
              student / "lessons": "holds no minipar/ package"}
     for submitted, reason in cases.items():
-        report = _results(submitted, tmp_path, "--tasks", ",".join(QUICK))
+        report = _results(submitted, tmp_path, "--tasks", ",".join(QUICK), status=1)
         assert report["score"] == 0 and [t["max_score"] for t in report["tests"]] == POINTS
         for test in report["tests"]:
             assert test["output"].startswith("not graded: ") and reason in test["output"], test

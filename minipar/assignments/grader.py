@@ -4,7 +4,9 @@
 into a scratch folder beside the grader's own copies of the checks and of the harness they use,
 runs pytest there (as a user of its own when the grader is root), and scores the task from the
 JUnit report pytest writes: every one of its checks passed and the run exited 0, else 0 points.
-``refusal`` turns away, before anything runs, a tree carrying what could fool pytest. A failed
+``refusal`` turns away, before anything runs, a folder that is not a tree (no minipar/ package
+of files); ``set_aside`` names what a tree carries at its top that could fool pytest, which the
+copy leaves behind. A failed
 task's output opens with its first failing check in words and its message, then the traceback
 with library frames cut, the sandbox's paths named as the student's files.
 
@@ -56,18 +58,32 @@ def refusal(tree):
     links = [p.relative_to(tree).as_posix() for p in package.rglob("*") if p.is_symlink()]
     if links:
         return f"minipar/ holds links ({', '.join(links[:3])}): hand in files, not links"
-    # Only minipar/ is copied into the sandbox, so the rest never reaches sys.path; these are
-    # refused all the same, so that the teacher reads what the tree tried.
-    for entry in sorted(tree.iterdir()):
+    return None
+
+
+def set_aside(tree):
+    """[(name, why)] of the files at the top of ``tree`` that would hijack the grader were
+    they on sys.path: only minipar/ is copied into the sandbox, so they never run; the report
+    names them, so that the teacher reads what the tree tried."""
+    found = []
+    for entry in sorted(pathlib.Path(tree).iterdir()):
         name, stem = entry.name, entry.name.split(".")[0]
         if stem in ("sitecustomize", "usercustomize") or name.endswith(".pth"):
-            return f"{name} at the top of the tree would run when Python starts: remove it"
-        if stem in SHADOWED and (entry.is_dir() or name.endswith((".py", ".pyc", ".so"))):
-            return f"{name} at the top of the tree would be imported in place of {stem}: remove it"
-        if name.endswith((".dist-info", ".egg-info")) and re.search(
+            found.append((name, "would run when Python starts"))
+        elif stem in SHADOWED and (entry.is_dir() or name.endswith((".py", ".pyc", ".so"))):
+            found.append((name, f"would be imported in place of {stem}"))
+        elif name.endswith((".dist-info", ".egg-info")) and re.search(
                 r"^\s*\[pytest11\]", _text(entry / "entry_points.txt"), re.MULTILINE):
-            return f"{name} declares a pytest plugin (a pytest11 entry point): remove it"
-    return None
+            found.append((name, "declares a pytest plugin (a pytest11 entry point)"))
+    return found
+
+
+def set_aside_note(tree):
+    """The words the reports open with for set_aside(tree), '' when it is empty."""
+    found = set_aside(tree)
+    return "" if not found else (
+        "set aside, not run (only minipar/ is graded): "
+        + "; ".join(f"{name} {why}" for name, why in found))
 
 
 def _text(path):
@@ -239,10 +255,11 @@ def _name(result):
     return f"{result['task']}: {result['title']}" if result.get("title") else result["task"]
 
 
-def gradescope(results):
-    """Gradescope's autograder results.json: total ``score`` and one ``tests`` entry per task,
-    the outputs cut until the file stays under RESULTS_LIMIT bytes."""
-    report = {"score": sum(r["score"] for r in results),
+def gradescope(results, note=""):
+    """Gradescope's autograder results.json: total ``score``, ``note`` (what was set aside) as
+    its ``output``, and one ``tests`` entry per task, the outputs cut until the file stays
+    under RESULTS_LIMIT bytes."""
+    report = {"score": sum(r["score"] for r in results), **({"output": note} if note else {}),
               "execution_time": round(sum(r["seconds"] for r in results)),
               "tests": [{"name": _name(r), "score": r["score"], "max_score": r["max_score"],
                          "status": "passed" if r["passed"] else "failed", "output": r["output"]}
@@ -254,11 +271,12 @@ def gradescope(results):
     return report
 
 
-def markdown(results):
-    """The student's report: a table of scores, then each failing task's first failing check."""
+def markdown(results, note=""):
+    """The student's report: ``note`` (what was set aside), a table of scores, then each failing
+    task's first failing check."""
     total, most = sum(r["score"] for r in results), sum(r["max_score"] for r in results)
-    lines = [f"# Assignment grade: {total} / {most}", "", "| task | score | lesson |",
-             "|---|---|---|"]
+    lines = [f"# Assignment grade: {total} / {most}", "", *([note, ""] if note else []),
+             "| task | score | lesson |", "|---|---|---|"]
     lines += [f"| {r['task']} | {r['score']} / {r['max_score']} | {r.get('lesson', '')} |"
               for r in results]
     for r in results:
@@ -275,11 +293,11 @@ def clear_reports(*paths):
             pathlib.Path(path).unlink(missing_ok=True)
 
 
-def write_reports(results, json_path=None, markdown_path=None):
+def write_reports(results, json_path=None, markdown_path=None, note=""):
     """Write results.json and the Markdown report, each whole or not at all (renamed into
-    place), readable by all."""
-    for path, text in ((json_path, lambda: json.dumps(gradescope(results), indent=2)),
-                       (markdown_path, lambda: markdown(results))):
+    place), readable by all; ``note`` opens both."""
+    for path, text in ((json_path, lambda: json.dumps(gradescope(results, note), indent=2)),
+                       (markdown_path, lambda: markdown(results, note))):
         if path:
             path = pathlib.Path(path)
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -6,8 +6,10 @@
     minipar assignment grade [DIR|ZIP] [--tasks ID,ID | --all] [--json FILE] [--markdown FILE]
 
 Grading exits 0 whenever it ran, whatever the score (Gradescope reads the score from the JSON);
-a submission it cannot grade (no tree, two trees, a bad zip) scores 0 on every task, the reason
-in each task's output. Without --tasks it grades the tasks the tree records (assignment.json).
+a submission it cannot grade (no tree, two trees, a bad zip) exits 1 and still writes the
+reports, scoring 0 on every task, the reason in each task's output. Files at the tree's top
+that could fool pytest are set aside (never copied into the sandbox) and named in both reports.
+Without --tasks it grades the tasks the tree records (assignment.json).
 """
 import importlib.util
 import pathlib
@@ -80,11 +82,15 @@ def run(args):
         # a grading that dies leaves no report rather than a stale or planted one
         assignments.clear_reports(args.json, args.markdown)
         with submission.opened(args.dir) as (found, reason):
-            results = _grade(found, reason, ids, args)
+            reason = reason or (found and grader.refusal(found))
+            note = grader.set_aside_note(found) if found and not reason else ""
+            if note:
+                print(note)
+            results, reason = _grade(None if reason else found, reason, ids, args)
         total = sum(r["score"] for r in results)
         print(f"{'total':24s} {total:3d} / {sum(r['max_score'] for r in results)}")
-        assignments.write_reports(results, args.json, args.markdown)
-        return 0
+        assignments.write_reports(results, args.json, args.markdown, note)
+        return 1 if reason else 0
     raise UsageError("an action is required: list, make, pack or grade")
 
 
@@ -105,7 +111,8 @@ def _pack(args):
 
 def _grade(found, reason, ids, args):
     """Grade the tree ``found`` on ``ids``, else on the tasks it records (all with --all or no
-    record); a submission that cannot be graded scores 0 on each, ``reason`` as the output."""
+    record); a submission that cannot be graded scores 0 on each, ``reason`` as the output.
+    (results, the reason it was not graded or None)."""
     if found is not None and not ids and not args.all:
         try:
             ids = tree.recorded(found)
@@ -117,9 +124,9 @@ def _grade(found, reason, ids, args):
         results = assignments.unscored(assignments.choose(ids), f"not graded: {reason}")
         for result in results:
             _show(result)
-        return results
+        return results, reason
     print(f"grading {found}:")
-    return assignments.grade(found, ids, args.timeout, progress=_show)
+    return assignments.grade(found, ids, args.timeout, progress=_show), None
 
 
 def _show(result):
