@@ -8,7 +8,8 @@ markers appear nowhere else (this module spells them in two pieces).
 ``make`` copies the package and the lessons into a student tree where each chosen task's
 regions become ``raise NotImplementedError("Task <id>: <title> (see lesson NN)")`` at their
 indentation (signatures, docstrings and the comments before them stay); the other tasks keep
-their solution, the markers removed; tree.py adds the README, setup.cfg and task record.
+their solution, the markers removed; tree.py adds the README, setup.cfg and task record; then
+the docs pages, tests and scripts the tree's files name come too (``ship_references``).
 ``grade`` runs each task's checks in a sandbox (grader.py), all or nothing per task: a task
 scores its points when every one of its checks passes, else 0 (partial credit would reward a
 stub that passes one case).
@@ -16,6 +17,7 @@ stub that passes one case).
 import dataclasses
 import json
 import pathlib
+import posixpath
 import re
 import shutil
 
@@ -27,6 +29,14 @@ from minipar.assignments.sandbox import STUCK_TIMEOUT  # noqa: F401
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]  # the tree this minipar was loaded from
 BEGIN, END = "### BEGIN " + "SOLUTION", "### END " + "SOLUTION"  # split: no false region here
+# the folders of the reference's checkout a tree holds only what its files name from: a path
+# from the root (not the tail of a URL or another path), a markdown page's relative link, a
+# shell script's sibling, a test's helper module
+SHIPPED = ("docs", "tests", "scripts")
+NAMED = re.compile(r"(?<![\w./:@~$-])((?:docs|tests|scripts)/[\w./-]*\w)")
+LINKED = re.compile(r"\]\(([\w./-]+)[#)]")
+BESIDE = re.compile(r'\$\(dirname "\$0"\)/([\w.-]+)')
+IMPORTED = re.compile(r"^\s*(?:from|import)\s+(\w+)", re.M)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,8 +140,9 @@ def strip(text, stripped_ids):
 
 def make(out, ids=None, source=ROOT, force=False):
     """Write a student tree to ``out`` with the tasks ``ids`` (default all) stripped, and its
-    README, install metadata and task record (assignment.json); a FileExistsError, with nothing
-    written, when ``out`` holds anything already, unless ``force``."""
+    README, install metadata and task record (assignment.json), and the docs, tests and scripts
+    its files name (``ship_references``); a FileExistsError, with nothing written, when ``out``
+    holds anything already, unless ``force``."""
     tasks, out, source = choose(ids), pathlib.Path(out), pathlib.Path(source)
     tree.refuse_to_overwrite(out, force)
     stripped = {t.id for t in tasks}
@@ -145,7 +156,45 @@ def make(out, ids=None, source=ROOT, force=False):
         if BEGIN in text:
             path.write_text(strip(text, stripped))
     tree.write(out, tasks, out / "lessons", source)
+    ship_references(out, source)
     return tasks
+
+
+def ship_references(out, source=ROOT):
+    """Copy into the tree ``out`` each file of ``source``'s docs/, tests/ and scripts/ that a
+    file of ``out`` names (docs/comm.md, tests/test_zero.py, tests/test_plan_cli as a module,
+    scripts/bench_dp.py; a page's images and linked pages; a test's conftest.py and helpers),
+    then what those name, until nothing new is named; the paths shipped, sorted. Only from a
+    checkout (its setup.cfg beside the package): an installed wheel has no docs or tests beside
+    it, and the tests/ in site-packages is another project's; its references stay unshipped."""
+    out, source = pathlib.Path(out), pathlib.Path(source)
+    if not (source / "setup.cfg").is_file():
+        return []
+    shipped, todo = set(), [p for p in out.rglob("*") if p.is_file()]
+    while todo:
+        for name in _named(todo.pop(), out):
+            found = [n for n in (name, name + ".py")
+                     if n.split("/")[0] in SHIPPED and (source / n).is_file()]
+            if found and found[0] not in shipped:  # copied over what is there, as the package is
+                shipped.add(found[0])
+                (out / found[0]).parent.mkdir(parents=True, exist_ok=True)
+                todo.append(pathlib.Path(shutil.copy2(source / found[0], out / found[0])))
+    return sorted(shipped)
+
+
+def _named(path, out):
+    """The paths from the root of the tree ``out`` that its file ``path`` names."""
+    try:
+        text = path.read_text()
+    except (UnicodeDecodeError, OSError):  # a picture, a data file
+        return set()
+    folder = path.relative_to(out).parent
+    names = set(NAMED.findall(text)) | {folder / n for n in BESIDE.findall(text)}
+    if path.suffix == ".md":
+        names |= {folder / n for n in LINKED.findall(text)}
+    if folder.parts[:1] == ("tests",) and path.suffix == ".py":
+        names |= {f"tests/{n}.py" for n in IMPORTED.findall(text)} | {"tests/conftest.py"}
+    return {posixpath.normpath(pathlib.PurePath(n).as_posix()) for n in names}
 
 
 def _lessons_dir(source):
