@@ -293,12 +293,30 @@ def test_feedback_opens_with_the_check_and_names_the_students_files(tmp_path):
     _cheat(tree, "op-backward", "raise ValueError('shapes (2, 3) and (4,) not aligned')")
     [result] = assignments.grade(tree, ["op-backward"])
     lines = result["output"].split("\n")
-    assert lines[0] == ("first failing check: test_op_backward_matmul_matches_finite_"
+    assert lines[0] == "ValueError: shapes (2, 3) and (4,) not aligned"  # what went wrong first
+    assert lines[1] == ("first failing check: test_op_backward_matmul_matches_finite_"
                         "differences in minipar/assignments/checks.py")
-    assert "task op-backward (lesson 01)" in lines[1]
-    assert lines[2] == "ValueError: shapes (2, 3) and (4,) not aligned"
+    assert "task op-backward (lesson 01)" in lines[2]
     assert "minipar/ops.py:" in result["output"] and "minipar-grade-" not in result["output"]
     assert "site-packages" not in result["output"]
+
+
+def test_a_long_message_reaches_the_reports_whole_up_to_its_stated_bound(tmp_path):
+    """pytest cuts a failure's message attribute at 500 characters; the report keeps the whole
+    message (from the element text) up to MESSAGE_LINES lines, and says where it cuts."""
+    tree = _tree(tmp_path, "op-backward")
+    lines = [f"line {i} of what differs" for i in range(grader.MESSAGE_LINES + 30)]
+    _cheat(tree, "op-backward", f"raise AssertionError({chr(10).join(lines)!r})")
+    [result] = assignments.grade(tree, ["op-backward"])
+    text = result["output"]
+    # the check's own first line (the gradient check names its inputs), then the message
+    assert text.startswith("AssertionError: Task op-backward: the gradients"), text[:300]
+    kept = grader.MESSAGE_LINES - 2  # the last line of ours kept, after that first line
+    assert f"line {kept} of what differs" in text
+    assert f"line {kept + 1} of what differs" not in text.split("--- traceback")[0]
+    assert f"[... 31 more lines cut: a report keeps the first {grader.MESSAGE_LINES} lines" in text
+    assert "full report in element text" not in text
+    assert f"line {kept} of what differs" in grader.markdown([result])
 
 
 def test_reports_are_cleared_first_and_written_whole(tmp_path):

@@ -33,6 +33,7 @@ CHECKS = HERE / "checks.py"  # the reference checks
 TASK_TIMEOUT = 90  # seconds for one task's pytest run (each multi-rank job is bounded at 40 s)
 BUDGET = 290  # seconds for a whole grading run: a task started later gets what is left
 RESULTS_LIMIT = 1_000_000  # bytes of results.json, whatever the tasks printed
+MESSAGE_LINES = 120  # lines of a failing check's message a report keeps
 SHADOWED = ("pytest", "_pytest", "numpy", "mpi4py")  # what a tree's top level may not name
 # Read once, when the grader is imported: a task that rewrites the installed files (possible
 # when the grader is not root) cannot change what a later task runs.
@@ -124,10 +125,14 @@ def _feedback(task, status, cases, output, timeout, checks):
     failed = [case for case in cases or () if case[1] is not None]
     if failed:
         name, message, text = failed[0]
-        message = message.strip().split("\n")
-        lines += [f"first failing check: {name} in minipar/assignments/checks.py",
+        # the check's message first: its first line names the step that went wrong
+        message = _message(text, message)
+        lines += [message[0], f"first failing check: {name} in minipar/assignments/checks.py",
                   f"  task {task.id} (lesson {task.lesson}); it checks: {_in_words(name, checks)}",
-                  *message[:25], *(["..."] if len(message) > 25 else []),
+                  *message[1:MESSAGE_LINES],
+                  *([f"[... {len(message) - MESSAGE_LINES} more lines cut: a report keeps the "
+                     f"first {MESSAGE_LINES} lines of a check's message]"]
+                    if len(message) > MESSAGE_LINES else []),
                   "", "--- traceback, library frames cut ---", _trimmed(text)]
     else:
         missing = _missing(task, cases)
@@ -140,7 +145,21 @@ def _feedback(task, status, cases, output, timeout, checks):
         lines += [line for line in output.split("\n") if line.startswith("minipar grader:")]
         lines += ["", "--- output, last lines ---", *_trimmed(output).strip().split("\n")[-40:]]
     text = "\n".join(lines).strip()
-    return text if len(text) <= KEPT else text[:KEPT // 4] + "\n[...]\n" + text[-3 * KEPT // 4:]
+    return text if len(text) <= KEPT else (text[:KEPT // 4] + f"\n[... cut: a task's report "
+                                           f"keeps {KEPT // 1024} KiB ...]\n" + text[-3 * KEPT // 4:])
+
+
+def _message(text, attribute):
+    """A failure's whole message, as lines: the last run of pytest's ``E`` lines in the
+    report's element text (its ``message`` attribute is cut at 500 characters), else that."""
+    block = []
+    for line in text.rstrip().split("\n")[::-1]:
+        if not (line == "E" or line.startswith("E ")):
+            if block:
+                break
+            continue
+        block.append(line[4:] if line.startswith("E   ") else line[1:].strip())
+    return block[::-1] if block else (attribute.strip().split("\n") or [""])
 
 
 def _in_words(name, checks):
@@ -267,7 +286,8 @@ def gradescope(results, note=""):
     while report["tests"] and len(json.dumps(report, indent=2)) > RESULTS_LIMIT:
         longest = max(report["tests"], key=lambda test: len(test["output"]))
         text, keep = longest["output"], len(longest["output"]) // 4
-        longest["output"] = text[:keep] + "\n[... cut to fit results.json ...]\n" + text[-keep:]
+        longest["output"] = (text[:keep] + f"\n[... cut: results.json is kept under "
+                             f"{RESULTS_LIMIT:,} bytes ...]\n" + text[-keep:])
     return report
 
 
