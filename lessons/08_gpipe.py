@@ -33,31 +33,32 @@ from minipar.console import terminal_width  # noqa: E402
 from minipar.parallel.pipeline import Pipeline, bubble_theory, build, text_gantt  # noqa: E402
 from minipar.parallel.pipeline.measure import measure_bubble  # noqa: E402
 
-from _kit import arguments, check, figure, finish, mpi_world, note_load, say  # noqa: E402
+from _kit import (BUBBLE_BAND, arguments, bubble_with_messages, check, check_bubble,  # noqa: E402
+                  figure, finish, mpi_world, note_load, say)
 
 args = arguments(__doc__, ("--unit", 0.01, "seconds per stage forward"),
                  quick="short units, fewer settings", plot=True)
 world = mpi_world(__doc__, at_least=2)
 rank, p = world.rank, world.size
-POINTS = 0.2  # measured bubble vs theory, absolute: every message adds a wake-up; with 4 ranks
-# on 2 cores and 12 more processes busy, m = 4 measured up to 0.13 above theory
+# each measured bubble is checked against theory plus what this run's messages cost, within
+# _kit.BUBBLE_BAND of it (the band's measurements and reason are there)
 
 
 def part1_bubble(unit, ms, repeats):
     """Measure the bubble for each m; on rank 0 returns the figures' data: the points
     (label, m, measured, theory) and the measured events of m = 4."""
     say(f"Part 1. GPipe's bubble on p = {p} ranks, measured from traces (unit {unit * 1e3:g} ms)",
-        f"{'m':>4}{'theory (p-1)/(m+p-1)':>24}{'measured':>10}")
+        f"{'m':>4}{'theory (p-1)/(m+p-1)':>24}{'+ messages':>12}{'measured':>10}")
     points, shown = [], None
     for m in ms:
         schedule = build("gpipe", p, m)
         measured = measure_bubble(world, schedule, unit, repeats)
         if rank == 0:
             formula, num, den = bubble_theory(schedule)
-            say(f"{m:>4}{f'{num}/{den} = {num / den:.3f}':>24}{measured[0]:>10.3f}")
-            check(f"m = {m}: measured bubble within {POINTS} of (p-1)/(m+p-1) = {num}/{den}",
-                  abs(measured[0] - num / den) <= POINTS, f"{num / den:.3f} ± {POINTS}",
-                  f"{measured[0]:.3f}")
+            expected, _ = bubble_with_messages(schedule, measured[1], unit)
+            say(f"{m:>4}{f'{num}/{den} = {num / den:.3f}':>24}{expected:>12.3f}"
+                f"{measured[0]:>10.3f}")
+            check_bubble(f"m = {m}", measured[0], num / den, expected)
             points.append(("GPipe", m, measured[0], num / den))
             if m == 4:
                 shown = (measured[1], f"{formula.split(' if')[0]} = {num}/{den}", num / den)
@@ -65,7 +66,10 @@ def part1_bubble(unit, ms, repeats):
         for k in (k for k in (1, 2, 4, 8, 16) if k <= max(ms) and k not in ms):
             _, num, den = bubble_theory(build("gpipe", p, k))
             points.append(("GPipe", k, None, num / den))
-    say("\nThe measured timeline of m = 4, one column per unit:",
+    say("+ messages: the schedule replayed (simulate.py) with F = 1, B = 2 and each message at "
+        "this run's mean costs\n(a send, a receive, a sleeping receiver's wake-up): what the "
+        "textbook leaves out.",
+        "\nThe measured timeline of m = 4, one column per unit:",
         text_gantt(shown[0], p, unit=unit, width=terminal_width(), legend=True)
         if rank == 0 else "")
     return points, shown
@@ -133,8 +137,8 @@ def main():
                           f"beside (p-1)/(m+p-1)"))
     check("re-materialised GPipe gives the plain run's gradients bit for bit", diff == 0.0,
           0.0, f"{diff:.1e}")
-    return finish(f"GPipe's bubble follows (p-1)/(m+p-1) within {POINTS}; re-materialising "
-                  f"keeps one micro-batch and the same gradients")
+    return finish(f"GPipe's bubble is (p-1)/(m+p-1) plus its messages within {BUBBLE_BAND:.0%}; "
+                  f"re-materialising keeps one micro-batch and the same gradients")
 
 
 if __name__ == "__main__":
