@@ -14,7 +14,6 @@ docs/plan.md; proved by tests/test_plan_measured.py, tests/test_plan_activations
 tests/test_plan_cli.py.
 """
 import dataclasses
-import statistics
 import time
 
 import numpy as np
@@ -48,9 +47,12 @@ SCALE = ["plan", "--model", "gpt3-175b", "--gpus", "1024", "--gpus-per-node", "8
          "--profile", "h100"]
 TOP = 5
 ACTIVATION_TOLERANCE = 0.05
-# measured / predicted step time: a sanity band only (a CI runner shares 2 cores among the
-# ranks and other jobs; performance is measured by the benchmark on a quiet machine)
-RATIO_BAND = (0.01, 1000)
+# DP's measured / predicted step time. Its step is the engine's compute and one all-reduce,
+# each priced from what --profile here measures now on these ranks (the engine's CPU costs x
+# the ranks' contention, the α-β fit up to 4 MiB); measured 0.85-1.49x over 8 runs on 4 and 8
+# ranks of a 2-core machine, quiet and loaded (load average 7). A factor 2 either way: what
+# a planner that ranks layouts (whose times differ by more) must get right.
+RATIO_BAND = (0.5, 2.0)
 
 
 def layouts(n):
@@ -168,15 +170,17 @@ def timed(world, run, s):
                    for kind, comm in run.comms.items()}
 
 
-def median_step(every_rank):
-    """{kind: seconds} by kind of the median step: each step is its slowest rank's (the step
-    ends when that rank does), compute what its communication calls leave."""
+def fastest_step(every_rank):
+    """{kind: seconds} by kind of the fastest step: each step is its slowest rank's (the step
+    ends when that rank does), compute what its communication calls leave. The fastest, as
+    timeit keeps it: other jobs on the machine only ever delay a step, and the planner prices
+    an undisturbed one."""
     rows = []
     for ranks in zip(*every_rank):
         total, comm = max(ranks, key=lambda r: r[0])
         rows.append({"compute": total - sum(comm.values()), "tp": comm.get("tp", 0.0),
                      "pp": comm.get("pp", 0.0), "dp": comm.get("dp", 0.0), "total": total})
-    return {kind: statistics.median(row[kind] for row in rows) for kind in rows[0]}
+    return min(rows, key=lambda row: row["total"])
 
 
 def predicted_step(p):
@@ -189,10 +193,14 @@ def predicted_step(p):
 
 def part1_here(world, quick):
     """This machine's profile: the α-β-γ fitted now, on these ranks, and the GEMM rate."""
-    sizes = (1 << 12, 1 << 16, 1 << 20) if quick else (1 << 12, 1 << 14, 1 << 16, 1 << 18,
-                                                         1 << 20, 1 << 22)
+    # up to 4 MiB either way: DP's one all-reduce moves the 12.8 MB of gradients, and a β
+    # extrapolated from 1 MiB priced it at 3-5x what it measured
+    sizes = (1 << 12, 1 << 16, 1 << 20, 1 << 22) if quick else (1 << 12, 1 << 14, 1 << 16,
+                                                                  1 << 18, 1 << 20, 1 << 22)
     model = fit(world, sizes=sizes, rounds=1 if quick else 2, retries=0 if quick else 1)
-    profile = here()  # takes the fit just made (cost.default_model) and times a GEMM
+    # takes the fit just made (cost.default_model), times a GEMM and minipar's engine, and on
+    # these ranks how much they slow each other and what a collective waits for them
+    profile = here(world)
     cores = profile.engine.cores  # the cores the profile found the ranks share
     say("Part 1: the planner on this machine (--profile here), beside a real run",
         f"  fitted now on {world.size} ranks: α = {model.alpha * 1e6:.1f} µs a step, β = "
@@ -200,7 +208,10 @@ def part1_here(world, quick):
         f"  NumPy's 256 x 256 GEMM {profile.peak('fp32') / 1e9:.1f} GFLOP/s on one rank. A GPT "
         f"of {SHAPE.layers} layers, h = {SHAPE.hidden}, {SHAPE.heads} heads,",
         f"  s = {SHAPE.seq}, V = {SHAPE.vocab} (Ψ = {SHAPE.parameters():,}), {BATCH} sequences "
-        f"a step, float32, AdamW; {world.size} ranks on {cores} core(s)")
+        f"a step, float32, AdamW; {world.size} ranks on {cores} core(s), which compute "
+        f"{profile.engine.contention:.2f}x",
+        "  as long side by side as one alone (contention: turns, and the caches each turn "
+        "evicts)")
     return Cluster(world.size, world.size, profile), cores
 
 
@@ -266,7 +277,7 @@ def part1_activations(found):
 
 
 def part1_time(found, cluster, cores, steps):
-    say(f"\n  step time in ms: predicted (--profile here) beside measured (median of {steps} "
+    say(f"\n  step time in ms: predicted (--profile here) beside measured (fastest of {steps} "
         f"steps, each the",
         "  slowest rank's; communication from the communicators' clocks, compute the rest)",
         f"  {'layout':10s} {'':9s} " + " ".join(f"{k:>9s}" for k in
@@ -274,7 +285,7 @@ def part1_time(found, cluster, cores, steps):
         + "  measured/predicted")
     ratios = {}
     for name, _, p, _, times in found:
-        predicted, measured = predicted_step(p), median_step(times)
+        predicted, measured = predicted_step(p), fastest_step(times)
         ratios[name] = measured["total"] / predicted["total"]
         for what, row in (("predicted", predicted), ("measured", measured)):
             say(f"  {name if what == 'predicted' else '':10s} {what:9s} "
@@ -292,21 +303,24 @@ def part1_time(found, cluster, cores, steps):
         "cost of a layer, its",
         "  element-wise passes, the ends and AdamW); here "
         f"{cluster.gpus} ranks share {cores} core(s), {share:.2f} of a core each, and the",
-        "  prediction takes turns as they do.",
+        f"  prediction takes the {cluster.profile.engine.contention:.2f}x they measured "
+        "computing side by side.",
         f"  {overlap} the slowest rank.",
         f"  ZeRO-3 gathers its {units} units (modules) one by one: 3 ring collectives each, "
         "each paying its own",
         "  α steps, and its own work per unit: both priced unit by unit. Not priced: the "
         "pipeline runtime's",
-        "  Python per action. Timings are never a test here (a CI "
-        "runner shares its cores among",
-        "  the ranks): the check only asks the ratio to lie in "
-        f"{RATIO_BAND[0]:g}-{RATIO_BAND[1]:g}x, a sanity band; on a quiet",
-        "  machine scripts/bench_plan.py compares them, layout by layout.")
-    check(f"measured step time {RATIO_BAND[0]:g}-{RATIO_BAND[1]:g}x the predicted, every "
-          "layout (a sanity band only)",
-          all(RATIO_BAND[0] <= r <= RATIO_BAND[1] for r in ratios.values()), RATIO_BAND,
-          {name: round(r, 2) for name, r in ratios.items()})
+        "  Python per action, and the wait of each of ZeRO-3's, tp's and pp's many small "
+        "messages for a rank",
+        "  that is off its core (ranks beyond the cores, other jobs), so those three read "
+        "high on a busy machine;",
+        f"  DP, compute and one all-reduce, is checked: {ratios['DP']:.2f}x, in "
+        f"{RATIO_BAND[0]:g}-{RATIO_BAND[1]:g}x. On a quiet machine",
+        "  scripts/bench_plan.py compares them all, layout by layout.")
+    check(f"DP: measured step time {RATIO_BAND[0]:g}-{RATIO_BAND[1]:g}x the predicted "
+          "(compute and one all-reduce, priced from --profile here)",
+          RATIO_BAND[0] <= ratios["DP"] <= RATIO_BAND[1],
+          f"{RATIO_BAND[0]:g}-{RATIO_BAND[1]:g}x", f"{ratios['DP']:.2f}x")
 
 
 def part2_scale():
@@ -391,9 +405,9 @@ def check_scale(result):
 
 def main():
     args = arguments(__doc__, ("--steps", 5, "timed steps per layout"),
-                     quick="2 timed steps, a shorter fit", plot=True)
+                     quick="3 timed steps, a shorter fit", plot=True)
     world = mpi_world(__doc__, ranks=(4, 8))
-    steps = 2 if args.quick else args.steps
+    steps = 3 if args.quick else args.steps
     note_load()  # timings follow: a busy machine makes them noise
     cluster, cores = part1_here(world, args.quick)
     found = part1_measure(world, cluster, steps)

@@ -409,7 +409,7 @@ def sync_seconds(comm, iters=20, rounds=5):
     return max(0.0, statistics.median(waits))
 
 
-def contention(comm, rounds=7, iters=8):
+def contention(comm, rounds=7, iters=8, alone_clock=time.perf_counter):
     """How many times longer a rank computes when all of ``comm``'s ranks compute at once than
     when it computes alone, the same on every rank: the wall seconds of a moderate Block's
     forward + backward (b = 4, s = 64, h = 64: the engine's mix of GEMMs, per-op Python and
@@ -417,22 +417,24 @@ def contention(comm, rounds=7, iters=8):
     alone, the median of ``rounds`` such pairs. Ranks that share the caches and the memory bus
     slow each other (two ranks on two cores: about 1.02-1.07 here); ranks beyond the cores take
     turns and evict each other's caches at every switch (four on two cores: 2.2-2.5, where turns
-    alone give 2)."""
+    alone give 2). ``alone_clock=time.process_time`` times rank 0 alone in CPU seconds, as the
+    engine's costs are timed (``best_of``): the ratio then turns those into wall seconds among
+    the ranks, other jobs' share of the cores included, which wall time alone would also see."""
     from minipar import nn
     x = block_input(4, 64, 64)
     layer = nn.Block(64, 4)
 
-    def mean_call():
-        start = time.perf_counter()
+    def mean_call(clock=time.perf_counter):
+        start = clock()
         for _ in range(iters):
             layer(x).sum().backward()
-        return (time.perf_counter() - start) / iters
+        return (clock() - start) / iters
     mean_call()  # warm-up: the first calls allocate
     ratios = []
     # alone and together side by side each round: the machine's pace drifts over seconds (other
     # tenants of its host), and a ratio of two moments apart would carry the drift
     for _ in range(rounds):
-        alone = mean_call() if comm.rank == 0 else None
+        alone = mean_call(alone_clock) if comm.rank == 0 else None
         # the others wait without spinning (a test every millisecond), so rank 0 has a core to
         # itself: a waiting MPI rank polls, and beyond the cores it would take rank 0's turns
         done = comm.mpi.Ibarrier()
@@ -490,18 +492,32 @@ def measure_engine():
                   per_tensor, max(0.0, per_element), cores, pass_split(4, 64, 64, 4))
 
 
-def here():
+def here(comm=None):
     """This machine: ranks are processes on one node, so both links are the cost model
     ``comm.cost.default_model()`` gives; the peak is the measured GEMM rate, reached in full
     (efficiency 1: it was measured, not read off a sheet); memory is the host's RAM; the
-    compute is priced by minipar's own costs (``Engine``, ``measure_engine``)."""
+    compute is priced by minipar's own costs (``Engine``, ``measure_engine``).
+
+    With ``comm`` (every one of its ranks calls this) the engine also holds what only the
+    ranks themselves can measure, as scripts/bench_plan.py measures it: how much slower they
+    compute side by side than the CPU time one needs alone (``contention``, rank 0 alone timed
+    in CPU seconds as the engine's costs are): ranks beyond the cores evict each other's
+    caches at every turn, so four on two cores take 2.2-2.5x, not the 2x of turns alone, and
+    other jobs on a loaded machine take their share of the cores (without it lesson 16's DP
+    on 4 ranks computed 1.3x its prediction). ``sync`` stays 0: ``sync_seconds`` times a
+    collective after every burst of work, which prices ZeRO-3's and tensor parallelism's
+    back-to-back collectives at 2-3x what they measure."""
     model = cost.default_model()
     rate = large_gemm_rate()
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     bandwidth = 1 / model.beta(1 << 20)  # shown in the table; the link is the model itself
+    engine = measure_engine()
+    if comm is not None and comm.size > 1:
+        engine = dataclasses.replace(
+            engine, contention=contention(comm, alone_clock=time.process_time))
     return Profile("here", {p: rate for p in ("fp32", "bf16", "fp16")}, ram,
                    3 / model.gamma(1 << 20), bandwidth, bandwidth, model.alpha, model.alpha,
-                   efficiency=1.0, fitted=model, engine=measure_engine())
+                   efficiency=1.0, fitted=model, engine=engine)
 
 
 def profile(name):
