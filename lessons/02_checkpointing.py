@@ -27,6 +27,12 @@ from minipar.memory import ActivationMemory
 
 from _kit import arguments, check, figure, finish, note_load, progress
 
+# the measured peak / plain peak against the formula, relative (an absolute 0.05 was half of
+# k = 16's 0.099): bytes are counted, not timed, so every run gives the same; measured 0.7-3.8 %
+# below the formula at the quick and full sizes; 10 % keeps that margin and fails a peak off
+# the formula by a tenth
+PEAK_BAND = 0.1
+
 
 def forward_seconds(model, x, repeats):
     """The plain forward alone (graph recorded, as in training): what a recomputation costs."""
@@ -103,9 +109,11 @@ def main():
         rows.append((name, peak, theory * plain_peak, overheads, extra))
         if k:
             check(f"{name}: the plain run's gradients bit for bit", diff == 0.0, 0.0, diff)
-            check(f"{name}: peak / plain peak within 0.05 of (k·x + ⌈n/k⌉·a) / (n·a)",
-                  abs(peak / plain_peak - theory) <= 0.05, f"{theory:.2f} ± 0.05",
-                  f"{peak / plain_peak:.2f}")
+            error = peak / plain_peak / theory - 1
+            check(f"{name}: peak / plain peak within {PEAK_BAND:.0%} of (k·x + ⌈n/k⌉·a) / (n·a) "
+                  f"= {theory:.3f}", abs(error) <= PEAK_BAND,
+                  f"{theory:.3f} ± {PEAK_BAND * theory:.3f}",
+                  f"{peak / plain_peak:.3f} ({error:+.1%})")
     print(f"\nplain forward {fwd * 1e3:.1f} ms of a {statistics.median(plain_seconds) * 1e3:.1f} "
           f"ms step: the time theory is the share of the step spent re-running forwards.")
     print(f"overhead: median [min-max] of {args.repeats} rounds, each timing every setting once "
