@@ -286,6 +286,96 @@ while True:
     assert len(list(shared.glob("*.pid"))) >= 2 and not _alive(shared)
 
 
+# --- a ring that is not a ring (issue 37): each scores 0, the honest task keeps its points ------
+# Each replaces the body of the ring reduce-scatter's step loop (ring_reduce_scatter in
+# minipar/comm/patterns.py: c, buf, bounds, op, shift, src, r, p, right, left, tmp, s).
+_RING_SHAPED = """send, recv = (r + shift - s) % p, (r + shift - s - 1) % p
+lo, hi = bounds[recv], bounds[recv + 1]
+c.Sendrecv({payload}, right, tmp[:hi - lo], left)
+"""
+_OWN_CHUNK = "src[bounds[send]:bounds[send + 1]].copy()"
+RING_CHEATS = {  # -> a phrase of what the grader says
+    "dummy traffic, then MPI's Allreduce": (_RING_SHAPED.format(payload=_OWN_CHUNK) + """\
+if s == p - 2:
+    from mpi4py import MPI
+    total = src.copy()
+    c.mpi.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM if op == "sum" else MPI.MAX)
+    buf[:] = total
+""", "the task's code called MPI.Intracomm.Allreduce at minipar/comm/patterns.py:"),
+    "COMM_WORLD.Allreduce": ("""\
+if s == 0:
+    from mpi4py import MPI
+    total = src.copy()
+    MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM if op == "sum" else MPI.MAX)
+    buf[:] = total
+""", "MPI.Intracomm.Allreduce"),
+    "Reduce and Bcast": ("""\
+if s == 0:
+    from mpi4py import MPI
+    total = src.copy()
+    MPI.COMM_WORLD.Reduce(MPI.IN_PLACE if r == 0 else total, total,
+                          op=MPI.SUM if op == "sum" else MPI.MAX, root=0)
+    MPI.COMM_WORLD.Bcast(total, root=0)
+    buf[:] = total
+""", "MPI.Intracomm.Reduce"),
+    "zeros of the right sizes, the sum through files": (_RING_SHAPED.format(
+        payload="numpy.zeros(bounds[send + 1] - bounds[send], buf.dtype)") + """\
+if s == p - 2:
+    c.cheat = getattr(c, "cheat", 0) + 1
+    folder = os.environ.get("TMPDIR", "/tmp")
+    numpy.save(f"{folder}/cheat-{c.cheat}-{r}.npy", src)
+    c.mpi.Barrier()
+    total = numpy.load(f"{folder}/cheat-{c.cheat}-0.npy")
+    for q in range(1, p):
+        part = numpy.load(f"{folder}/cheat-{c.cheat}-{q}.npy")
+        total = total + part if op == "sum" else numpy.maximum(total, part)
+    buf[:] = total
+""", "carries the wrong partial sum"),
+}
+
+
+def _ring_cheat(tmp_path, cheat):
+    tree = _tree(tmp_path, "ring-all-reduce")
+    code, phrase = RING_CHEATS[cheat]
+    _cheat(tree, "ring-all-reduce", "import os, numpy\n" + code)
+    return tree, phrase
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("cheat", list(RING_CHEATS))
+def test_a_ring_that_is_not_a_ring_scores_zero(tmp_path, cheat):
+    tree, phrase = _ring_cheat(tmp_path, cheat)
+    results = assignments.grade(tree, ["ring-all-reduce", HONEST])
+    assert _scores(results) == {"ring-all-reduce": 0, HONEST: FULL}, results
+    assert phrase in _outputs(results)["ring-all-reduce"], _outputs(results)["ring-all-reduce"]
+
+
+@pytest.mark.mpi
+def test_the_cheat_scores_zero_from_its_packed_zip_too(tmp_path):
+    tree, phrase = _ring_cheat(tmp_path, "dummy traffic, then MPI's Allreduce")
+    assert main(["assignment", "pack", str(tree), "--out", str(tmp_path / "hw.zip")]) == 0
+    json_path = tmp_path / "results.json"
+    assert main(["assignment", "grade", str(tmp_path / "hw.zip"), "--tasks",
+                 f"ring-all-reduce,{HONEST}", "--json", str(json_path)]) == 0
+    tests = {t["name"].split(":")[0]: t for t in json.loads(json_path.read_text())["tests"]}
+    assert (tests["ring-all-reduce"]["score"], tests[HONEST]["score"]) == (0, FULL)
+    assert phrase in tests["ring-all-reduce"]["output"]
+
+
+@pytest.mark.mpi
+def test_f_and_g_through_mpis_own_allreduce_score_zero(tmp_path):
+    tree = _tree(tmp_path, "megatron-f-g")
+    summed = ("__import__('mpi4py.MPI').MPI.COMM_WORLD.allreduce({})")
+    _cheat(tree, "megatron-f-g",  # f, then g: each stub in turn
+           f"return make_result(x.data, (x,), lambda g: ({summed.format('g')},), 'f')")
+    _cheat(tree, "megatron-f-g",
+           f"return make_result({summed.format('x.data')}, (x,), lambda g: (g,), 'g')")
+    results = assignments.grade(tree, ["megatron-f-g", HONEST])
+    assert _scores(results) == {"megatron-f-g": 0, HONEST: FULL}, results
+    assert "called MPI.Intracomm.allreduce at minipar/parallel/tensor/mappings.py:" in \
+        _outputs(results)["megatron-f-g"], _outputs(results)["megatron-f-g"]
+
+
 # --- what the student reads ---------------------------------------------------------------------
 def test_feedback_opens_with_the_check_and_names_the_students_files(tmp_path):
     tree = _tree(tmp_path, "op-backward")

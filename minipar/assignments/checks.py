@@ -8,7 +8,8 @@ assignment grade`` runs the grader's copy.
 
 A multi-rank check runs its collective below and above MPI's eager limit, on rank counts that
 are not powers of two, once with every send synchronous (``MINIPAR_SYNC_SENDS=1``: an ordering
-bug deadlocks at every size), and counts the idea's messages. A failed check says first, in one
+bug deadlocks at every size), counts the idea's messages and checks what each one carries, and
+fails any call of MPI's own collectives from the task's file. A failed check says first, in one
 block, the task, the check, the ranks and size, and expected against got.
 """
 import numpy as np
@@ -19,8 +20,9 @@ import pytest
 # messages), wherever they are imported (here, in a check, on a rank), the grader's own copies,
 # while every other minipar module is the tree's, the code under test; a tree's copy made to pass
 # everything never grades it. The names stay the library's: a student runs these checks as is.
-from minipar.assignments.feedback import (_attempt, _doing, _expect, _expect_traffic,  # noqa: F401
-                                          _gradcheck, _on_ranks, _watch_stuck)
+from minipar.assignments.feedback import (_attempt, _doing, _expect,  # noqa: F401
+                                          _expect_partial_sums, _expect_traffic, _gradcheck,
+                                          _on_ranks, _Watch, _watch_stuck)
 rng = np.random.default_rng(0)
 # elements: below MPI's eager limit, and 1 MiB of float64 (a ring step sends 256-350 KiB) above
 # it; 1 and 7 leave some of p chunks empty or short, 100 splits evenly in 4 or 5
@@ -95,7 +97,8 @@ def test_checkpoint_sequential_same_gradients_as_plain_run(segments):
 
 def _all_reduce_body(task, algorithm):
     """Every form and op of ``all_reduce`` and of ``reduce_scatter`` with ``algorithm`` at every
-    size; the counters of one all-reduce per size against the idea's."""
+    size, none of MPI's own collectives called from the task's file; the counters of one
+    all-reduce per size, and what each of its messages carries, against the idea's."""
     from minipar import comm
     from minipar.comm.buffers import chunk_bounds
     world = comm.world()
@@ -103,35 +106,48 @@ def _all_reduce_body(task, algorithm):
     files = ("minipar/comm/patterns.py",)
     _watch_stuck(files)
     inputs = "rank r holds 1000 (r + 1) + i % 997 at index i"
-    for n in SIZES:
-        i = np.arange(n)
-        mine = 1000.0 * (r + 1) + i % 997  # every rank and every index adds something different
-        want = {"sum": 1000.0 * p * (p + 1) / 2 + p * (i % 997), "max": 1000.0 * p + i % 997}
-        for op in ("sum", "max"):
-            for form in FORMS:
-                check = f"{algorithm} all-reduce ({op}, {form}) of {n} float64 on {p} ranks"
+    with _Watch(files, world) as watch:
+        for n in SIZES:
+            i = np.arange(n)
+            mine = 1000.0 * (r + 1) + i % 997  # every rank and every index adds something else
+            want = {"sum": 1000.0 * p * (p + 1) / 2 + p * (i % 997), "max": 1000.0 * p + i % 997}
+            for op in ("sum", "max"):
+                for form in FORMS:
+                    check = f"{algorithm} all-reduce ({op}, {form}) of {n} float64 on {p} ranks"
+                    _doing[0] = check
+                    x = mine.copy()
+                    out = {FORMS[0]: None, FORMS[1]: x, FORMS[2]: np.empty(n)}[form]
+                    world.counters.reset()
+                    got = _attempt(task, check, lambda: world.all_reduce(
+                        x, op=op, algorithm=algorithm, out=out), files)
+                    counted = world.counters.snapshot()
+                    watch.expect_no_mpi_collective(task, check)
+                    _expect(task, f"{check}: rank {r}'s result", got, want[op], inputs)
+                    if out is not None and got is not out:
+                        raise AssertionError(f"Task {task}: {check}\n  the result is not in out")
+                    if form != FORMS[1]:
+                        _expect(task, f"{check}: rank {r}'s input stays as it was", x, mine,
+                                inputs)
+                    if op == "sum" and form == FORMS[0]:
+                        _expect_traffic(task, check, world, algorithm, n, counted)
+                if op == "sum" and n >= p:  # every chunk holds elements: each message a sum
+                    check = (f"{algorithm} all-reduce (sum) of {n} float64 on {p} ranks, rank "
+                             f"q's input 2**q everywhere")
+                    _doing[0], _ = check, watch.sent.clear()
+                    got = _attempt(task, check, lambda: world.all_reduce(
+                        np.full(n, 2.0 ** r), algorithm=algorithm), files)
+                    watch.expect_no_mpi_collective(task, check)
+                    _expect(task, f"{check}: rank {r}'s result", got, np.full(n, 2.0 ** p - 1))
+                    _expect_partial_sums(task, check, world, algorithm, watch.sent)
+                # the reduce-scatter runs the region in place (its input copied into one buffer)
+                check = f"{algorithm} reduce-scatter ({op}) of {n} float64 on {p} ranks"
                 _doing[0] = check
-                x = mine.copy()
-                out = {FORMS[0]: None, FORMS[1]: x, FORMS[2]: np.empty(n)}[form]
-                world.counters.reset()
-                got = _attempt(task, check, lambda: world.all_reduce(
-                    x, op=op, algorithm=algorithm, out=out), files)
-                counted = world.counters.snapshot()
-                _expect(task, f"{check}: rank {r}'s result", got, want[op], inputs)
-                if out is not None and got is not out:
-                    raise AssertionError(f"Task {task}: {check}\n  the result is not in out")
-                if form != FORMS[1]:
-                    _expect(task, f"{check}: rank {r}'s input stays as it was", x, mine, inputs)
-                if op == "sum" and form == FORMS[0]:
-                    _expect_traffic(task, check, world, algorithm, n, counted)
-            # the reduce-scatter runs the region in place (its input copied into one buffer)
-            check = f"{algorithm} reduce-scatter ({op}) of {n} float64 on {p} ranks"
-            _doing[0] = check
-            lo, hi = chunk_bounds(n, p)[r:r + 2]
-            got = _attempt(task, check, lambda: world.reduce_scatter(
-                mine, op=op, algorithm=algorithm), files)
-            _expect(task, f"{check}: rank {r}'s chunk, elements {lo}..{hi - 1}", got,
-                    want[op][lo:hi], inputs)
+                lo, hi = chunk_bounds(n, p)[r:r + 2]
+                got = _attempt(task, check, lambda: world.reduce_scatter(
+                    mine, op=op, algorithm=algorithm), files)
+                watch.expect_no_mpi_collective(task, check)
+                _expect(task, f"{check}: rank {r}'s chunk, elements {lo}..{hi - 1}", got,
+                        want[op][lo:hi], inputs)
 
 
 @pytest.mark.parametrize("nprocs, sends", _runs(3, 4))
@@ -173,21 +189,29 @@ def _megatron_body(task):
     files = ("minipar/parallel/tensor/mappings.py",)
     _watch_stuck(files)
     total = p * (p + 1) / 2
+    hint = "f: identity forward, one all-reduce of the gradient backward; g: the reverse"
     for n in (3, 40000):  # 40000 float64: above MPI's eager limit
         where = f"on {p} ranks, {n} elements; rank r's x is r + 1 everywhere"
+        one = [("all_reduce", "sum", n)]
         _doing[0] = f"f and g {where}"
-        x = minipar.Tensor(np.full(n, r + 1.0), requires_grad=True)
-        y = _attempt(task, f"f(x) {where}", lambda: copy_to_tensor_region(x, world), files)
-        _expect(task, f"f's forward is the identity, {where}", y.data, x.data)
-        _attempt(task, f"backward through f {where}", (y * (r + 1.0)).sum().backward, files)
-        _expect(task, f"f's backward all-reduces the gradient (r + 1 on rank r), {where}",
-                x.grad, np.full(n, total))
-        x2 = minipar.Tensor(np.full(n, r + 1.0), requires_grad=True)
-        z = _attempt(task, f"g(x) {where}", lambda: reduce_from_tensor_region(x2, world), files)
-        _expect(task, f"g's forward all-reduces, {where}", z.data, np.full(n, total))
-        _attempt(task, f"backward through g {where}", (z * 2.0).sum().backward, files)
-        _expect(task, f"g's backward is the identity (gradient 2), {where}", x2.grad,
-                np.full(n, 2.0))
+        with _Watch(files, world) as watch:
+            x = minipar.Tensor(np.full(n, r + 1.0), requires_grad=True)
+            y = _attempt(task, f"f(x) {where}", lambda: copy_to_tensor_region(x, world), files)
+            watch.expect_collectives(task, f"f's forward {where}", [], hint)
+            _expect(task, f"f's forward is the identity, {where}", y.data, x.data)
+            _attempt(task, f"backward through f {where}", (y * (r + 1.0)).sum().backward, files)
+            watch.expect_collectives(task, f"f's backward {where}", one, hint)
+            _expect(task, f"f's backward all-reduces the gradient (r + 1 on rank r), {where}",
+                    x.grad, np.full(n, total))
+            x2 = minipar.Tensor(np.full(n, r + 1.0), requires_grad=True)
+            z = _attempt(task, f"g(x) {where}", lambda: reduce_from_tensor_region(x2, world),
+                         files)
+            watch.expect_collectives(task, f"g's forward {where}", one, hint)
+            _expect(task, f"g's forward all-reduces, {where}", z.data, np.full(n, total))
+            _attempt(task, f"backward through g {where}", (z * 2.0).sum().backward, files)
+            watch.expect_collectives(task, f"g's backward {where}", [], hint)
+            _expect(task, f"g's backward is the identity (gradient 2), {where}", x2.grad,
+                    np.full(n, 2.0))
 
 
 @pytest.mark.parametrize("nprocs, sends", _runs(3, 2))
@@ -257,7 +281,13 @@ def _zero_body(task, stage):
         _doing[0] = f"{check}, step {step}"
         zero.zero_grad()  # rank r's batch its own
         (sharded(minipar.Tensor(data[step, r])) ** 2).mean().backward()
-        _attempt(task, f"{check}, step {step}", zero.step, files)
+        with _Watch(files, world) as watch:
+            _attempt(task, f"{check}, step {step}", zero.step, files)
+        watch.collectives[:] = [c for c in watch.collectives if c[0] != "reduce_scatter"]
+        watch.expect_collectives(
+            task, f"{check}, step {step}", [("all_gather", None, s.data.size) for s in zero.shards],
+            "after the gradients' reduce-scatter, each rank updates its own shard and the "
+            "shards are all-gathered, one all-gather per flat buffer: no all-reduce")
         reference.zero_grad()  # the plain step: every rank's batch, the loss averaged over ranks
         losses = [(plain(minipar.Tensor(data[step, q])) ** 2).mean() for q in range(p)]
         (sum(losses[1:], losses[0]) * (1.0 / p)).backward()
@@ -326,8 +356,14 @@ def _vocab_body(task):
         want = F.cross_entropy(full, targets)
         want.backward()
         mine = minipar.Tensor(logits[:, r * v:(r + 1) * v].copy(), requires_grad=True)
-        got = _attempt(task, f"vocab_parallel_cross_entropy, {where}",
-                       lambda: vocab_parallel_cross_entropy(mine, targets, world), files)
+        with _Watch(files, world) as watch:
+            got = _attempt(task, f"vocab_parallel_cross_entropy, {where}",
+                           lambda: vocab_parallel_cross_entropy(mine, targets, world), files)
+            watch.expect_collectives(
+                task, f"vocab_parallel_cross_entropy, {where}",
+                [("all_reduce", "max", tokens)] + [("all_reduce", "sum", tokens)] * 2,
+                "one all-reduce each of the rows' max, their sums of exp, and the target "
+                "logits: numbers per token, never the logits themselves")
         _expect(task, f"vocab_parallel_cross_entropy equals the loss on the whole logits, {where}",
                 got.data, want.data, "rank r holds columns r*v..(r+1)*v-1 of the logits")
         got.backward()

@@ -3,8 +3,9 @@
 checks.py's checks call these: ``_expect`` (expected against got, where they first differ),
 ``_attempt`` (an exception as the block, with the line of the task's own file it came from),
 ``_on_ranks`` (a multi-rank check under synchronous or eager sends, a rank's block or, for a
-hang, who waits on whom), ``_gradcheck`` and ``_expect_traffic`` (the idea's messages, by the
-communicator's counters). The grader's sandbox imports its own copy of this module, as of
+hang, who waits on whom), ``_gradcheck``, ``_expect_traffic`` (the idea's messages, by the
+communicator's counters) and ``_Watch`` with ``_expect_partial_sums`` (what the messages carry,
+the collectives called, none of MPI's own). The grader's sandbox imports its own copy of this module, as of
 minipar.testing (assignments/sandbox.py): a tree's copy made to pass everything never grades it.
 """
 import numpy as np
@@ -170,3 +171,148 @@ def _expect_traffic(task, check, world, algorithm, n, counted):
             f"{8 * elements} bytes in all, got {got} messages and {total} bytes"
             + ("\n  too few: is part of the work done by MPI's own collective, which sends "
                "no message the counters see?" if sum(got) < sum(messages) else ""))
+
+
+# --- what the messages carry, and MPI's own collectives kept out -------------------------------
+# mpi4py's calls that compute or move data for all the ranks at once: a hand-coded collective
+# that makes one has let MPI do the idea (Barrier moves nothing and stays allowed)
+MPI_COLLECTIVES = tuple(f"{i}{name}" for i in ("", "I") for name in (
+    "Allreduce", "Reduce", "Bcast", "Reduce_scatter", "Reduce_scatter_block", "Allgather",
+    "Allgatherv", "Gather", "Gatherv", "Scatter", "Scatterv", "Alltoall", "Alltoallv",
+    "Alltoallw", "Scan", "Exscan")) + ("allreduce", "reduce", "bcast", "allgather", "gather",
+                                       "scatter", "alltoall", "scan", "exscan")
+
+
+class _Watch:
+    """While its block runs: the payload of every message this rank sends through the
+    communicator's wires (``sent``: (verb, dest, copy) in order; Wire's verbs wrapped), each of
+    minipar's collective calls (``collectives``), and every call of one of MPI's own collectives
+    made with a frame of ``files`` on the stack (``called``). mpi4py's types cannot be patched,
+    so the communicators the task can reach (MPI.COMM_WORLD, COMM_SELF, the communicator's and
+    each wire's) are swapped for a subclass that notes the call."""
+
+    VERBS = ("Send", "Sendrecv", "Isend")
+
+    def __init__(self, files, world):
+        self.files, self.world, self.sent, self.called = files, world, [], []
+        self.collectives = []  # (collective, op, elements) of each of minipar's calls
+
+    def __enter__(self):
+        from mpi4py import MPI
+
+        from minipar.comm.wire import Wire
+        self.originals = {verb: getattr(Wire, verb) for verb in (*self.VERBS, "call")}
+        for verb in self.VERBS:
+            setattr(Wire, verb, self._recording(verb, self.originals[verb]))
+        collectives, call = self.collectives, self.originals["call"]
+
+        def noted_call(wire, collective, algorithm, op, x, *args, **kwargs):
+            collectives.append((collective, op, int(x.size)))
+            return call(wire, collective, algorithm, op, x, *args, **kwargs)
+        Wire.call = noted_call
+        watched = type("Intracomm", (MPI.Intracomm,), {
+            name: self._noting(name) for name in MPI_COLLECTIVES if hasattr(MPI.Intracomm, name)})
+        self.swapped = [(MPI, "COMM_WORLD", MPI.COMM_WORLD), (MPI, "COMM_SELF", MPI.COMM_SELF)]
+        for owner in [self.world, *(w for w in vars(self.world).values() if isinstance(w, Wire))]:
+            self.swapped += [(owner, name, comm) for name, comm in vars(owner).items()
+                             if isinstance(comm, MPI.Comm)]
+        for owner, name, comm in self.swapped:
+            setattr(owner, name, watched(comm))  # the same MPI communicator, another type
+        return self
+
+    def _recording(self, verb, original):
+        sent = self.sent
+
+        def recorded(wire, x, dest, *args, **kwargs):
+            sent.append((verb, dest, np.array(x, copy=True)))
+            return original(wire, x, dest, *args, **kwargs)
+        return recorded
+
+    def _noting(self, name):
+        import sys
+        files, called = self.files, self.called
+
+        def noted(comm, *args, **kwargs):
+            frame = sys._getframe(1)
+            while frame is not None:
+                if frame.f_code.co_filename.replace("\\", "/").endswith(files):
+                    called.append(f"MPI.Intracomm.{name} at {_shown(frame.f_code.co_filename)}:"
+                                  f"{frame.f_lineno}")
+                    break
+                frame = frame.f_back
+            return getattr(super(type(comm), comm), name)(*args, **kwargs)
+        return noted
+
+    def __exit__(self, *error):
+        from minipar.comm.wire import Wire
+        for owner, name, comm in self.swapped:
+            setattr(owner, name, comm)
+        for verb, original in self.originals.items():
+            setattr(Wire, verb, original)
+
+    def expect_no_mpi_collective(self, task, check):
+        if self.called:
+            raise AssertionError(
+                f"Task {task}: {check}: MPI's own collectives do the work the task is to write\n"
+                f"  the task's code called {'; '.join(dict.fromkeys(self.called))}\n  a "
+                f"hand-coded collective moves its data with point-to-point messages only")
+
+    def expect_collectives(self, task, check, want, hint):
+        """The collectives called since the last look (and none of MPI's own) against ``want``,
+        [(collective, op, elements)]: the idea's communication, not only its result."""
+        self.expect_no_mpi_collective(task, check)
+        got, self.collectives[:] = list(self.collectives), []
+        if got != want:
+            raise AssertionError(f"Task {task}: {check}: the collectives it calls\n  expected "
+                                 f"{want or 'none'}\n  got      {got or 'none'}\n  {hint}")
+
+
+def _partial_sums(algorithm, p, r):
+    """The messages rank r sends in one sum all-reduce when rank q's input is 2**q everywhere:
+    each message's value, the sum of the inputs it carries, bit q set for rank q's. The ring:
+    step k of the reduce-scatter carries ranks r-k..r, the all-gather the whole sum. Recursive
+    halving: a folded even rank sends its own input; step k sends the partial sum over the
+    newranks that differ from this one in the top k bits, each standing for its real ranks;
+    then the doubling steps and the fold's hand-back carry the whole sum."""
+    full = 2 ** p - 1
+    if algorithm == "ring":
+        return [sum(2 ** ((r - t) % p) for t in range(k + 1)) for k in range(p - 1)] \
+            + [full] * (p - 1)
+    pof2 = 1 << (p.bit_length() - 1)
+    rem, steps = p - pof2, pof2.bit_length() - 1
+    if r < 2 * rem and r % 2 == 0:
+        return [2 ** r]
+    me = r // 2 if r < 2 * rem else r - rem
+    held = [2 ** (2 * j) + 2 ** (2 * j + 1) if j < rem else 2 ** (j + rem) for j in range(pof2)]
+    halving = [sum(held[j] for j in range(pof2) if (j ^ me) & ((pof2 >> k) - 1) == 0)
+               for k in range(steps)]
+    return halving + [full] * steps + [full] * (r < 2 * rem)
+
+
+def _expect_partial_sums(task, check, world, algorithm, sent):
+    """Each message this rank sent in one sum all-reduce of 2**rank everywhere carries the
+    partial sum the idea puts in it (``_partial_sums``), on every element: the counts alone
+    are met by any messages of the right sizes."""
+    want = _partial_sums(algorithm, world.size, world.rank)
+    got = [np.unique(payload).tolist() for _, _, payload in sent]
+
+    def ranks(value):
+        value = int(value)
+        return "ranks " + "+".join(str(q) for q in range(world.size) if value >> q & 1) \
+            if value == value and 0 < value < 2 ** world.size else f"{value!r}"
+    for k, (values, value) in enumerate(zip(got, want)):
+        if values and values != [value]:
+            shown = ", ".join(ranks(v) if float(v).is_integer() else repr(v) for v in values[:3])
+            raise AssertionError(
+                f"Task {task}: {check}: message {k} rank {world.rank} sends carries the wrong "
+                f"partial sum\n  with rank q's input 2**q everywhere, message {k} of rank "
+                f"{world.rank} ({sent[k][0]} to rank {sent[k][1]}) should carry the sum of "
+                f"{ranks(value)} ({value}) on every element, got {shown}"
+                + ("\n  (step k of the ring's reduce-scatter adds this rank's chunk to the "
+                   "partial sum it received at step k-1)" if algorithm == "ring" else
+                   "\n  (each halving step sends the half of the window the partner keeps, "
+                   "summed over every rank this one has received from)"))
+    if len(got) != len(want):
+        raise AssertionError(
+            f"Task {task}: {check}: rank {world.rank} sent {len(got)} messages through the "
+            f"communicator, the idea sends {len(want)}")
