@@ -69,11 +69,24 @@ def test_the_tree_has_a_readme_install_metadata_and_its_task_record(student):
     assert "minipar assignment grade ." in readme
     setup = (student / "setup.cfg").read_text()
     assert "minipar = minipar.cli:main" in setup and "name = minipar" in setup
-    assert "tool:pytest" not in setup and "mpi4py" in setup
+    assert "testpaths" not in setup and "mpi: runs ranks" in setup and "mpi4py" in setup
     assert (student / "pyproject.toml").read_text().startswith("[build-system]")
     record = json.loads((student / "assignment.json").read_text())
     assert record == {"tasks": QUICK, "points": sum(POINTS)}
     assert tree.recorded(student) == QUICK and tree.recorded(ROOT) is None
+
+
+def test_the_trees_watchdog_reports_a_deadlock_in_seconds(student):
+    """make writes the tree's watchdog default (tree.WATCHDOG); MINIPAR_TIMEOUT still wins."""
+    path, reference, short = tree.WATCHDOG
+    assert reference in (ROOT / path).read_text() and short in (student / path).read_text()
+    read = "from minipar.comm import watch; print(watch._watch['timeout'])"
+    env = {k: v for k, v in os.environ.items() if k != "MINIPAR_TIMEOUT"}
+    for extra, want in (({}, "12.0"), ({"MINIPAR_TIMEOUT": "30"}, "30.0")):
+        run = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True,
+                             env={**env, **extra, "PYTHONPATH": str(student)}, timeout=60,
+                             cwd=student)  # not the reference's checkout, first on sys.path
+        assert run.stdout.strip() == want, run.stderr
 
 
 def test_the_metadata_of_a_wheel_installed_reference_declares_the_same_command():

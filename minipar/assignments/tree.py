@@ -16,8 +16,12 @@ import json
 import pathlib
 
 RECORD = "assignment.json"  # {"tasks": [ids...], "points": total}; the grader reads "tasks"
-# the reference's setup.cfg, less what only its own checkout needs (its test suite's settings)
-DROPPED_SECTIONS = ("tool:pytest",)
+# the tree's watchdog default: a deadlocked lesson prints who waits on whom in about 15 s, not
+# after the library's two minutes (a graded run sets its own, sandbox.STUCK_TIMEOUT)
+WATCHDOG = ("minipar/comm/watch.py", 'DEFAULT_TIMEOUT = "120"', 'DEFAULT_TIMEOUT = "12"')
+# the reference's setup.cfg, less what only its own checkout needs: of its test suite's settings
+# the markers stay (the tests the tree ships use them), its paths and options go
+KEPT_OPTIONS = {"tool:pytest": ("markers",)}
 PYPROJECT = '[build-system]\nrequires = ["setuptools>=61", "wheel"]\n' \
             'build-backend = "setuptools.build_meta"\n'
 
@@ -45,6 +49,10 @@ python -c "import minipar; print(minipar.__file__)"    # a path in this folder
 command the one that runs, even where another minipar was installed before. A lesson run with
 another minipar says so in its first line. Without installing, `python -m minipar.cli` run
 from this folder is the same command.
+
+A call that makes no progress for 12 s (a deadlock in your code) ends the run with the
+watchdog's lines saying which rank waits on which; `MINIPAR_TIMEOUT=120` (seconds; `0`: off,
+for a debugger) gives a slow machine longer.
 
 {tasks}
 ## Grade and hand in
@@ -94,13 +102,19 @@ def refuse_to_overwrite(out, force=False):
 
 def write(out, tasks, lessons=None, source=None):
     """The README, setup.cfg, pyproject.toml and assignment.json of the tree at ``out``, whose
-    stripped tasks are ``tasks`` (minipar.assignments.Task rows) and lessons are in ``lessons``."""
+    stripped tasks are ``tasks`` (minipar.assignments.Task rows) and lessons are in ``lessons``;
+    and its watchdog's default (WATCHDOG)."""
     out = pathlib.Path(out)
     (out / "README.md").write_text(readme(tasks, lessons, out.resolve().name))
     (out / "setup.cfg").write_text(setup_cfg(source))
     (out / "pyproject.toml").write_text(PYPROJECT)
     record = {"tasks": [t.id for t in tasks], "points": sum(t.points for t in tasks)}
     (out / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    watchdog = out / WATCHDOG[0]
+    text = watchdog.read_text()
+    if WATCHDOG[1] not in text:
+        raise ValueError(f"{WATCHDOG[0]} has no line {WATCHDOG[1]!r} to set the tree's watchdog")
+    watchdog.write_text(text.replace(WATCHDOG[1], WATCHDOG[2]))
 
 
 def recorded(tree):
@@ -125,8 +139,10 @@ def setup_cfg(source=None):
     config = configparser.ConfigParser(interpolation=None)
     if not (source and config.read(pathlib.Path(source) / "setup.cfg")):
         config.read_dict(_installed_metadata())
-    for section in DROPPED_SECTIONS:
-        config.remove_section(section)
+    for section, kept in KEPT_OPTIONS.items():
+        for option in config.options(section) if config.has_section(section) else ():
+            if option not in kept:
+                config.remove_option(section, option)
     config["metadata"]["description"] = "a minipar assignment: the library with tasks to fill in"
     text = io.StringIO()
     config.write(text)

@@ -6,8 +6,8 @@ the job.
     watch.waiting_on()    # 'rank 0 blocked in recv with peer 1 (800 bytes); all_reduce #3 ...'
 
 ``start`` (called by ``comm.world()``) runs the watchdog thread: a call without progress for
-``MINIPAR_TIMEOUT`` seconds (default 120; 0: off) makes it ask the peers what they do, print
-that, and end the job with status 1. ``install_abort_hook`` makes an uncaught exception on any
+``MINIPAR_TIMEOUT`` seconds (default 120, 12 in a student tree; 0: off) makes it ask the peers
+what they do, print that, and end the job with status 1. ``install_abort_hook`` makes an uncaught exception on any
 rank abort the job; a rank that leaves while a peer waits on it names the call and aborts.
 How each part works: docs/comm.md.
 """
@@ -45,8 +45,11 @@ class Collective(NamedTuple):
 
 state = {"call": None, "collective": None, "action": None, "exiting": False}
 REQUEST, REPLY = 1, 2  # tags on the private channel
-_watch = {"timeout": float(os.environ.get("MINIPAR_TIMEOUT", "120") or 0), "side": None,
-          "thread": None}
+# seconds when MINIPAR_TIMEOUT is unset; a student tree's copy of this line reads 12, written
+# by `minipar assignment make`: its deadlocks are the lesson, their report wanted in seconds
+DEFAULT_TIMEOUT = "120"
+_watch = {"timeout": float(os.environ.get("MINIPAR_TIMEOUT", DEFAULT_TIMEOUT) or 0),
+          "side": None, "thread": None}
 
 
 def world_rank():
