@@ -72,9 +72,9 @@ minipar assignment pack .    # writes ../{folder}.zip; hand in that file
 ```
 
 It leaves out what is not your work: `.venv/` (any virtual environment), `__pycache__/` and
-other caches, `build/`, `dist/`, `*.egg-info` and `.git/`. Zipping the folder yourself works
-too if you leave those out: with `.venv/` inside, the zip is hundreds of megabytes, and the
-grader leaves those folders out of it before checking its size.
+other caches, `build/`, `dist/`, `*.egg-info` and `.git/`; the zip is under a megabyte. A zip
+you make yourself is graded the same way (the grader leaves those folders out of it before it
+checks its size), but with `.venv/` inside it is hundreds of megabytes to upload.
 """
 README_TASK = """\
 ## `{id}` ({points} points): {title}
