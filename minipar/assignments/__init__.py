@@ -10,9 +10,8 @@ regions become ``raise NotImplementedError("Task <id>: <title> (see lesson NN)")
 indentation (signatures, docstrings and the comments before them stay); the other tasks keep
 their solution, the markers removed; tree.py adds the README, setup.cfg and task record; then
 the docs pages, tests and scripts the tree's files name come too (``ship_references``).
-``grade`` runs each task's checks in a sandbox (grader.py), all or nothing per task: a task
-scores its points when every one of its checks passes, else 0 (partial credit would reward a
-stub that passes one case).
+``grade`` runs each task's checks in a sandbox (grader.py), all or nothing per task: its points
+when every one of its checks passes, else 0 (partial credit would reward a stub passing one).
 """
 import dataclasses
 import json
