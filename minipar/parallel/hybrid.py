@@ -17,10 +17,17 @@ from .. import backend, random
 from ..distributed.hybrid_state import Trainer3DState
 from ..optim import AdamW
 from .context.layout import split_sequence
+from .context.ring import ring_attention
+from .context.ulysses import ulysses_attention
 from .data.allreduce_optimizer import AllReduceOptimizer
 from .pipeline.runtime import Pipeline
 from .pipeline.schedules import build
 from .tensor import TensorParallelGPT, check_config
+from .tensor.layers import ParallelSelfAttention
+
+# cp_comm: how attention reaches the other tokens of the cp group (Megatron's --cp-comm-type)
+CP_ATTENTION = {"ring": ring_attention,    # k/v blocks round the ring, (cp − 1) steps
+                "a2a": ulysses_attention}  # all-to-alls: all tokens of H/(tp·cp) heads a rank
 
 
 def default_optimizer(params):
@@ -46,6 +53,23 @@ class SequenceParallelGrads:
         self.reducer.zero_grad()
 
 
+def cp_attention(cp_comm, n_head, tp, cp):
+    """The attention function of ``cp_comm`` ("ring" or "a2a"), or a ValueError (the same on
+    every rank: it reads only the config and the grid) naming the choices, or for "a2a" a head
+    count per tensor rank that cp does not divide, with the cp sizes and head counts that fit."""
+    if cp_comm not in CP_ATTENTION:
+        raise ValueError(f"cp_comm={cp_comm!r} is not one of {sorted(CP_ATTENTION)}: \"ring\" "
+                         f"(ring attention) or \"a2a\" (Ulysses all-to-alls)")
+    heads = n_head // tp  # this tensor rank's heads (check_config: tp divides n_head)
+    if cp_comm == "a2a" and cp > 1 and heads % cp:
+        sizes = [p for p in range(1, heads + 1) if heads % p == 0]
+        raise ValueError(f"cp_comm=\"a2a\": the n_head / tp = {n_head} / {tp} = {heads} heads of "
+                         f"a tensor rank do not split over cp = {cp} ranks (Ulysses gives each "
+                         f"cp rank whole heads): use cp in {sizes}, or n_head a multiple of "
+                         f"tp·cp = {tp * cp}, or cp_comm=\"ring\"")
+    return CP_ATTENTION[cp_comm]
+
+
 class Trainer3D:
     """The tiny GPT trained with data, tensor and pipeline parallelism at once.
 
@@ -56,12 +80,23 @@ class Trainer3D:
     with ``scaler=GradScaler(group=world)`` trains in mixed precision with a loss scale (call
     ``step`` under ``minipar.amp.autocast``); the pipeline scales the loss and skips the step
     on every rank of the scaler's group when one finds an inf.
+
+    With cp > 1 each rank holds two chunks of every sequence of its shard, and ``cp_comm``
+    chooses how attention reaches the rest of the sequence over the cp group: ``"ring"`` (the
+    default, ``ring_attention``: k/v blocks go round the ring) or ``"a2a"`` (Ulysses,
+    ``ulysses_attention``: an all-to-all gives each rank the whole sequence of H/(tp·cp) of the
+    heads, and one back returns its tokens; H/tp must be a multiple of cp). Both train to the
+    serial GPT's numbers (tests/test_context_gpt.py, tests/test_ulysses_trainer.py); an unknown
+    ``cp_comm`` or a head count cp does not divide is a ValueError on every rank, before any
+    communication.
     """
 
     def __init__(self, config, groups, schedule="1f1b", microbatches=None, chunks=None,
                  make_optimizer=None, seed=0, dtype="float32", algorithm="auto", trace=False,
-                 sequence_parallel=False, scaler=None):
+                 sequence_parallel=False, scaler=None, cp_comm="ring"):
         check_config(config, groups.grid.tp)
+        self.cp_comm = cp_comm
+        self.attention = cp_attention(cp_comm, config.n_head, groups.grid.tp, groups.grid.cp)
         self.sequence_parallel = sequence_parallel
         self.schedule = build(schedule, groups.grid.pp, microbatches or groups.grid.pp, chunks)
         layers = config.n_layer + 3  # embedding, blocks, ln_f, lm_head
@@ -83,6 +118,9 @@ class Trainer3D:
         # all-gather of T and a reduce-scatter of T, and between them the activations, the
         # pipeline's messages included, are this rank's (B, T/tp, C) slice
         self.model = self.build_model(config, groups).astype(dtype)
+        for layer in self.model.modules():  # the one place the choice reaches the layers
+            if isinstance(layer, ParallelSelfAttention):
+                layer.attention = self.attention
         make_optimizer = make_optimizer or default_optimizer
         # pipeline: the split GPT's layers cut into pp stages, one per rank of the pipeline group,
         # run by the schedule: activations and their gradients move between neighbouring stages;

@@ -136,18 +136,23 @@ class ParallelSelfAttention(ShardedStateDict, Module):
     dropout = 0. Megatron keeps a separate random stream per tensor rank for this.
 
     With ``context`` (a cp group) x holds this rank's chunks of each sequence and its heads
-    attend by ring attention over the cp ranks: tp splits the heads, cp the sequence."""
+    attend over the cp ranks by ``attention(q, k, v, context)``: ``ring_attention`` (the
+    default; k/v blocks round the ring) or ``ulysses_attention`` (all-to-alls swap the sequence
+    split for a split of this rank's H/tp heads, which cp must divide). tp splits the heads, cp
+    the sequence. The layer holds the function as ``self.attention``, chosen once (Trainer3D's
+    ``cp_comm``), so ``forward`` has no switch on it."""
 
     def __init__(self, n_embd, n_head, group, dropout=0.0, sequence_parallel=False,
-                 dtype="float32", context=None):
+                 dtype="float32", context=None, attention=ring_attention):
         super().__init__()
         if n_embd % n_head:
             raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}")
         if context is not None and context.size > 1 and dropout:
             raise ValueError(f"ParallelSelfAttention with context parallelism (cp = "
                              f"{context.size}) takes dropout = 0, got {dropout}: ring attention "
-                             f"has no attention dropout")
+                             f"(and Ulysses) has no attention dropout")
         self.context = context if context is not None and context.size > 1 else None
+        self.attention = attention  # over the cp group: ring_attention or ulysses_attention
         self.n_head = n_head
         self.head_dim = n_embd // n_head
         self.p = dropout
@@ -163,8 +168,8 @@ class ParallelSelfAttention(ShardedStateDict, Module):
         B, T, _ = qkv.shape
         H, d = self.local_heads, self.head_dim
         qkv = qkv.reshape(B, T, 3, H, d).permute(2, 0, 3, 1, 4)  # (3, B, H/p, T, d)
-        if self.context is not None:  # the k/v of the other chunks come round the ring
-            y = ring_attention(qkv[0], qkv[1], qkv[2], self.context)
+        if self.context is not None:  # the other chunks' k/v by the ring, or heads by a2a
+            y = self.attention(qkv[0], qkv[1], qkv[2], self.context)
         else:
             y = F.causal_self_attention(qkv[0], qkv[1], qkv[2], dropout_p=self.p,
                                         training=self.training)
