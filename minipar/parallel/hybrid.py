@@ -23,7 +23,6 @@ from .data.allreduce_optimizer import AllReduceOptimizer
 from .pipeline.runtime import Pipeline
 from .pipeline.schedules import build
 from .tensor import TensorParallelGPT, check_config
-from .tensor.layers import ParallelSelfAttention
 
 # cp_comm: how attention reaches the other tokens of the cp group (Megatron's --cp-comm-type)
 CP_ATTENTION = {"ring": ring_attention,    # k/v blocks round the ring, (cp − 1) steps
@@ -118,9 +117,6 @@ class Trainer3D:
         # all-gather of T and a reduce-scatter of T, and between them the activations, the
         # pipeline's messages included, are this rank's (B, T/tp, C) slice
         self.model = self.build_model(config, groups).astype(dtype)
-        for layer in self.model.modules():  # the one place the choice reaches the layers
-            if isinstance(layer, ParallelSelfAttention):
-                layer.attention = self.attention
         make_optimizer = make_optimizer or default_optimizer
         # pipeline: the split GPT's layers cut into pp stages, one per rank of the pipeline group,
         # run by the schedule: activations and their gradients move between neighbouring stages;
@@ -134,7 +130,7 @@ class Trainer3D:
     def build_model(self, config, groups):
         """This rank's tensor slices of the serial GPT drawn from the random stream."""
         return TensorParallelGPT(config, groups.tensor, self.sequence_parallel,
-                                 context=self.context)
+                                 context=self.context, attention=self.attention)
 
     def finalizing(self, reducer):
         """``reducer``, first summing over tp the gradients sequence parallelism left partial."""

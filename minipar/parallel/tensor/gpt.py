@@ -17,6 +17,7 @@ from ... import nn, random
 from ...distributed.sharded import ShardedStateDict
 from ...nn import Module, Sequential
 from ..context.gpt import local_positions, loss_share
+from ..context.ring import ring_attention
 from .embedding import VocabParallelEmbedding, vocab_parallel_cross_entropy
 from .layers import ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, dropout_layer
 from .mappings import allreduce_replicated_grads
@@ -58,11 +59,11 @@ class ParallelBlock(ShardedStateDict, Module):
     """nn.Block with parallel attention and MLP: x + attn(ln_1(x)); x + mlp(ln_2(x))."""
 
     def __init__(self, n_embd, n_head, group, dropout=0.0, sequence_parallel=False, mlp=None,
-                 context=None):
+                 context=None, attention=ring_attention):
         super().__init__()
         self.ln_1 = nn.LayerNorm(n_embd)
         self.attn = ParallelSelfAttention(n_embd, n_head, group, dropout, sequence_parallel,
-                                          context=context)
+                                          context=context, attention=attention)
         self.ln_2 = nn.LayerNorm(n_embd)
         if mlp is None:  # a mixture of experts passes its own (tensor/moe.py)
             mlp = ParallelMLP(n_embd, group, dropout, sequence_parallel=sequence_parallel)
@@ -96,13 +97,15 @@ class TensorParallelGPT(ShardedStateDict, Module):
     and ``loss`` is this rank's share of the whole sequences' mean (context/gpt.py).
     """
 
-    def __init__(self, config, group, sequence_parallel=False, serial=None, context=None):
+    def __init__(self, config, group, sequence_parallel=False, serial=None, context=None,
+                 attention=ring_attention):
         super().__init__()
         check_config(config, group.size)
         self.config = config
         self.group = group
         self.sequence_parallel = sequence_parallel
         self.context = context if context is not None and context.size > 1 else None
+        self.attention = attention  # over the cp group: ring_attention or ulysses_attention
         # Megatron's CPU initialisation: every rank draws the whole serial model from the same
         # seed (the only draws the stream keeps) and keeps its slices of it.
         if serial is None:
@@ -126,7 +129,8 @@ class TensorParallelGPT(ShardedStateDict, Module):
     def block(self):
         """One transformer block over the tensor group."""
         return ParallelBlock(self.config.n_embd, self.config.n_head, self.group,
-                             self.config.dropout, self.sequence_parallel, context=self.context)
+                             self.config.dropout, self.sequence_parallel, context=self.context,
+                             attention=self.attention)
 
     def serial_twin_names(self):
         """{parameter name: the serial twin's name} where they differ (None: nowhere)."""
