@@ -16,9 +16,14 @@ formulas: docs/pipeline.md.
 from dataclasses import dataclass, replace
 
 F, B, W, R = "F", "B", "W", "R"
+# DualPipeV (dualpipe.py) mixes split and whole backwards: BW is B and its W in one pass (torch's
+# FULL_BACKWARD) in a schedule whose B is otherwise the input gradient only; FB, "F&B", is a
+# forward of one micro-batch paired with a backward of another (torch's OVERLAP_F_B): its
+# receives come before it, its sends after, and it runs its F, then its B (``Action.parts``).
+BW, FB = "BW", "F&B"
 SEND_F, RECV_F, SEND_B, RECV_B = "SEND_F", "RECV_F", "SEND_B", "RECV_B"
 OPT_STEP = "OPT_STEP"
-COMPUTE = (F, B, W, R)
+COMPUTE = (F, B, W, R, BW, FB)
 SENDS, RECVS = (SEND_F, SEND_B), (RECV_F, RECV_B)
 PLACEMENTS = ("loop", "v")
 
@@ -37,8 +42,16 @@ class Action:
     # PipeDream only: the weight version an F or B must use (B uses the version stashed by its
     # F) and, on OPT_STEP, the version the update produces
     version: int = None
+    pair: tuple = None   # F&B only: (the F, the B or BW) it runs, in that order
+
+    @property
+    def parts(self):
+        """What runs: an F&B pair's F then its B; any other action, itself."""
+        return self.pair if self.kind == FB else (self,)
 
     def __str__(self):
+        if self.kind == FB:
+            return f"F&B({self.pair[0]} + {self.pair[1]})"
         if self.kind == OPT_STEP:
             return OPT_STEP if self.version is None else f"OPT_STEP(v{self.version})"
         arrow = {SEND_F: "->", SEND_B: "->", RECV_F: "<-", RECV_B: "<-"}.get(self.kind)
@@ -111,26 +124,40 @@ def check_sizes(p, m, v=1):
 
 def add_messages(p, n_stages, order, placement="loop"):
     """Put RECV before a computation whose input lives on another rank, SEND after one whose
-    output another rank needs; F flows to stage s+1, B's input gradient flows to stage s-1."""
+    output another rank needs; F flows to stage s+1, B's input gradient flows to stage s-1.
+    An F&B step, (FB, (F, stage, mb), (B or BW, stage, mb)), gets the receives of both its
+    passes before it and the sends of both after it."""
     actions = []
     for r, seq in enumerate(order):
         acts = []
-        for kind, stage, mb in seq:
-            chunk = stage // p
-            prev, nxt = stage - 1, stage + 1
-            to_prev = rank_of_stage(prev, p, placement) if prev >= 0 else r
-            to_next = rank_of_stage(nxt, p, placement) if nxt < n_stages else r
-            if kind == F and to_prev != r:
-                acts.append(Action(RECV_F, stage, mb, chunk, peer=to_prev))
-            if kind == B and to_next != r:
-                acts.append(Action(RECV_B, stage, mb, chunk, peer=to_next))
-            acts.append(Action(kind, stage, mb, chunk))
-            if kind == F and to_next != r:
-                acts.append(Action(SEND_F, stage, mb, chunk, peer=to_next))
-            if kind == B and to_prev != r:
-                acts.append(Action(SEND_B, stage, mb, chunk, peer=to_prev))
+        for step in seq:
+            if step[0] == FB:
+                (recv_f, f, send_f), (recv_b, b, send_b) = (_with_messages(r, *half, p, n_stages, placement)
+                                                            for half in step[1:])
+                acts += recv_f + recv_b + [Action(FB, pair=(f, b))] + send_f + send_b
+            else:
+                recvs, action, sends = _with_messages(r, *step, p, n_stages, placement)
+                acts += recvs + [action] + sends
         actions.append(acts)
     return actions
+
+
+def _with_messages(r, kind, stage, mb, p, n_stages, placement):
+    """(the receives before, the action, the sends after) of one computation on rank r."""
+    chunk = stage // p
+    prev, nxt = stage - 1, stage + 1
+    to_prev = rank_of_stage(prev, p, placement) if prev >= 0 else r
+    to_next = rank_of_stage(nxt, p, placement) if nxt < n_stages else r
+    recvs, sends = [], []
+    if kind == F and to_prev != r:
+        recvs.append(Action(RECV_F, stage, mb, chunk, peer=to_prev))
+    if kind in (B, BW) and to_next != r:
+        recvs.append(Action(RECV_B, stage, mb, chunk, peer=to_next))
+    if kind == F and to_next != r:
+        sends.append(Action(SEND_F, stage, mb, chunk, peer=to_next))
+    if kind in (B, BW) and to_prev != r:
+        sends.append(Action(SEND_B, stage, mb, chunk, peer=to_prev))
+    return recvs, Action(kind, stage, mb, chunk), sends
 
 
 def add_versions(actions):

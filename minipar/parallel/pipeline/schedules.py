@@ -5,9 +5,11 @@
 Each builder returns, per rank, the order of its (kind, stage, mb) computations; ``assemble``
 (actions.py, which defines Action, Schedule, an example and the contract with a runtime) adds the
 messages. Stage s lives on rank s % p as its chunk s // p; the zero-bubble schedules with two
-chunks per rank, ZB-V (a V placement) and interleaved zero bubble, are in zero_bubble.py.
+chunks per rank, ZB-V (a V placement) and interleaved zero bubble, are in zero_bubble.py, and
+DualPipeV (the V again, a forward paired with a backward) in dualpipe.py.
 """
 from .actions import B, F, R, W, assemble, check_sizes
+from .dualpipe import dualpipe_v
 from .pipedream import PipeDream
 from .zero_bubble import zb_interleaved, zb_v
 
@@ -119,14 +121,18 @@ def pipedream(p, m):
 BUILDERS = {"naive": naive, "gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved,
             "zb-h1": zb_h1, "zb-v": zb_v, "zb-interleaved": zb_interleaved, "pipedream": pipedream}
 CHUNKED = ("interleaved", "zb-interleaved")  # take v chunks per rank, default 2; zb-v has 2
+# Built by ``build`` but not yet in BUILDERS, the list ``minipar schedule``, the figures, the
+# planner and the suite's grids walk: DualPipeV's F&B and BW passes are new to them.
+PAIRED = {"dualpipev": dualpipe_v}
+V_SHAPED = ("zb-v", "dualpipev")  # exactly two chunks per rank, in a V
 
 
 def chunks_of(name, v=None):
     """The chunks per rank ``build(name, p, m, v)`` gives: v (default 2) for the interleaved
-    schedules, always 2 for zb-v's V, else 1."""
+    schedules, always 2 for the V of zb-v and dualpipev, else 1."""
     if name in CHUNKED:
         return 2 if v is None else v
-    return 2 if name == "zb-v" else 1
+    return 2 if name in V_SHAPED else 1
 
 
 def check_groups(p, m):
@@ -140,12 +146,17 @@ def check_groups(p, m):
 def check_arguments(name, p, m, v=None, remat=False):
     """The rules of ``build``'s arguments, checked before any list is built (``ArgumentError``,
     or ``ValueError`` for an unknown name or a size below 1)."""
-    if name not in BUILDERS:
-        raise ValueError(f"unknown schedule {name!r}: choose one of {', '.join(BUILDERS)}")
-    if name == "zb-v" and v not in (None, 2):
-        raise ArgumentError("zb-v chunks", "zb-v holds exactly two chunks per rank, a V",
+    if name not in BUILDERS and name not in PAIRED:
+        raise ValueError(f"unknown schedule {name!r}: choose one of "
+                         f"{', '.join([*BUILDERS, *PAIRED])}")
+    if name in V_SHAPED and v not in (None, 2):
+        raise ArgumentError(f"{name} chunks", f"{name} holds exactly two chunks per rank, a V",
                             f"got v={v}")
-    if v not in (None, 1) and name not in CHUNKED + ("zb-v",):
+    if name == "dualpipev" and m < 2 * p:
+        raise ArgumentError("dualpipev micro-batches", "dualpipev needs at least as many "
+                            "micro-batches as stages, m >= 2p (as torch's ScheduleDualPipeV)",
+                            f"m={m}, p={p}: try m={2 * p}")
+    if v not in (None, 1) and name not in CHUNKED + V_SHAPED:
         raise ArgumentError("chunks", f"only the interleaved schedules ({', '.join(CHUNKED)}) "
                             f"take chunks", f"got v={v} for {name}")
     if remat and name != "gpipe":
@@ -156,8 +167,10 @@ def check_arguments(name, p, m, v=None, remat=False):
 
 
 def build(name, p, m, v=None, remat=False):
-    """The schedule ``name`` (a key of BUILDERS) for p ranks and m micro-batches."""
+    """The schedule ``name`` (a key of BUILDERS or PAIRED) for p ranks and m micro-batches."""
     check_arguments(name, p, m, v, remat)
     if name in CHUNKED:
         return BUILDERS[name](p, m, chunks_of(name, v))
+    if name in PAIRED:
+        return PAIRED[name](p, m)
     return gpipe(p, m, remat) if name == "gpipe" else BUILDERS[name](p, m)

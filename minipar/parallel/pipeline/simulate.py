@@ -2,21 +2,22 @@
 
 Each rank walks its list in order with its own clock. A computation or a send takes ``cost(a)``
 and starts when the previous action ended; a send's data arrives ``latency(a)`` after it ends; a
-receive ends when its data has arrived (the wait is idle time). That is exactly the runtime's
-contract (sends posted without waiting, receives block), so the events it returns have the shape
-a runtime's ``Tracer`` records, and timeline.py measures both the same way.
+receive ends when its data has arrived (the wait is idle time); an F&B pair runs its F, then its
+B, an event each. That is exactly the runtime's contract (sends posted without waiting, receives
+block), so the events it returns have the shape a runtime's ``Tracer`` records, and timeline.py
+measures both the same way.
 
 If every unfinished rank is stuck at a receive whose send has not happened, the schedule would
 hang: ``simulate`` raises ``ScheduleError`` naming the ranks and the actions waiting on each other.
 """
-from .actions import B, F, R, RECVS, SENDS, W, ScheduleError, message_key
+from .actions import B, BW, F, R, RECVS, SENDS, W, ScheduleError, message_key
 from .timeline import Event
 
 
 def _pass_costs(schedule, f, b, w):
     """Each pass's cost by its kind: F = f, R = f (a forward again), W = w, B = b, or b + w
-    when the schedule does not split W from B."""
-    return {F: f, R: f, W: w, B: b if schedule.split_backward else b + w}
+    when the schedule does not split W from B, and BW (a whole backward) b + w."""
+    return {F: f, R: f, W: w, B: b if schedule.split_backward else b + w, BW: b + w}
 
 
 def unit_cost(schedule, f=1.0, b=1.0, w=1.0):
@@ -52,11 +53,14 @@ def simulate(schedule, cost=None, latency=None):
                     if message_key(a) not in arrival:
                         break  # blocked until the sender gets there
                     end = max(start, arrival[message_key(a)]) + cost(a)
+                    events.append(Event(r, start, end, a.kind, a.mb, a.chunk))
                 else:
-                    end = start + cost(a)
+                    for part in a.parts:  # an F&B pair: its F, then its B
+                        end = start + cost(part)
+                        events.append(Event(r, start, end, part.kind, part.mb, part.chunk))
+                        start = end
                     if a.kind in SENDS:
                         arrival[message_key(a)] = end + latency(a)
-                events.append(Event(r, start, end, a.kind, a.mb, a.chunk))
                 clock[r], pos[r], moved = end, pos[r] + 1, True
         if not moved:
             raise ScheduleError(_deadlock(schedule, pos))

@@ -25,6 +25,9 @@ THEORY = {
     # the longer of two chains, in units of 1/v (so the fraction reads idle*v / T*v)
     "zb-interleaved": ("(p-1)/(3vm+p-1) if m >= p, else 1-3m/T with vT = max((2m+p)v+p-1, "
                        "2pv+2m-1)", lambda p, m, v: _zb_interleaved(p, m, v)),
+    # m >= 2p (its rule); F&B runs as F + B, one after the other: each rank idles p-1 stage
+    # passes, DualPipe's (PP/2-1)(F&B+B-3W) with PP = 2p chunks, F = W = 1/2, B = 1, F&B = 3/2
+    "dualpipev": ("(p-1)/(3m+p-1)", lambda p, m, v: (p - 1, 3 * m + p - 1)),
     "pipedream": ("(p-1)/(m+p-1), fill and drain only", lambda p, m, v: (p - 1, m + p - 1)),
 }
 

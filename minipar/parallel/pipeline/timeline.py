@@ -20,10 +20,11 @@ import time
 from dataclasses import dataclass
 
 # Kinds: F forward, B backward (input and weight gradient, or input only when W is separate),
-# W weight gradient, R re-computed forward (re-materialisation), OPT_STEP, and the messages
-# SEND_F / RECV_F / SEND_B / RECV_B. Work is F, B, W, R and OPT_STEP; time spent in a message
-# (a receive waiting for its data) is not work, so it counts as bubble.
-WORK_KINDS = ("F", "B", "W", "R", "OPT_STEP")
+# W weight gradient, BW a whole backward where W is otherwise separate (DualPipeV; its F&B pair
+# is recorded as its F and its B), R re-computed forward (re-materialisation), OPT_STEP, and the
+# messages SEND_F / RECV_F / SEND_B / RECV_B. Work is F, B, W, BW, R and OPT_STEP; time spent in
+# a message (a receive waiting for its data) is not work, so it counts as bubble.
+WORK_KINDS = ("F", "B", "W", "BW", "R", "OPT_STEP")
 
 
 @dataclass(frozen=True)
@@ -112,8 +113,8 @@ def peak_inflight(events, n_ranks=None):
     """
     spans = {}
     for e in events:
-        if e.kind in ("F", "R", "B") and e.mb >= 0:
-            spans.setdefault((e.rank, e.chunk, e.mb), {})[e.kind] = e
+        if e.kind in ("F", "R", "B", "BW") and e.mb >= 0:  # BW ends a micro-batch as B does
+            spans.setdefault((e.rank, e.chunk, e.mb), {})[{"BW": "B"}.get(e.kind, e.kind)] = e
     deltas = [[] for _ in range(rank_count(events, n_ranks))]
     for (rank, _, _), ev in spans.items():
         if "F" not in ev:
@@ -184,7 +185,8 @@ def text_gantt(events, n_ranks=None, unit=None, width=None, legend=False, labels
             for label, row in zip(labels, rows)]))
     lines = "\n\n".join(blocks)
     if legend:
-        key = LEGEND + ("; a, b: a rank's first, second chunk" if chunked else "")
+        key = LEGEND + ("; BW backward with its weight gradient" if any(e.kind == "BW" for e in work)
+                        else "") + ("; a, b: a rank's first, second chunk" if chunked else "")
         lines += "\n" + (textwrap.fill(key, width) if width else key)
     return lines
 

@@ -8,22 +8,34 @@ Four checks, each naming the rank and the action at fault:
              sends, OPT_STEP after the backwards it applies;
   matching   every send has exactly one receive on its peer, pointing back, and the reverse;
   progress   replayed with zero costs (``simulate``), no set of ranks waits on each other forever.
+The first three read DualPipeV's F&B pair as its F then its B, and a whole backward BW as its B
+then its W (``_passes``).
 """
 from collections import Counter
+from dataclasses import replace
 
-from .actions import (B, COMPUTE, F, OPT_STEP, R, RECV_B, RECV_F, RECVS, SEND_B, SEND_F, SENDS, W,
-                      Action, ScheduleError, message_key)
+from .actions import (B, BW, COMPUTE, F, OPT_STEP, R, RECV_B, RECV_F, RECVS, SEND_B, SEND_F, SENDS,
+                      W, Action, ScheduleError, message_key)
 from .simulate import simulate
 
 
 def validate(schedule):
     """Return ``schedule`` if it is sound, else raise ``ScheduleError`` listing every problem."""
-    problems = _coverage(schedule) + _order(schedule) + _matching(schedule)
+    passes = replace(schedule, actions=[_passes(acts) for acts in schedule.actions])
+    problems = _coverage(passes) + _order(passes) + _matching(passes)
     if problems:
         shown = problems[:12] + ([f"... and {len(problems) - 12} more"] if len(problems) > 12 else [])
         raise ScheduleError(f"schedule {schedule.name!r} is invalid:\n  " + "\n  ".join(shown))
     simulate(schedule, cost=lambda action: 0.0)  # raises on a deadlock
     return schedule
+
+
+def _passes(acts):
+    """A rank's list with each F&B as its F then its B, and each BW as its B then its W."""
+    out = []
+    for part in (part for a in acts for part in a.parts):
+        out += [replace(part, kind=B), replace(part, kind=W)] if part.kind == BW else [part]
+    return out
 
 
 def _coverage(s):
