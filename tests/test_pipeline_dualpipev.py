@@ -1,9 +1,10 @@
-"""DualPipeV as data: torch's per-rank order, valid and simulated.
+"""DualPipeV as data: torch's per-rank order, valid, simulated, and equal to serial training.
 
 The schedule: the same per-rank order as torch.distributed.pipelining's ScheduleDualPipeV
 (its F&B pairs, whole and split backwards, deferred W's), the micro-batch rule m >= 2p, each
 pair's receives before it and its sends after it, and a simulated bubble equal to theory.py's
-and to DualPipe's README formula (PP/2-1)(F&B + B - 3W), beside 1F1B, ZB-H1 and ZB-V.
+and to DualPipe's README formula (PP/2-1)(F&B + B - 3W), beside 1F1B, ZB-H1 and ZB-V. The
+runtime: dualpipev on 2 and 4 ranks equals the serial model (float64, 1e-10).
 """
 from collections import Counter
 
@@ -13,6 +14,7 @@ from minipar.parallel.pipeline import (ScheduleError, bubble_fraction, bubble_th
                                        simulate, text_gantt, validate)
 from minipar.parallel.pipeline.actions import B, BW, COMPUTE, F, FB, RECVS, SENDS, W
 from minipar.parallel.pipeline.schedules import ArgumentError
+from minipar.testing import run_on_ranks
 
 
 def step(a):
@@ -158,3 +160,32 @@ def test_the_gantt_shows_pairs_as_their_halves():
     chart = text_gantt(simulate(build("dualpipev", 2, 4)), legend=True)
     assert "BW" in chart and "BW backward with its weight gradient" in chart
     assert chart.count("\nrank 1 ") == 1
+
+
+# --- the runtime against its serial twin, on 2 and 4 ranks -----------------------------------
+
+def dualpipev_equivalence(p):
+    """p ranks: dualpipev for m in {2p, 2p+1} (and 8 on 2 ranks: unequal micro-batches of the 11
+    samples), MLPs (one with an op that reads its weight only in backward); on 2 ranks a GPT."""
+    from test_pipeline_runtime import gpt_and_resnet_models, mlp, run_sync_cases
+
+    from minipar import comm
+
+    world = comm.world()
+    cases = [("dualpipev", {})]
+    ms = [2 * p, 2 * p + 1] + ([8] if p == 2 else [])
+    problems = run_sync_cases(world, p, ms, schedules=cases)
+    problems += run_sync_cases(world, p, [2 * p], make_model=lambda seed: mlp(seed, scaled=True),
+                               schedules=cases)
+    if p == 2:
+        make, batch, loss = gpt_and_resnet_models()[0]
+        problems += run_sync_cases(world, 2, [4], make, batch, loss, cases)
+    return problems
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("p", [2, 4])
+def test_dualpipev_equals_serial(p):
+    from test_pipeline_runtime import assert_none
+
+    assert_none(run_on_ranks(dualpipev_equivalence, p, timeout=240, args=(p,)))

@@ -22,7 +22,7 @@ from minipar.comm.watch import state as watched  # a hang names the action and m
 from minipar.memory import ActivationMemory
 from minipar.nn import Sequential
 
-from .actions import B, F, OPT_STEP, R, RECV_B, RECV_F, SEND_B, SEND_F, W, message_tag
+from .actions import B, BW, F, OPT_STEP, R, RECV_B, RECV_F, SEND_B, SEND_F, W, message_tag
 from .agreement import agreed_bounds, check_targets, split_batch
 from .partition import split_layers
 from .timeline import Tracer
@@ -108,6 +108,7 @@ class Pipeline:
             SEND_F: self._send_f,      # isend the header and y
             RECV_B: self._recv_b,      # dL/dy into dy_in, shaped as the y this rank computed
             B: self._backward,         # dL/dx (into dx_out) and, unless W is separate, dL/dW
+            BW: self._backward,        # DualPipeV: dL/dx and dL/dW where W is otherwise separate
             W: self._weight_grad,      # zero bubble: dL/dW alone, from what B kept
             SEND_B: self._send_b,      # isend dL/dx
             OPT_STEP: self._opt_step,  # complete the pending sends, then optimizer.step()
@@ -131,8 +132,10 @@ class Pipeline:
             q.grad = None
         with self._bookkeeping(s) as around:
             for a in self.schedule.actions[self.rank]:
-                with around(a):
-                    self.action_table[a.kind](a, s)
+                # a DualPipeV F&B pair runs its F, then its B: the receives of both came before it
+                for part in a.parts:
+                    with around(part):
+                        self.action_table[part.kind](part, s)
             s.complete_sends()
         return sum(s.losses) / scale if last else None  # the losses were scaled by it
 
@@ -154,7 +157,7 @@ class Pipeline:
             tracer = Tracer(self.rank)
         # Micro-batches whose activations this rank holds (stats["peak_live"]): from the start of F
         # to the end of B; with re-materialisation F keeps only its input, so during F and from R.
-        live = {F: (+1, -1 if self.schedule.remat else 0), R: (+1, 0), B: (0, -1)}
+        live = {F: (+1, -1 if self.schedule.remat else 0), R: (+1, 0), B: (0, -1), BW: (0, -1)}
 
         @contextlib.contextmanager
         def around(a):
@@ -214,7 +217,7 @@ class Pipeline:
         # Zero bubble: B runs the chain rule down to dL/dx with the stage's parameters deferred;
         # each op a parameter feeds keeps its output gradient and saved input for W, the rest of
         # the graph is freed (graph.WeightPass).
-        if self.schedule.split_backward:
+        if self.schedule.split_backward and a.kind == B:  # a BW does both at once
             weights = s.weight_pass[key] = WeightPass(self.stages[a.stage].parameters())
         run_backward([y], [dy], defer=weights)
         del s.outputs[key], s.inputs[key]
