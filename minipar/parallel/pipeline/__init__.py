@@ -2,7 +2,7 @@
 
     actions.py       what a schedule is: Action, Schedule (stage placement), messages, the contract
     schedules.py     per-rank action lists for naive, GPipe, 1F1B, interleaved 1F1B, ZB-H1, PipeDream
-    zero_bubble.py   ZB-V (stages in a V) and interleaved zero bubble: two chunks per rank, B/W split
+    zero_bubble.py   ZB-V (a V) and interleaved zero bubble; dualpipe.py DualPipeV (a V, F&B pairs)
     theory.py        the textbook bubble of each schedule, a formula of p, m and v
     validate.py      every send has its receive, inputs come first, nothing waits forever
     simulate.py      a schedule and per-action costs -> the timeline (Events)
