@@ -3,15 +3,16 @@
 The schedule: the same per-rank order as torch.distributed.pipelining's ScheduleDualPipeV
 (its F&B pairs, whole and split backwards, deferred W's), the micro-batch rule m >= 2p, each
 pair's receives before it and its sends after it, and a simulated bubble equal to theory.py's
-and to DualPipe's README formula (PP/2-1)(F&B + B - 3W), beside 1F1B, ZB-H1 and ZB-V. The
-runtime: dualpipev on 2 and 4 ranks equals the serial model (float64, 1e-10).
+and to DualPipe's README formula (PP/2-1)(F&B + B - 3W), beside 1F1B, ZB-H1 and ZB-V, its
+peak activations the README's PP+1. The runtime: dualpipev on 2 and 4 ranks equals the serial
+model (float64, 1e-10).
 """
 from collections import Counter
 
 import pytest
 
 from minipar.parallel.pipeline import (ScheduleError, bubble_fraction, bubble_theory, build, makespan,
-                                       simulate, text_gantt, validate)
+                                       peak_inflight, simulate, text_gantt, validate)
 from minipar.parallel.pipeline.actions import B, BW, COMPUTE, F, FB, RECVS, SENDS, W
 from minipar.parallel.pipeline.schedules import ArgumentError
 from minipar.testing import run_on_ranks
@@ -154,6 +155,14 @@ def test_simulated_bubble_equals_theory_readme_and_sits_beside_the_others(p, m):
     print(f"\np={p} m={m}: README (PP/2-1)(F&B+B-3W) = {readme_idle(p):g} idle per rank")
     for name, ev in rows:
         print(f"  {name:10s} bubble {bubble_fraction(ev, p):.4f}  idle/rank {makespan(ev) - 3 * m:g}")
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (2, 8), (4, 8), (4, 16), (6, 12)])
+def test_peak_activations_are_the_readmes_pp_plus_one(p, m):
+    # the README's activation column: DualPipeV PP+1 chunk micro-batches per rank, one more
+    # than ZB-V's PP (= 2p), on every rank
+    assert peak_inflight(simulate(build("dualpipev", p, m)), p) == [2 * p + 1] * p
+    assert peak_inflight(simulate(build("zb-v", p, m)), p) == [2 * p] * p
 
 
 def test_the_gantt_shows_pairs_as_their_halves():
