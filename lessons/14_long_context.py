@@ -17,7 +17,13 @@ the output by the online softmax, so no rank ever holds the whole sequence. The 
      2·cp − 1 − r): last / first about 2·cp − 1 against 1 (RingLog);
   4. the bytes one rank sends per step: its k and v, 2·(cp − 1)/cp of k's bytes over the forward
      (the comm counters);
-  5. outputs and dq, dk, dv gathered back equal to serial attention on the whole sequence.
+  5. outputs and dq, dk, dv gathered back equal to serial attention on the whole sequence;
+  6. Ulysses beside the ring (DeepSpeed-Ulysses, Jacobs et al. 2023; ``ulysses_attention`` in
+     minipar/parallel/context/ulysses.py): the same shards, moved by all-to-alls so that each
+     rank holds the whole sequence of H/cp heads. Equal to the ring and to serial attention;
+     the bytes each rank sends, counted, beside (cp − 1) k/v blocks for the ring and
+     4·(cp − 1)/cp·B·(N/cp)·h for Ulysses (h = H·d); the head-count rule, H a multiple of cp,
+     and its refusal; a table of the two schemes.
 
 Read next: minipar/parallel/context/layout.py, ring.py, work.py, then docs/context_parallel.md;
 proved by tests/test_context_parallel.py.
@@ -28,7 +34,7 @@ from minipar import Tensor, to_numpy
 from minipar.attention import causal_self_attention
 from minipar.memory import ActivationMemory
 from minipar.parallel.context import (LAYOUTS, RingLog, gather_sequence, rank_chunks,
-                                      ring_attention, split_sequence)
+                                      ring_attention, split_sequence, ulysses_attention)
 
 from _kit import arguments, check, figure, finish, mpi_world, say
 
@@ -38,11 +44,11 @@ TOL = 1e-10
 MARKS = {"full": "F", "diagonal": "D", "skipped": "."}
 
 
-def sequence(T, seed=0):
+def sequence(T, seed=0, heads=H):
     """q, k, v and an output weight w (the loss is Σ out ⊙ w) of the whole sequence, the same on
-    every rank: (B, H, T, D) NumPy arrays."""
+    every rank: (B, heads, T, D) NumPy arrays."""
     rng = np.random.default_rng(seed)
-    return [rng.standard_normal((B, H, T, D)) for _ in range(4)]
+    return [rng.standard_normal((B, heads, T, D)) for _ in range(4)]
 
 
 def local(arrays, group, layout="balanced"):
@@ -256,6 +262,155 @@ def part5_equal(groups, T):
           f"≤ {TOL:g}", f"{worst:.1e}")
 
 
+H_U = (4, 8)  # Part 6's head counts: Ulysses gives each rank H/cp whole heads, so H a multiple of 4
+
+
+def both(group, q, k, v, w, layout, gather=True):
+    """Ring and Ulysses attention on the same shards of the whole q, k, v (B, heads, T, D):
+    {scheme: (out, dq, dk, dv gathered back (None unless ``gather``), forward (messages,
+    bytes), backward bytes)}."""
+    found = {}
+    for name, attention in (("ring", ring_attention), ("Ulysses", ulysses_attention)):
+        mine = [Tensor(split_sequence(a, group, dim=2, layout=layout), requires_grad=True)
+                for a in (q, k, v)]
+        group.counters.reset()
+        out = attention(*mine, group, layout=layout)
+        forward = group.counters.snapshot()
+        (out * split_sequence(w, group, dim=2, layout=layout)).sum().backward()
+        backward = group.counters.bytes_sent - forward["bytes_sent"]
+        gathered = [gather_sequence(a, group, dim=2, layout=layout)
+                    for a in [out.data] + [t.grad for t in mine]] if gather else None
+        found[name] = (gathered, (forward["messages_sent"], forward["bytes_sent"]), backward)
+    return found
+
+
+def ring_bytes(cp, T, heads):
+    """(forward, backward) bytes a rank sends in ring attention: (cp − 1) k/v blocks, then
+    (2·cp − 1); a block is B·heads·(T/cp)·D elements of each of k and v."""
+    block = 2 * B * heads * (T // cp) * D * BYTES
+    return (cp - 1) * block, (2 * cp - 1) * block if cp > 1 else 0
+
+
+def ulysses_bytes(cp, T, heads):
+    """Forward = backward bytes a rank sends in Ulysses attention: four all-to-alls (q, k, v,
+    then the output; the backward runs them the other way), each keeping 1/cp of this rank's
+    B·(T/cp)·h elements at home, h = heads·D: 4·(cp − 1)/cp·B·(T/cp)·h."""
+    elements = 4 * (cp - 1) * B * (T // cp) * heads * D
+    assert elements % cp == 0  # whole rows: H/cp heads of each of this rank's tokens
+    return elements // cp * BYTES
+
+
+def part6_ulysses(groups, lengths):
+    """Ulysses beside the ring on the same shards: equal outputs and gradients, the bytes of
+    each against its formula, the head-count rule and its refusal, and the table of the two."""
+    say("\nPart 6: Ulysses beside the ring (DeepSpeed-Ulysses, ulysses_attention): the same "
+        "shards, each rank",
+        "  N/cp tokens of all H heads. Ulysses moves them by one all-to-all on each of q, k and "
+        "v: every rank",
+        "  then holds the whole sequence of H/cp heads, runs serial attention on it, and an "
+        "inverse all-to-all",
+        "  brings the output back to its own tokens. The ring moves k/v blocks and never holds "
+        "the sequence.")
+    split = {cp: g for cp, g in groups.items() if cp > 1}
+    # equality: both schemes on the same shards, both layouts, against serial attention
+    T, heads = lengths[0], H_U[0]
+    q, k, v, w = sequence(T, seed=3, heads=heads)
+    leaves = [Tensor(a, requires_grad=True) for a in (q, k, v)]
+    out = causal_self_attention(*leaves)
+    (out * w).sum().backward()
+    serial = [to_numpy(out.data)] + [to_numpy(t.grad) for t in leaves]
+    scale = min(float(np.max(np.abs(a))) for a in serial)
+    errors, sent = {}, {}
+    for cp, group in split.items():
+        for layout in LAYOUTS:
+            found = both(group, q, k, v, w, layout)
+            ring, uly = found["ring"][0], found["Ulysses"][0]
+            errors[cp, layout] = [max(float(np.max(np.abs(a - b))) for a, b in zip(x, y))
+                                  for x, y in ((uly, serial), (uly, ring), (ring, serial))]
+    say(f"  T = {T}, H = {heads}, float64: largest |difference| over out, dq, dk, dv "
+        f"(the smallest of their largest values is {scale:.2f})",
+        f"  {'cp':>4s} {'layout':10s} {'Ulysses-serial':>15s} {'Ulysses-ring':>13s} "
+        f"{'ring-serial':>12s}",
+        *(f"  {cp:4d} {layout:10s} " + " ".join(f"{e:{n}.1e}" for e, n in zip(es, (15, 13, 12)))
+          for (cp, layout), es in errors.items()))
+    worst = max(max(es) for es in errors.values())
+    check(f"Ulysses equals ring attention and serial attention (out, dq, dk, dv; ≤ {TOL:g}: "
+          "float64 sums in another order differ by ~1e-15, a wrong block or head by ~1)",
+          worst <= TOL and TOL < 1e-6 * scale, f"≤ {TOL:g}", f"{worst:.1e}")
+    # bytes: counted by the communicator, against each formula, at two lengths and head counts
+    for cp, group in split.items():
+        for T in lengths:
+            for heads in H_U:
+                found = both(group, *sequence(T, seed=4, heads=heads), "balanced", gather=False)
+                sent[cp, T, heads] = {name: f[1:] for name, f in found.items()}
+    say(f"\n  Bytes one rank sends (comm counters, kB, measured / formula), h = H·d, d = {D}, "
+        "float64:",
+        f"  {'cp':>4s} {'T':>5s} {'H':>3s} {'ring fwd msgs':>13s} {'ring forward':>14s} "
+        f"{'ring backward':>15s} {'Ulysses msgs':>13s} {'Ulysses fwd':>14s} {'Ulysses bwd':>14s}")
+    for (cp, T, heads), f in sent.items():
+        (r_msgs, r_fwd), r_bwd = f["ring"]
+        (u_msgs, u_fwd), u_bwd = f["Ulysses"]
+        rf, rb = ring_bytes(cp, T, heads)
+        uf = ulysses_bytes(cp, T, heads)
+        say(f"  {cp:4d} {T:5d} {heads:3d} {r_msgs:13d} "
+            + " ".join(f"{f'{m / 1e3:.1f} / {x / 1e3:.1f}':>{n}s}"
+                       for m, x, n in ((r_fwd, rf, 14), (r_bwd, rb, 15)))
+            + f" {u_msgs:13d} "
+            + " ".join(f"{f'{m / 1e3:.1f} / {x / 1e3:.1f}':>14s}"
+                       for m, x in ((u_fwd, uf), (u_bwd, uf))))
+    for cp in split:
+        got = {key[1:]: f for key, f in sent.items() if key[0] == cp}
+        ring = {key: (f["ring"][0][0], f["ring"][0][1], f["ring"][1]) for key, f in got.items()}
+        want = {key: (cp - 1, *ring_bytes(cp, *key)) for key in got}
+        check(f"cp = {cp}: the ring sends cp − 1 messages, (cp − 1) k/v blocks forward and "
+              "(2·cp − 1) backward, exactly (each T, H)", ring == want, want, ring)
+        uly = {key: (f["Ulysses"][0][0], f["Ulysses"][0][1], f["Ulysses"][1])
+               for key, f in got.items()}
+        want = {key: (4 * (cp - 1), ulysses_bytes(cp, *key), ulysses_bytes(cp, *key))
+                for key in got}
+        check(f"cp = {cp}: Ulysses sends 4 all-to-alls of cp − 1 messages, 4·(cp − 1)/cp·B·"
+              "(N/cp)·h elements each way, exactly (each T, H)", uly == want, want, uly)
+    ratio = {key: f["Ulysses"][0][1] / f["ring"][0][1] for key, f in sent.items()}
+    want = {key: 2 / key[0] for key in sent}
+    check("Ulysses' forward sends 2/cp of the ring's bytes (each cp, T, H)", ratio == want, want,
+          ratio)
+    # the head-count rule: every rank takes H/cp whole heads
+    cp = max(groups)
+    bad = 3 * cp // 2  # 6 heads on 4 ranks, 3 on 2
+    x = split_sequence(sequence(4 * cp, heads=bad)[0], groups[cp], dim=2)
+    try:
+        ulysses_attention(x, x, x, groups[cp])
+        refusal = None
+    except ValueError as error:
+        refusal = str(error)
+    say(f"\n  The head-count rule: H must be a multiple of cp. H = {bad} on cp = {cp} is "
+        "refused, on every rank:", f"    {refusal}")
+    refused = groups[cp].all_gather_object(refusal is not None and "divisors of" in refusal)
+    check(f"H = {bad} heads on cp = {cp}: refused on every rank, with the group sizes that fit",
+          all(refused), [True] * cp, refused)
+    # the table a student reads, at the largest cp and length, H = H_U[0]
+    T, heads = lengths[-1], H_U[0]
+    (r_msgs, r_fwd), r_bwd = sent[cp, T, heads]["ring"]
+    (u_msgs, u_fwd), u_bwd = sent[cp, T, heads]["Ulysses"]
+    say(f"\n  The two schemes at cp = P = {cp}, N = {T}, H = {heads} (bytes per rank measured, "
+        "= the formula):",
+        f"  {'scheme':8s} {'messages (forward)':24s} {'bytes per rank, forward / backward':44s} "
+        "constraint",
+        f"  {'ring':8s} {f'P − 1 = {r_msgs} k/v sends':24s} "
+        f"{f'(P − 1) k/v blocks: {r_fwd / 1e3:.1f} / {r_bwd / 1e3:.1f} kB':44s} "
+        "N a multiple of 2·P; any P",
+        f"  {'Ulysses':8s} {f'4 all-to-alls, {u_msgs} msgs':24s} "
+        f"{f'4·(P − 1)/P·B·(N/P)·h: {u_fwd / 1e3:.1f} / {u_bwd / 1e3:.1f} kB':44s} "
+        "H a multiple of P (so P ≤ H); N of 2·P",
+        "  Ulysses' forward sends 2/P of the ring's (the same at P = 2), its backward the same "
+        "again against the",
+        "  ring's 2·P − 1 blocks; both grow with N and H alike. What it costs: a rank holds the "
+        "whole sequence's",
+        "  scores for its H/P heads, B·(H/P)·N², where the ring computes (N/P)² blocks and "
+        "keeps none, and P can",
+        "  grow no further than H. Megatron offers both (--cp-comm-type p2p or a2a).")
+
+
 def draw_figures(directory, lengths, held, serial, steps, found, cp):
     curves = {"serial attention (B·H·T²)": (lengths, serial, [serial_formula(T) for T in lengths])}
     curves.update({f"ring, cp = {c}": (lengths, held[c], [ring_formula(T, c) for T in lengths])
@@ -292,10 +447,12 @@ def main():
     found = part3_work(groups[top], T_work)
     part4_bytes(groups, T_work)
     part5_equal(groups, 12 * top)
+    part6_ulysses(groups, (4 * top, 16 * top))
     if world.rank == 0:
         draw_figures(args.plot, lengths, held, serial, steps, found, top)
     return finish("each of cp ranks keeps 1/cp of attention's memory, the zig-zag layout "
-                  "balances its work, and the ring equals serial attention")
+                  "balances its work, the ring equals serial attention, and so does "
+                  "Ulysses, sending the bytes of its formula")
 
 
 if __name__ == "__main__":
