@@ -25,8 +25,8 @@ the output by the online softmax, so no rank ever holds the whole sequence. The 
      4·(cp − 1)/cp·B·(N/cp)·h for Ulysses (h = H·d); the head-count rule, H a multiple of cp,
      and its refusal; a table of the two schemes.
 
-Read next: minipar/parallel/context/layout.py, ring.py, work.py, then docs/context_parallel.md;
-proved by tests/test_context_parallel.py.
+Read next: minipar/parallel/context/layout.py, ring.py, work.py, ulysses.py, then
+docs/context_parallel.md; proved by tests/test_context_parallel.py, tests/test_ulysses.py.
 """
 import numpy as np
 
