@@ -4,8 +4,10 @@
     minipar schedule --schedule interleaved --stages 4 --microbatches 8 --chunks 2 --png il.png
     minipar schedule --schedule zb-h1 --stages 4 --microbatches 8 --json
     minipar schedule --schedule zb-v --stages 4 --microbatches 8 --png zbv.png
+    minipar schedule --schedule dualpipev --stages 4 --microbatches 8 --png dualpipev.png
 
-Costs per action: ``simulate.unit_cost`` (F = 1, B + W = 2 per stage, 1/v per chunk). Peak
+Costs per action: ``simulate.unit_cost`` (F = 1, B + W = 2 per stage, 1/v per chunk; an F&B
+pair, DualPipeV's forward run with another micro-batch's backward, costs its two halves). Peak
 in-flight counts the micro-batches whose activations a rank holds at once (per chunk when ranks
 hold several). The rules of the arguments are ``build()``'s (schedules.py); this command names
 the option that breaks one, and adds its own size limits.
@@ -22,6 +24,7 @@ from minipar.figures import FiguresUnavailable
 from minipar.parallel.pipeline import (BUILDERS, ScheduleError, bubble_fraction, bubble_theory, build,
                                        makespan, peak_inflight, simulate, text_gantt, validate,
                                        write_chrome_trace)
+from minipar.parallel.pipeline.actions import FB
 from minipar.parallel.pipeline.schedules import ArgumentError, check_arguments, chunks_of
 from minipar.parallel.pipeline.timeline import span, work_events
 
@@ -42,7 +45,8 @@ def add_arguments(parser):
     parser.add_argument("--microbatches", type=positive_int, required=True,
                         help="micro-batches m per step")
     parser.add_argument("--chunks", type=positive_int, default=None,
-                        help="chunks v per rank (interleaved, zb-interleaved: default 2; zb-v: 2)")
+                        help="chunks v per rank (interleaved, zb-interleaved: default 2; zb-v, "
+                             "dualpipev: 2)")
     parser.add_argument("--remat", action="store_true", help="gpipe: re-compute forwards before backwards")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON (open in Perfetto)")
@@ -82,6 +86,9 @@ def usage_error(err, args):
     """A rule ``build()`` refuses, worded with this command's options and their values."""
     option, given = {
         "zb-v chunks": ("--chunks", f"got --chunks {args.chunks}"),
+        "dualpipev chunks": ("--chunks", f"got --chunks {args.chunks}"),
+        "dualpipev micro-batches": ("--microbatches", f"got --microbatches {args.microbatches} "
+                                    f"with --stages {args.stages}: try {2 * args.stages}"),
         "chunks": ("--chunks", f"got --chunks {args.chunks} with --schedule {args.schedule}"),
         "remat": ("--remat", f"got --schedule {args.schedule}"),
         "groups": ("--microbatches", f"try m={-(-args.microbatches // args.stages) * args.stages}"),
@@ -109,9 +116,28 @@ def write_png(schedule, events, path):
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)  # matplotlib loads
     require()  # without matplotlib, say so before touching the file
     open(path, "wb").close()  # nor after the drawing
+    from minipar.figures.pipeline import pair_spans
     formula, num, den = bubble_theory(schedule)
     save(schedule_chart(events, schedule.ranks, title=describe(schedule),
-                        theory=(formula, num / den)), path)
+                        theory=(formula, num / den), pairs=pair_spans(schedule, events)), path)
+
+
+def pairs_line(schedule):
+    """DualPipeV's F&B pairs, for the text chart (where a pair is its F's cells, then its B's):
+    how many each rank runs and rank 0's first; None for a schedule without pairs."""
+    per_rank = [[a for a in acts if a.kind == FB] for acts in schedule.actions]
+    if not any(per_rank):
+        return None
+    rank, first = next((r, acts[0]) for r, acts in enumerate(per_rank) if acts)
+    f, b = (_cell(part, schedule.chunks > 1) for part in first.pair)
+    return (f"F&B pairs, a forward run with another micro-batch's backward (each half its own "
+            f"cells, the F first; rank {rank}'s first: {f} {b}), per rank: "
+            + " ".join(str(len(acts)) for acts in per_rank))
+
+
+def _cell(action, chunked):
+    """An action as the text chart names its cells: ``F3``, ``BW1b`` (chunk 1)."""
+    return f"{action.kind}{action.mb}" + (chr(ord("a") + action.chunk) if chunked else "")
 
 
 def run(args):
@@ -148,6 +174,9 @@ def run(args):
             steps = cells // schedule.ranks
             print(f"(the text chart, {schedule.ranks} ranks × {steps} time steps, is left out: "
                   f"--png or --trace draws it)")
+        pairs = pairs_line(schedule)
+        if pairs:
+            print(textwrap.fill(pairs, terminal_width(), subsequent_indent="  "))
         print(textwrap.fill(f"bubble: theory {formula} = {num}/{den} = {num / den:.4f}, "
                             f"simulated {figures['bubble_simulated']:.4f}",
                             terminal_width(), subsequent_indent="  "))

@@ -1,13 +1,15 @@
 """Pipeline pictures: the schedule chart (a labelled Gantt), bubble against m, the speed-up grid.
 
-    schedule_chart(events)   ranks as rows (rank 0 on top), one bar per F / B / W / R / optimizer
-                             step, labelled F3 (F3.c1: chunk 1 of an interleaved rank) when the
-                             label fits; the bubble, and the theory's, in the title
+    schedule_chart(events)   ranks as rows (rank 0 on top), one bar per F / B / W / BW / R /
+                             optimizer step, labelled F3 (F3.c1: chunk 1 of an interleaved rank)
+                             when the label fits; the bubble, and the theory's, in the title;
+                             ``pairs=pair_spans(schedule, events)`` frames DualPipeV's F&B pairs
     bubble_chart(points)     (schedule, m, bubble, theory) points: theory a line, values markers
     speedup_chart(grid)      K -> M -> speed-up: measured markers, K*M/(M+K-1) a line per K
 """
-from minipar.figures.style import (DPI, IDLE, KIND_COLOURS, KIND_NAMES, KIND_TEXT, MARKERS, colour,
-                                   drawing, log2_axis, new_figure)
+from minipar.figures.style import (DPI, IDLE, KIND_COLOURS, KIND_NAMES, KIND_TEXT, MARKERS,
+                                   PAIR_EDGE, colour, drawing, log2_axis, new_figure)
+from minipar.parallel.pipeline.actions import FB
 from minipar.parallel.pipeline.timeline import (WORK_KINDS, bubble_fraction, rank_count, span,
                                                 work_events)
 
@@ -18,6 +20,7 @@ TIME_UNITS = {  # time_unit -> (scale from the events' times, x-axis label)
 }
 LINESTYLES = ("-", "--", "-.", ":")
 BAR_HEIGHT = 0.8  # of a rank's row
+EMS = {"B": 0.7, "W": 1.0}  # the wide letters' widths in em (DejaVu Sans); the rest about 0.62
 MAX_PATCHES = 2000  # work events drawn as one patch each; more are drawn as collections
 
 
@@ -44,11 +47,12 @@ def _labels(e, chunked):
 
 def _fitting_label(labels, width_px, size):
     """(label, font size) of the first label that fits a bar ``width_px`` pixels wide at ``size``
-    or up to 2 points smaller (a character is about 0.62 em; never below 7 points, so the labels
-    of one chart look alike), or None: the bar stays unlabelled."""
+    or up to 2 points smaller (a character is about 0.62 em, a B 0.7 and a W 1; never below 7
+    points, so the labels of one chart look alike), or None: the bar stays unlabelled."""
     for text in labels:
+        ems = sum(EMS.get(c, 0.62) for c in text)
         for points in (size, size - 1, size - 2):
-            if points >= 7 and len(text) * 0.62 * points * DPI / 72 + 4 <= width_px:
+            if points >= 7 and ems * points * DPI / 72 + 4 <= width_px:
                 return text, points
     return None
 
@@ -62,15 +66,30 @@ def _title(title, measured, theory):
     return text
 
 
+def pair_spans(schedule, events):
+    """Where each F&B pair of ``schedule`` ran in ``events`` (its simulated or measured timeline):
+    (rank, start of its F, end of its B or BW), one per pair. An event is found by its rank, kind,
+    chunk and micro-batch, which name one computation of a rank; a pair ran as its F, then its B."""
+    by_key = {(e.rank, e.kind, e.chunk, e.mb): e for e in events}
+    spans = []
+    for rank, acts in enumerate(schedule.actions):
+        for a in acts:
+            if a.kind == FB:
+                f, b = (by_key[(rank, part.kind, part.chunk, part.mb)] for part in a.pair)
+                spans.append((rank, f.start, b.end))
+    return spans
+
+
 @drawing
-def schedule_chart(events, n_ranks=None, title=None, theory=None, time_unit="units"):
+def schedule_chart(events, n_ranks=None, title=None, theory=None, time_unit="units", pairs=()):
     """The schedule as a Gantt chart: a row per rank, a bar per work event coloured by kind
     (a Rectangle in ``ax.patches`` each, up to MAX_PATCHES events; beyond, collections).
 
     ``events``: Events from ``minipar.parallel.pipeline.simulate`` (``time_unit="units"``) or a
     measured run's timeline in seconds (``time_unit="s"``, or ``"ms"`` to draw them in
     milliseconds). ``theory``: ``(formula, value)`` of the textbook bubble, put beside the bubble
-    these events show in the title."""
+    these events show in the title. ``pairs``: (rank, start, end) of each F&B pair, a forward
+    run with another micro-batch's backward (``pair_spans``), each framed around its two bars."""
     from matplotlib.patches import Patch
     events = list(events)
     work = work_events(events)
@@ -108,8 +127,18 @@ def schedule_chart(events, n_ranks=None, title=None, theory=None, time_unit="uni
             if fit:
                 ax.text((e.start - t0 + e.duration / 2) * scale, e.rank, fit[0], ha="center",
                         va="center", fontsize=fit[1], color=KIND_TEXT[kind], zorder=3)
+    pairs = list(pairs)
+    if pairs:  # a frame around each pair's two halves, drawn over its bars (a collection per rank)
+        for r in range(n):
+            row = [((start - t0) * scale, (end - start) * scale) for q, start, end in pairs if q == r]
+            if row:
+                ax.broken_barh(row, (r - BAR_HEIGHT / 2 - 0.04, BAR_HEIGHT + 0.08), facecolors="none",
+                               edgecolors=PAIR_EDGE, linewidth=1.6, zorder=4)
     kinds = [k for k in WORK_KINDS if any(e.kind == k for e in work)]
     handles = [Patch(facecolor=KIND_COLOURS[k], label=KIND_NAMES[k]) for k in kinds]
+    if pairs:
+        handles.append(Patch(facecolor="none", edgecolor=PAIR_EDGE, linewidth=1.6,
+                             label="F&B: a forward paired\nwith a backward"))
     if chunked:
         handles.append(Patch(facecolor=_darker(KIND_COLOURS["F"], 1), label="darker: a later chunk"))
     handles.append(Patch(facecolor=IDLE, edgecolor="#bbbbbb", label="idle (bubble)"))

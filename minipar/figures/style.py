@@ -15,11 +15,16 @@ STYLE = {"font.size": 13, "axes.titlesize": 15, "axes.labelsize": 13, "legend.fo
          "axes.spines.top": False, "axes.spines.right": False, "legend.framealpha": 0.9,
          "savefig.facecolor": "white", "figure.facecolor": "white"}
 
-# F blue, B green, W amber, R purple, optimizer step grey; and the text that reads on each.
-KIND_COLOURS = {"F": "#4285f4", "B": "#34a853", "W": "#f4b400", "R": "#ab47bc", "OPT_STEP": "#787878"}
-KIND_TEXT = {"F": "white", "B": "white", "W": "black", "R": "white", "OPT_STEP": "white"}
+# F blue, B green, W amber, R purple, optimizer step grey; BW (DualPipeV's whole backward, B
+# and its W in one pass, where W is otherwise separate) teal; and the text that reads on each.
+KIND_COLOURS = {"F": "#4285f4", "B": "#34a853", "W": "#f4b400", "BW": "#00897b", "R": "#ab47bc",
+                "OPT_STEP": "#787878"}
+KIND_TEXT = {"F": "white", "B": "white", "W": "black", "BW": "white", "R": "white",
+             "OPT_STEP": "white"}
 KIND_NAMES = {"F": "F forward", "B": "B backward", "W": "W weight gradient",
-              "R": "R re-computed forward", "OPT_STEP": "optimizer step"}
+              "BW": "BW whole backward (B + W)", "R": "R re-computed forward",
+              "OPT_STEP": "optimizer step"}
+PAIR_EDGE = "#d62728"  # the frame around an F&B pair's two halves (DualPipeV)
 IDLE = "#f2f2f2"
 # one colour per line (schedules, algorithms, K): matplotlib's tab10 without its grey
 SERIES = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22",
