@@ -66,3 +66,66 @@ def test_a_text_chart_too_long_to_read_is_left_out_and_said(capsys):
     assert ("(the text chart, 32 ranks × 12288 time steps, is left out: --png or --trace "
             "draws it)") in out
     assert "\nrank 0 |" not in out and "bubble: theory (p-1)/p = 31/32" in out
+
+
+def drawn_figures(monkeypatch):
+    """The Figures ``--png`` saves, kept for a look at their legend and frames."""
+    import minipar.figures
+    kept, save = [], minipar.figures.save
+    monkeypatch.setattr(minipar.figures, "save", lambda fig, path: (kept.append(fig), save(fig, path))[1])
+    return kept
+
+
+def test_dualpipev_draws_its_pairs_as_text_and_png(capsys, tmp_path, monkeypatch):
+    """DualPipeV as ZB-V is drawn: the text chart, its figures and a PNG, written and named;
+    each F&B pair's halves side by side in the text and framed in the PNG, BW in both legends."""
+    pytest.importorskip("matplotlib")
+    from minipar.parallel.pipeline import build
+    from minipar.parallel.pipeline.actions import FB
+    monkeypatch.setenv("COLUMNS", "400")  # one line per rank: the pairs read along it
+    figures = drawn_figures(monkeypatch)
+    png = tmp_path / "dualpipev.png"
+    assert main(["schedule", "--schedule", "dualpipev", "--stages", "4", "--microbatches", "8",
+                 "--png", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("dualpipev: p=4 ranks, m=8 micro-batches, v=2 chunks\n")
+    assert "bubble: theory (p-1)/(3m+p-1) = 3/27 = 0.1111, simulated 0.1111" in out
+    assert "peak in-flight micro-batch chunks (each 1/2) per rank: 9 9 9 9" in out
+    assert f"wrote {png}" in out and png.read_bytes()[:4] == b"\x89PNG"
+    assert "BW backward with its weight gradient" in out
+    pairs = [[a.pair for a in acts if a.kind == FB] for acts in build("dualpipev", 4, 8).actions]
+    assert ("rank 0's first: F7a BW3b), per rank: "
+            + " ".join(str(len(p)) for p in pairs)) in out.replace("\n  ", " ")
+    rows = {line.split(" | ")[0]: line.split(" | ")[1].split() for line in out.splitlines()
+            if line.startswith("rank ")}
+    for r, mine in enumerate(pairs):  # a pair: its F's cell, then at once its BW's
+        cells = rows[f"rank {r}"]
+        seen = [(cells[i], cells[i + 1]) for i in range(len(cells) - 1)]
+        for f, b in mine:
+            assert (f.kind, b.kind) == ("F", "BW")
+            halves = (f"F{f.mb}{'ab'[f.chunk]}", f"BW{b.mb}{'ab'[b.chunk]}")
+            assert halves in seen, (r, halves)
+    (fig,) = figures
+    ax = fig.axes[0]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "BW whole backward (B + W)" in legend
+    assert "F&B: a forward paired\nwith a backward" in legend
+    frames = sum(len(c.get_paths()) for c in ax.collections if c.get_zorder() == 4)
+    assert frames == sum(map(len, pairs))
+    # zb-v, drawn alike, has neither: BW and F&B are named only where a schedule runs them
+    assert main(["schedule", "--schedule", "zb-v", "--stages", "4", "--microbatches", "8",
+                 "--png", str(tmp_path / "zbv.png")]) == 0
+    out = capsys.readouterr().out
+    assert "BW" not in out and "F&B" not in out
+    legend = [t.get_text() for t in figures[1].axes[0].get_legend().get_texts()]
+    assert not any(text.startswith(("BW", "F&B")) for text in legend)
+
+
+def test_dualpipev_refusals_name_the_options(capsys):
+    for args, text in [(["--microbatches", "7"], "argument --microbatches: dualpipev needs at "
+                        "least as many micro-batches as stages, m >= 2p"),
+                       (["--microbatches", "8", "--chunks", "3"],
+                        "argument --chunks: dualpipev holds exactly two chunks per rank")]:
+        with pytest.raises(SystemExit) as exit_:
+            main(["schedule", "--schedule", "dualpipev", "--stages", "4", *args])
+        assert exit_.value.code == 2 and text in capsys.readouterr().err

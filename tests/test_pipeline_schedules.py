@@ -6,52 +6,89 @@ import pytest
 
 from minipar.parallel.pipeline import (BUILDERS, bubble_fraction, bubble_theory, build, peak_inflight,
                                        simulate, validate)
-from minipar.parallel.pipeline.actions import (B, F, OPT_STEP, RECVS, SENDS, W, message_key,
+from minipar.parallel.pipeline.actions import (B, BW, F, FB, OPT_STEP, RECVS, SENDS, W, message_key,
                                                message_tag, weight_versions)
+from minipar.parallel.pipeline.schedules import ArgumentError
+
+# the schedules whose B is the input gradient only, its W a pass of its own (zero bubble);
+# dualpipev also runs whole backwards, BW (a B and its W in one pass), alone or in an F&B pair
+SPLIT_BACKWARD = ("zb-h1", "zb-v", "zb-interleaved", "dualpipev")
+
 
 def refused(name, p, m):
     """Sizes a builder refuses by design: interleaved 1F1B needs p | m, interleaved zero bubble
-    (as torch's) m a multiple of its number of rounds max(1, m // p)."""
-    return (name == "interleaved" and m % p) or (name == "zb-interleaved" and m % max(1, m // p))
+    (as torch's) m a multiple of its number of rounds max(1, m // p), DualPipeV (as torch's)
+    at least as many micro-batches as stages, m >= 2p."""
+    return ((name == "interleaved" and m % p) or (name == "zb-interleaved" and m % max(1, m // p))
+            or (name == "dualpipev" and m < 2 * p))
 
 
 def grid():
     for p in (1, 2, 3, 4):
         for m in sorted({1, max(1, p - 1), p, 2 * p, 2 * p + 1}):
             for name in BUILDERS:
-                if not refused(name, p, m):
-                    yield name, p, m
+                yield name, p, m
+
+
+def passes(s):
+    """Every computation of ``s`` as (kind, stage, mb), an F&B pair counted as its two halves."""
+    return Counter((part.kind, part.stage, part.mb) for acts in s.actions for a in acts
+                   for part in a.parts)
+
+
+def test_the_grid_builds_every_schedule_and_dualpipev_only_from_m_2p():
+    cases = list(grid())
+    assert {name for name, _, _ in cases} == set(BUILDERS) >= {"dualpipev", *SPLIT_BACKWARD}
+    built = {(name, p, m) for name, p, m in cases if not refused(name, p, m)}
+    assert {(p, m) for name, p, m in built if name == "dualpipev"} == \
+        {(p, m) for _, p, m in cases if m >= 2 * p}
+    assert {name for name, _, _ in built} == set(BUILDERS)  # each one is built somewhere
 
 
 @pytest.mark.parametrize("name,p,m", list(grid()))
 def test_every_schedule_is_valid_and_complete(name, p, m):
+    if refused(name, p, m):  # refused by name and rule, before anything is built
+        with pytest.raises(ArgumentError if name != "zb-interleaved" else ValueError):
+            build(name, p, m)
+        return
     s = validate(build(name, p, m))
-    counts = Counter((a.kind, a.stage, a.mb) for acts in s.actions for a in acts)
-    kinds = (F, B, W) if s.split_backward else (F, B)
-    assert s.split_backward == name.startswith("zb")
+    counts = passes(s)
+    assert s.split_backward == (name in SPLIT_BACKWARD)
     for stage in range(s.n_stages):
         for mb in range(m):
-            assert [counts[(k, stage, mb)] for k in kinds] == [1] * len(kinds)
+            if s.split_backward:  # a W of its own after a B, or both in one BW; never both
+                done = ([counts[(F, stage, mb)], counts[(B, stage, mb)], counts[(W, stage, mb)]],
+                        counts[(BW, stage, mb)])
+                assert done in (([1, 1, 1], 0), ([1, 0, 0], 1)), (stage, mb, done)
+            else:
+                assert [counts[(k, stage, mb)] for k in (F, B)] == [1, 1]
     if not s.split_backward:
         assert not any(kind == W for kind, _, _ in counts)
+    if name != "dualpipev":  # only DualPipeV runs whole backwards and F&B pairs
+        assert not any(kind in (BW, FB) for kind, _, _ in counts)
+        assert not any(a.kind == FB for acts in s.actions for a in acts)
     opt = [sum(a.kind == OPT_STEP for a in acts) for acts in s.actions]
     assert opt == ([m] * p if name == "pipedream" else [1] * p)
 
 
 @pytest.mark.parametrize("name", list(BUILDERS))
 def test_simulated_bubble_equals_theory_on_a_grid(name):
+    sizes = 0
     for p in range(1, 6):
         for m in range(1, 11):
             if refused(name, p, m):
                 continue
+            sizes += 1
             s = build(name, p, m)
             _, num, den = bubble_theory(s)
             assert bubble_fraction(simulate(s), p) == pytest.approx(num / den, abs=1e-9), (p, m)
+    assert sizes >= 20  # of the 50 sizes: interleaved (p | m) 22, dualpipev (m >= 2p) 25
 
 
 ISSUE_FIGURES = [("gpipe", None, Fraction(3, 11)), ("1f1b", None, Fraction(3, 11)),
                  ("interleaved", 2, Fraction(3, 19)), ("zb-h1", None, Fraction(3, 27)),
-                 ("naive", None, Fraction(3, 4)), ("pipedream", None, Fraction(3, 11))]
+                 ("naive", None, Fraction(3, 4)), ("pipedream", None, Fraction(3, 11)),
+                 ("dualpipev", None, Fraction(3, 27))]
 
 
 @pytest.mark.parametrize("name,v,expected", ISSUE_FIGURES)
@@ -85,8 +122,10 @@ def test_interleaved_needs_m_multiple_of_p_and_chunks_only_there():
         build("1f1b", 4, 8, v=2)
     with pytest.raises(ValueError, match="zb-v holds exactly two chunks"):
         build("zb-v", 4, 8, v=3)
-    with pytest.raises(ValueError, match="unknown schedule"):
+    with pytest.raises(ValueError, match="unknown schedule 'dualpipe': choose one of .*dualpipev"):
         build("dualpipe", 4, 8)
+    with pytest.raises(ArgumentError, match=r"m >= 2p .*try m=8"):
+        build("dualpipev", 4, 7)
     with pytest.raises(ValueError, match="at least 1"):
         build("gpipe", 0, 8)
     s = validate(build("interleaved", 4, 8, v=2))

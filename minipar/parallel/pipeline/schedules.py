@@ -119,11 +119,9 @@ def pipedream(p, m):
 
 
 BUILDERS = {"naive": naive, "gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved,
-            "zb-h1": zb_h1, "zb-v": zb_v, "zb-interleaved": zb_interleaved, "pipedream": pipedream}
+            "zb-h1": zb_h1, "zb-v": zb_v, "zb-interleaved": zb_interleaved, "pipedream": pipedream,
+            "dualpipev": dualpipe_v}
 CHUNKED = ("interleaved", "zb-interleaved")  # take v chunks per rank, default 2; zb-v has 2
-# Built by ``build`` but not yet in BUILDERS, the list ``minipar schedule``, the figures, the
-# planner and the suite's grids walk: DualPipeV's F&B and BW passes are new to them.
-PAIRED = {"dualpipev": dualpipe_v}
 V_SHAPED = ("zb-v", "dualpipev")  # exactly two chunks per rank, in a V
 
 
@@ -146,9 +144,8 @@ def check_groups(p, m):
 def check_arguments(name, p, m, v=None, remat=False):
     """The rules of ``build``'s arguments, checked before any list is built (``ArgumentError``,
     or ``ValueError`` for an unknown name or a size below 1)."""
-    if name not in BUILDERS and name not in PAIRED:
-        raise ValueError(f"unknown schedule {name!r}: choose one of "
-                         f"{', '.join([*BUILDERS, *PAIRED])}")
+    if name not in BUILDERS:
+        raise ValueError(f"unknown schedule {name!r}: choose one of {', '.join(BUILDERS)}")
     if name in V_SHAPED and v not in (None, 2):
         raise ArgumentError(f"{name} chunks", f"{name} holds exactly two chunks per rank, a V",
                             f"got v={v}")
@@ -167,10 +164,8 @@ def check_arguments(name, p, m, v=None, remat=False):
 
 
 def build(name, p, m, v=None, remat=False):
-    """The schedule ``name`` (a key of BUILDERS or PAIRED) for p ranks and m micro-batches."""
+    """The schedule ``name`` (a key of BUILDERS) for p ranks and m micro-batches."""
     check_arguments(name, p, m, v, remat)
     if name in CHUNKED:
         return BUILDERS[name](p, m, chunks_of(name, v))
-    if name in PAIRED:
-        return PAIRED[name](p, m)
     return gpipe(p, m, remat) if name == "gpipe" else BUILDERS[name](p, m)
