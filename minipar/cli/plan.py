@@ -17,7 +17,7 @@ from minipar.cli.args import positive_int
 from minipar.plan import PRESETS, GPTShape, preset
 from minipar.plan.hardware import PROFILES, profile
 from minipar.plan.search import LayoutError, check, reasons, search
-from minipar.plan.time import SCHEDULES, Cluster, Layout, predict
+from minipar.plan.time import CP_COMMS, SCHEDULES, Cluster, Layout, predict
 
 SHAPE = ("layers", "hidden", "heads", "seq", "vocab")
 SIZES = ("tp", "pp", "dp", "cp", "ep")
@@ -44,6 +44,8 @@ def add_arguments(parser):
     layout.add_argument("--zero", type=int, help="ZeRO stage 0, 1, 2, 3")
     layout.add_argument("--recompute", default="selective", help="none, selective, full")
     layout.add_argument("--schedule", default="1f1b", help=", ".join(SCHEDULES))
+    layout.add_argument("--cp-comm", help=f"{', '.join(CP_COMMS)}: cp's ring attention (default) "
+                        f"or Ulysses' all-to-alls (a ranking left without it tries both)")
     layout.add_argument("--chunks", type=positive_int, help="chunks per rank (interleaved)")
     layout.add_argument("--precision", default="bf16", help="fp32, bf16, fp16")
     layout.add_argument("--activations", default="minipar", choices=("minipar", "megatron"),
@@ -89,13 +91,14 @@ def plan(args):
     common = {"micro_batch": args.micro_batch, "recompute": args.recompute,
               "schedule": args.schedule, "chunks": args.chunks, "precision": args.precision,
               "activations": args.activations}
-    fixed = {k: getattr(args, k) for k in SIZES + ("zero",)} | common
+    fixed = ({k: getattr(args, k) for k in SIZES + ("zero",)} | common
+             | {"cp_comm": args.cp_comm})
     if args.zero not in (None, 0, 1, 2, 3):
         raise ValueError(f"--zero {args.zero}: ZeRO's stages are 0, 1, 2, 3")
     if None not in (args.tp, args.pp, args.zero):
         dp = args.dp or args.gpus // (args.tp * args.pp * (args.cp or 1))
         layout = Layout(tp=args.tp, pp=args.pp, dp=dp, cp=args.cp or 1, ep=args.ep or 1,
-                        zero=args.zero, **common)
+                        zero=args.zero, cp_comm=args.cp_comm or "ring", **common)
         check(shape, layout, cluster, batch)
         return head | predict(shape, layout, cluster, batch)
     ranked, rejected = search(shape, cluster, batch, fixed)
@@ -161,10 +164,15 @@ def stacked_bars(result):
 
 
 def short(layout):
-    """``tp8 pp8 dp16 cp1 zero1`` (and ``ep4`` before zero when experts are split)."""
+    """``tp8 pp8 dp16 cp1 zero1`` (``cp2 a2a`` or ``cp2 ring``: how cp attends, and ``ep4``
+    before zero when experts are split)."""
     L = layout
     ep = f" ep{L['ep']}" if L["ep"] > 1 else ""
-    return f"tp{L['tp']} pp{L['pp']} dp{L['dp']} cp{L['cp']}{ep} zero{L['zero']}"
+    cp = f" {L['cp_comm']}" if L["cp"] > 1 else ""
+    return f"tp{L['tp']} pp{L['pp']} dp{L['dp']} cp{L['cp']}{cp}{ep} zero{L['zero']}"
+
+
+CP_NAMES = {"ring": "ring attention's k/v blocks", "a2a": "Ulysses' all-to-alls"}
 
 
 def gb(x):
@@ -179,18 +187,20 @@ def describe(r):
     if "ranked" in r:
         lines.append(f"{r['layouts']} layouts fit; rejected: " + (", ".join(
             f"{n} {why}" for why, n in r["rejected"].items()) or "none"))
-        lines.append(f"{'rank':>4} {'layout':<24} {'GB/GPU':>7} {'step s':>8} {'bubble':>7} "
+        lines.append(f"{'rank':>4} {'layout':<28} {'GB/GPU':>7} {'step s':>8} {'bubble':>7} "
                      f"{'comm':>7} {'tokens/s':>10} {'MFU':>6}")
         for i, p in enumerate(r["ranked"], 1):
             L, t = p["layout"], p["time_s"]
-            lines.append(f"{i:>4} {short(L):<24} {gb(p['memory_bytes']['total']):>7} "
+            lines.append(f"{i:>4} {short(L):<28} {gb(p['memory_bytes']['total']):>7} "
                          f"{t['total']:>8.3f} {t['bubble']:>7.3f} {t['comm']:>7.3f} "
                          f"{p['tokens_per_s']:>10,.0f} {p['mfu']:>6.1%}")
         return "\n".join(lines + [f"note: {n}" for n in r["notes"]])
     L, mem, t = r["layout"], r["memory_bytes"], r["time_s"]
     lines.append(f"layout {short(L)}, "
                  f"{L['schedule']} (v={L['v']}, m={L['m']} micro-batches of {L['micro_batch']}), "
-                 f"{L['recompute']} recompute, {L['precision']}, {L['activations']} activations")
+                 f"{L['recompute']} recompute, {L['precision']}, {L['activations']} activations"
+                 + (f", cp over {CP_NAMES[L['cp_comm']]} ({r['bytes_sent']['cp']:,} bytes sent "
+                    f"a step per GPU)" if L["cp"] > 1 else ""))
     lines.append(f"{'memory per GPU':<16}{'GB':>8}    {'step time':<16}{'s':>9}")
     left = [(k, gb(v)) for k, v in mem.items()]
     right = [(k, f"{v:.4f}") for k, v in t.items()]

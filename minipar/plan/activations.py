@@ -15,7 +15,7 @@ import collections
 import functools
 
 from ..backend.dtypes import dtype
-from ..parallel.pipeline.actions import B, F, R, W
+from ..parallel.pipeline.actions import B, BW, F, FB, R, W
 from ..parallel.pipeline.partition import balanced_split
 from ..parallel.pipeline.schedules import CHUNKED, build
 
@@ -100,12 +100,15 @@ VOCAB_PARALLEL_CROSS_ENTROPY = [Op("exp(z − max)", 1, SBV, TP),
 RECOMPUTE = ("none", "selective", "full")
 
 
-def table_bytes(ops, s, b, h, a, V, width, t=1, sp=False, dropout=False, experts=(1, 1, 0)):
+def table_bytes(ops, s, b, h, a, V, width, t=1, sp=False, dropout=False, experts=(1, 1, 0),
+                keys=None):
     """Bytes the rows of ``ops`` hold for s tokens (this rank's: s/cp), micro-batch b;
-    ``experts`` = (E, k, f)."""
+    ``experts`` = (E, k, f); ``keys``: the tokens each query attends over (default s; Ulysses:
+    the whole sequence, s·cp, for a/cp heads: the same bytes as a·s x s·cp)."""
     E, k, f = experts
     M = s * b * k  # balanced routing: every assignment kept
-    size = {SBH: s * b * h, SB: s * b, AS2B: a * s * s * b, ASB: a * s * b, SBV: s * b * V,
+    size = {SBH: s * b * h, SB: s * b, AS2B: a * s * (keys or s) * b, ASB: a * s * b,
+            SBV: s * b * V,
             TOKENS: s * b, POSITIONS: s, ONE: 1, SBE: s * b * E, SBK: M, SBKH: M * h,
             ASSIGNED: M, ROWS: M, MH: M * h, MF: M * f}
     total = 0
@@ -141,17 +144,21 @@ Segment = collections.namedtuple("Segment", "stored replay W")
 
 
 def segments(layer, s, b, h, a, V, precision="fp32", tp=1, sp=False, cp=1, recompute="none",
-             dropout=False, parallel=None, experts=None):
+             dropout=False, parallel=None, experts=None, cp_comm="ring"):
     """The segments of one pipeline layer ("embedding", "block", "ln_f", "head" with the loss)
     for this rank's s/cp tokens. ``parallel``: TensorParallelGPT (default: any of tp, cp > 1);
-    ``experts`` = (E, k, f): the blocks are MoEBlocks."""
+    ``experts`` = (E, k, f): the blocks are MoEBlocks. ``cp_comm="a2a"`` (Ulysses): after the
+    all-to-alls the rank's attention is the plain one over the whole sequence of a/(tp·cp)
+    heads: it keeps q, k, v (the same bytes as c_attn's output) and P of s x s/cp per head of
+    the a/tp, and no ring rows."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute={recompute!r}: minipar's model knows {RECOMPUTE}")
     width = dtype(precision).itemsize
     s = s // cp
     parallel = tp > 1 or cp > 1 if parallel is None else parallel
+    ulysses = cp > 1 and cp_comm == "a2a"
     args = dict(s=s, b=b, h=h, a=a, V=V, width=width, t=tp, sp=sp, dropout=dropout,
-                experts=experts or (1, 1, 0))
+                experts=experts or (1, 1, 0), keys=s * cp if ulysses else None)
 
     def seg(rows):
         return Segment(table_bytes(rows, **args), 0, table_bytes(
@@ -163,11 +170,12 @@ def segments(layer, s, b, h, a, V, precision="fp32", tp=1, sp=False, cp=1, recom
         return [seg(HEAD[:2])]
     if layer == "head":
         return [seg(HEAD[2:] + (VOCAB_PARALLEL_CROSS_ENTROPY if parallel else CROSS_ENTROPY))]
-    rows = layer_rows(ring=cp > 1, one_head=a == tp, experts=bool(experts), parallel=parallel)
+    ring = cp > 1 and not ulysses
+    rows = layer_rows(ring=ring, one_head=a == tp, experts=bool(experts), parallel=parallel)
     if recompute == "full":  # checkpoint(block, x): the block's input only, its graph replayed
         kept = table_bytes([Op("block input", 1, SBH, SP)], **args)
         return [Segment(kept, table_bytes(rows, **args), 0)]
-    if recompute == "selective" and cp == 1:  # checkpoint(attention_heads, qkv, n_head)
+    if recompute == "selective" and not ring:  # checkpoint(attention_heads, qkv, n_head)
         i = next(i for i, op in enumerate(rows) if op.kind == "qkv") + 1
         probabilities = [op for op in rows if "P" in op.kind]
         rest = [op for op in rows[i:] if "P" not in op.kind]
@@ -176,11 +184,11 @@ def segments(layer, s, b, h, a, V, precision="fp32", tp=1, sp=False, cp=1, recom
 
 
 def layer_bytes(s, b, h, a, precision="bf16", tp=1, sp=False, cp=1, recompute="none",
-                dropout=False):
+                dropout=False, cp_comm="ring"):
     """Bytes one block keeps between its forward and its backward (a checkpoint's replay not
     counted): the minipar counterpart of ``megatron_activation_bytes``."""
     return sum(g.stored for g in segments("block", s, b, h, a, 1, precision, tp, sp, cp,
-                                          recompute, dropout))
+                                          recompute, dropout, cp_comm=cp_comm))
 
 
 def stage(segs):
@@ -195,7 +203,7 @@ def stage(segs):
 
 
 def gpt_segments(shape, micro_batch=1, precision="fp32", tp=1, sp=False, cp=1,
-                 recompute="none", dropout=False, parallel=None, strict=True):
+                 recompute="none", dropout=False, parallel=None, strict=True, cp_comm="ring"):
     """Segments of each of ``nn.GPT.to_sequential()``'s layers (``moe_gpt``'s with experts),
     the loss with the head. Other blocks (Llama-style, grouped-query) are refused, or with
     ``strict=False`` counted as nn.GPT's block of the same s, h, a (as the planner counts their
@@ -212,7 +220,8 @@ def gpt_segments(shape, micro_batch=1, precision="fp32", tp=1, sp=False, cp=1,
     common = (shape.seq, micro_batch, shape.hidden, shape.heads, shape.vocab, precision, tp, sp,
               cp, recompute, dropout, parallel, experts)
     names = ["embedding"] + ["block"] * shape.layers + ["ln_f", "head"]
-    of = {name: segments(name, *common) for name in set(names)}  # every block is alike
+    # every block is alike
+    of = {name: segments(name, *common, cp_comm=cp_comm) for name in set(names)}
     return [of[name] for name in names], names
 
 
@@ -254,17 +263,19 @@ def stage_summaries(layers, names, n_stages, recompute):
 
 def walk(plan, rank, summary):
     """The peak of the rank's live bytes over its actions, ``summary[stage]`` = (stored, bump,
-    kept for W)."""
+    kept for W). An F&B pair (DualPipeV) is its F, then its backward (``Action.parts``); a BW
+    is a whole backward, B and its W in one pass, freeing all of the stage's bytes."""
     live = peak = 0
     adds = (R,) if plan.remat else (F, R)
-    for a in plan.actions[rank]:
+    for a in (part for action in plan.actions[rank] for part in (
+            action.parts if action.kind == FB else (action,))):
         stored, bump, kept = summary.get(a.stage, (0, 0, 0))  # messages have no stage
         if a.kind in adds:
             live += stored
             peak = max(peak, live)
-        elif a.kind == B:
+        elif a.kind in (B, BW):
             peak = max(peak, live + bump)
-            live -= stored - (kept if plan.split_backward else 0)
+            live -= stored - (kept if plan.split_backward and a.kind == B else 0)
         elif a.kind == W:
             live -= kept
     return peak
@@ -275,7 +286,7 @@ schedule_of = functools.lru_cache(maxsize=256)(build)  # the search asks for few
 
 @functools.lru_cache(maxsize=4096)
 def layout_activation_bytes(shape, precision, tp, cp, pp, v, micro_batch, recompute,
-                            microbatches, schedule="1f1b"):
+                            microbatches, schedule="1f1b", cp_comm="ring"):
     """The planner's activations per GPU, the most any rank holds (sequence parallelism whenever
     tp > 1): with pp = 1 the serial peak; with pipelines the walk of every rank's schedule
     (``rank_activation_bytes``'s). A rank's peak stops growing at 2p micro-batches, or grows by
@@ -284,7 +295,7 @@ def layout_activation_bytes(shape, precision, tp, cp, pp, v, micro_batch, recomp
     # an MoE model runs in Trainer4D, whose model is TensorParallelMoEGPT at any sizes
     parallel = tp > 1 or pp > 1 or cp > 1 or shape.experts > 0
     layers, names = gpt_segments(shape, micro_batch, precision, tp, tp > 1, cp, recompute,
-                                 parallel=parallel, strict=False)
+                                 parallel=parallel, strict=False, cp_comm=cp_comm)
     if pp == 1:
         stored, bump, _ = stage([g for layer in layers for g in layer])
         return stored + bump

@@ -14,7 +14,7 @@ from minipar.parallel.groups import RankGrid
 from minipar.parallel.pipeline.schedules import ArgumentError, check_arguments
 
 from .memory import PRECISIONS, RECOMPUTE
-from .time import SCHEDULES, Layout, predict
+from .time import CP_COMMS, SCHEDULES, Layout, predict
 
 REASONS = ("tp beyond a node", "divisibility", "not priced here", "memory")
 
@@ -36,6 +36,9 @@ def check(shape, layout, cluster, global_batch):
     if L.recompute not in RECOMPUTE or L.schedule not in SCHEDULES:
         raise ValueError(f"--recompute {L.recompute} --schedule {L.schedule}: the planner "
                          f"models {RECOMPUTE} and {SCHEDULES}")
+    if L.cp_comm not in CP_COMMS:
+        raise ValueError(f"--cp-comm {L.cp_comm}: the planner models {', '.join(CP_COMMS)} "
+                         f"(ring attention, Ulysses' all-to-alls)")
     if L.ep > 1 and not shape.experts:
         raise ValueError(f"--ep {L.ep}: expert parallelism needs --experts")
     # the cheap rule first: of a billion GPUs' 48,400 tilings, 39,380 put tp beyond a node
@@ -59,10 +62,25 @@ def check(shape, layout, cluster, global_batch):
              (L.cp > 1 and shape.seq % (2 * L.cp),
               f"2·cp = {2 * L.cp} does not divide seq={shape.seq} (ring attention's halves)"),
              (shape.experts % L.ep, f"ep={L.ep} does not divide experts={shape.experts}")]
+    if L.cp > 1 and L.cp_comm == "a2a":  # Trainer3D's cp_attention: whole heads per cp rank
+        rules.append((shape.heads % (L.tp * L.cp),
+                      f"--cp-comm a2a: tp·cp = {L.tp}·{L.cp} = {L.tp * L.cp} does not divide "
+                      f"heads={shape.heads} (Ulysses needs whole heads per cp rank: "
+                      f"heads/(tp·cp) = {shape.heads}/{L.tp * L.cp})"))
+    m = global_batch // (L.dp * L.micro_batch)
+    if L.schedule == "dualpipev":  # pp = 1 too: predict simulates its one-rank V
+        rules.append((m < 2 * L.pp,
+                      f"--schedule dualpipev needs m >= 2·pp micro-batches: m = global batch / "
+                      f"(dp·micro-batch) = {global_batch}/({L.dp}·{L.micro_batch}) = {m} < "
+                      f"2·{L.pp} = {2 * L.pp} (torch's ScheduleDualPipeV)"))
     for broken, why in rules:
         if broken:
             raise LayoutError("divisibility", why)
     # --profile here times minipar's own blocks; its tensor-parallel experts are not timed
+    # ... and its cp attention is ring attention looped back (hardware.LoopbackRing)
+    if cluster.profile.engine is not None and L.cp > 1 and L.cp_comm == "a2a":
+        raise LayoutError("not priced here", f"--cp-comm a2a with cp={L.cp}: --profile here "
+                                             f"times ring attention only")
     if cluster.profile.engine is not None and shape.experts and L.tp > 1:
         raise LayoutError("not priced here", f"tp={L.tp} with {shape.experts} experts: "
                                              f"--profile here prices MoE layers at tp = 1 only")
@@ -89,16 +107,19 @@ def divisors(n):
     return sorted(found)
 
 
-def layouts(cluster, fixed, experts=0):
+def layouts(cluster, fixed, experts=0, heads=1):
     """Every tiling (a Layout but for its ZeRO stage, zero=None) whose tp, pp, cp, dp, ep are
     ``fixed``'s where given (not None), the others each value that divides the GPUs (ep: each
-    divisor of dp·cp and of the ``experts``, 1 without); dp is what the GPUs leave."""
+    divisor of dp·cp and of the ``experts``, 1 without); dp is what the GPUs leave. With cp > 1
+    and no ``cp_comm`` fixed, each tiling comes with ring attention and, where tp·cp divides
+    the ``heads`` and the profile has no engine, with Ulysses' all-to-alls too."""
     n = cluster.gpus
+    engineless = cluster.profile.engine is None
 
     def options(k, left):  # the size given, or each divisor of what the sizes before it leave
         return [fixed[k]] if fixed.get(k) is not None else divisors(left)
     rest = {k: v for k, v in fixed.items()
-            if k not in ("tp", "pp", "cp", "dp", "ep", "zero") and v is not None}
+            if k not in ("tp", "pp", "cp", "dp", "ep", "zero", "cp_comm") and v is not None}
     for tp in options("tp", n):
         for pp in options("pp", n // tp):
             for cp in options("cp", n // (tp * pp)):
@@ -107,8 +128,15 @@ def layouts(cluster, fixed, experts=0):
                     continue  # not a layout of this cluster
                 eps = ([fixed["ep"]] if fixed.get("ep") is not None else
                        [e for e in divisors(dp * cp) if experts % e == 0] if experts else [1])
+                # cp > 1: ring attention, and Ulysses where it is possible (whole heads per
+                # rank, a profile that prices it), unless --cp-comm fixed one
+                comms = ([fixed["cp_comm"]] if fixed.get("cp_comm") is not None else
+                         ["ring"] if cp == 1 else
+                         ["ring", "a2a"] if heads % (tp * cp) == 0 and engineless else ["ring"])
                 for ep in eps:
-                    yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=None, **rest)
+                    for comm in comms:
+                        yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=None,
+                                     cp_comm=comm, **rest)
 
 
 def search(shape, cluster, global_batch, fixed=None):
@@ -118,7 +146,7 @@ def search(shape, cluster, global_batch, fixed=None):
     fixed = fixed or {}
     zeros = [fixed["zero"]] if fixed.get("zero") is not None else [0, 1, 2, 3]
     ranked, rejected = [], []
-    for tiling in layouts(cluster, fixed, shape.experts):
+    for tiling in layouts(cluster, fixed, shape.experts, shape.heads):
         # check reads every size but zero: once per tiling (a billion GPUs have 48,400 of
         # them), and a refused one is not built four times over
         try:

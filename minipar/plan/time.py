@@ -24,7 +24,10 @@ from .hardware import gemms_seconds
 from .layout_bytes import rank_modules
 from .memory import bytes_per_parameter, megatron_activation_bytes, model_state_bytes
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipev")
+# how attention reaches the cp group's other tokens (Trainer3D's cp_comm, Megatron's
+# --cp-comm-type): ring attention's k/v blocks, or Ulysses' all-to-alls
+CP_COMMS = ("ring", "a2a")
 # A thousand times the largest cluster yet; its divisors come from trial division up to its
 # square root (5·10^5 odd trials at most), so any count allowed is factored in under a second.
 MAX_GPUS = 10 ** 12
@@ -42,6 +45,7 @@ class Layout:
     recompute: str = "selective"
     schedule: str = "1f1b"
     chunks: int = None       # model chunks per pipeline rank (interleaved; zb-v has 2)
+    cp_comm: str = "ring"    # or "a2a": Ulysses' all-to-alls over the cp group (CP_COMMS)
     precision: str = "bf16"
     activations: str = "minipar"  # or "megatron": whose activation model memory_bytes uses
 
@@ -165,15 +169,23 @@ def predict(shape, layout, cluster, global_batch):
     if hw.engine is not None and L.tp > 1:
         tp_per_mb, tp_step = minipar_tp_extras(shape, L, link["tp"], tp_pair, tp_per_mb,
                                                comm_time)
-    # context parallel (ring attention): k and v of the whole sequence go round the cp ring in
-    # the forward (an all-gather: (cp-1)/cp of them per rank), and again with their gradients
-    # in the backward (all-gather + reduce-scatter); exposed
-    kv = 2 * s * b * shape.kv * (h // shape.heads) // L.tp * width
+    # context parallel, per layer and micro-batch, exposed (cp_bytes: the bytes a rank sends).
+    # ring attention: k and v of the whole sequence go round the cp ring in the forward (an
+    # all-gather: (cp-1)/cp of them per rank), and again with their gradients in the backward
+    # (all-gather + reduce-scatter). Ulysses (a2a): 4 all-to-alls of the rank's b x s/cp x h/tp
+    # (q, k, v, then the output) in the forward, as many in the backward and in a recomputed
+    # forward
     cp_time = 0
     if L.cp > 1:
-        gather = comm_time("all_gather", "ring", L.cp, kv, link["cp"])
-        cp_time = (gather * (passes - 1) + comm_time("reduce_scatter", "ring", L.cp, kv,
-                                                    link["cp"])) * layers / L.pp
+        if L.cp_comm == "a2a":
+            one = comm_time("all_to_all", "pairwise", L.cp, a2a_block(shape, L, width),
+                            link["cp"])
+            cp_time = 4 * (passes - 1) * one * layers / L.pp
+        else:
+            kv = kv_block(shape, L, width)
+            gather = comm_time("all_gather", "ring", L.cp, kv, link["cp"])
+            cp_time = (gather * (passes - 1) + comm_time("reduce_scatter", "ring", L.cp, kv,
+                                                        link["cp"])) * layers / L.pp
     # expert parallel: per MoE layer the tokens go to their top_k experts' ranks and come back
     # (2 all-to-alls of the rank's s/cp x b tokens x top_k, split over tp by sp) in the forward,
     # as many in the backward and in a recomputed forward; exposed
@@ -235,10 +247,37 @@ def predict(shape, layout, cluster, global_batch):
             "time_s": {"compute": compute, "tp": m * tp_per_mb + tp_step, "cp": m * cp_time,
                        "pp": pp_time, "dp": dp_exposed, "ep": m * ep_time, "comm": comm, "bubble": bubble,
                        "total": total},
+            "bytes_sent": {"cp": m * cp_bytes(shape, L, width, passes)},
             "flops_per_step": model_flops,
             "tokens_per_s": global_batch * s / total,
             "mfu": model_flops / (total * hw.peak(L.precision) * L.gpus),
             "fits": memory["total"] <= cluster.memory}
+
+
+def kv_block(shape, L, width):
+    """Ring attention's all-gathered k and v of one layer: the whole sequence's, this tensor
+    rank's kv heads."""
+    return 2 * shape.seq * L.micro_batch * shape.kv * (shape.hidden // shape.heads) // L.tp * width
+
+
+def a2a_block(shape, L, width):
+    """One Ulysses all-to-all's buffer: this rank's b x s/cp tokens of its h/tp (q, k, v or the
+    output), of which (cp-1)/cp leave the rank (ulysses.py)."""
+    return L.micro_batch * (shape.seq // L.cp) * (shape.hidden // L.tp) * width
+
+
+def cp_bytes(shape, L, width, passes=3):
+    """Bytes one rank sends over its context group for one micro-batch, all its layers:
+    Ulysses' 4 all-to-alls per layer each pass (forward, backward, a recomputed forward:
+    ``passes`` - 1 of them), (cp-1)/cp of ``a2a_block`` each, as tests/test_ulysses_trainer.py
+    counts them; ring attention's all-gathers (forward, recompute) and its backward's
+    all-gather + reduce-scatter, (cp-1)/cp of ``kv_block`` each, as the planner prices them."""
+    if L.cp == 1:
+        return 0
+    layers = shape.layers // L.pp  # check: pp·v divides the layers
+    if L.cp_comm == "a2a":
+        return 4 * (passes - 1) * (L.cp - 1) * a2a_block(shape, L, width) // L.cp * layers
+    return passes * (L.cp - 1) * kv_block(shape, L, width) // L.cp * layers
 
 
 def minipar_tp_extras(shape, L, link, tp_pair, tp_per_mb, comm_time):
@@ -367,7 +406,7 @@ def memory_bytes(shape, L, width, inflight, microbatches):
     if L.activations == "minipar":  # its own ops, embedding and loss included
         activations = layout_activation_bytes(shape, L.precision, L.tp, L.cp, L.pp, L.v,
                                               L.micro_batch, L.recompute, microbatches,
-                                              L.schedule)
+                                              L.schedule, L.cp_comm)
     elif L.activations == "megatron":  # Korthikanti et al.'s layer, the blocks only
         per_layer = megatron_activation_bytes(shape.seq // L.cp, L.micro_batch, shape.hidden,
                                               shape.heads, L.tp, L.tp > 1, L.recompute)
