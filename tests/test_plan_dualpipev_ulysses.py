@@ -186,3 +186,22 @@ def test_a2a_activations_are_plain_attention_over_the_whole_sequence(cp, tp):
     # selective recompute drops P, as without cp
     assert layer_bytes(s, b, h, a, "fp32", tp, tp > 1, cp, "selective", cp_comm="a2a") == \
         layer_bytes(s // cp, b, h, a, "fp32", tp, tp > 1, 1, "selective")
+
+
+def test_dualpipev_places_its_stages_in_zb_vs_v_and_is_priced_on_here():
+    """Placement is read from a schedule of 2p micro-batches (DualPipeV refuses fewer): the V of
+    ZB-V, so a rank's model states are ZB-V's; --profile here simulates its unequal stages."""
+    from minipar.plan.hardware import here
+    from minipar.plan.layout_bytes import rank_state_bytes
+    from minipar.plan.time import stages_by_rank
+    shape = GPTShape(2, 6, 2, 7, 10)
+    for rank in (0, 1):
+        assert rank_state_bytes(shape, "fp32", pp=2, pp_rank=rank, schedule="dualpipev") == \
+            rank_state_bytes(shape, "fp32", pp=2, pp_rank=rank, schedule="zb-v")
+    layout = Layout(pp=2, schedule="dualpipev", precision="fp32", micro_batch=4, zero=0)
+    assert stages_by_rank(layout) == [[0, 3], [1, 2]]
+    small = GPTShape(4, 64, 4, 64, 256)
+    cluster = Cluster(2, 2, here())
+    check(small, layout, cluster, 16)
+    p = predict(small, layout, cluster, 16)
+    assert p["layout"]["m"] == 4 and p["time_s"]["total"] > p["time_s"]["compute"] > 0

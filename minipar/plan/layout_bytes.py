@@ -68,7 +68,7 @@ def rank_modules(shape, tp=1, pp=1, pp_rank=0, schedule="1f1b", chunks=None, ep=
             raise ValueError(f"{what}={n} is not divisible by tp={tp} (tensor/shard.py)")
     layers = gpt_layers(shape, ep)
     if pp > 1:
-        plan = build(schedule, pp, pp, chunks)
+        plan = build(schedule, pp, 2 * pp, chunks)  # the placement; DualPipeV needs m >= 2p
         bounds = balanced_split([1] * len(layers), plan.n_stages)
         layers = [layer for s in plan.stages_of(pp_rank) for layer in
                   layers[bounds[s][0]:bounds[s][1]]]

@@ -366,7 +366,9 @@ def trainer_cut(n_layers, n_stages):
 
 def stages_by_rank(L):
     """The stages each pipeline rank holds under L's schedule (ZB-V's in a V)."""
-    plan = build(L.schedule, L.pp, L.pp, L.chunks) if L.pp > 1 else None
+    # the placement does not depend on m; 2p micro-batches are enough for every schedule
+    # (DualPipeV needs them)
+    plan = build(L.schedule, L.pp, 2 * L.pp, L.chunks) if L.pp > 1 else None
     return [plan.stages_of(r) for r in range(L.pp)] if plan else [[0]]
 
 
