@@ -7,6 +7,7 @@ experts). Attention, router, LayerNorms, embeddings and head are split over tp a
 replicated over dp; the experts, E/ep per expert rank, receive their tokens by all-to-all within
 the expert group, each split over tp like the dense MLP (tensor/moe.py); an expert group sits at
 one stage and runs the same schedule, so its all-to-alls pair up micro-batch by micro-batch.
+With cp (a fifth axis) the cp ranks route each whole sequence together (tensor/moe.py).
 
     groups = ParallelGroups(world, tp=2, pp=2, ep=2)          # dp = world / (tp·pp), ep | dp
     trainer = Trainer4D(config, MoEConfig(n_experts=4), groups, microbatches=2)
@@ -58,19 +59,15 @@ class Trainer4D(Trainer3D):
     too: ``state_dict`` names every parameter as the serial twin does (expert ``e``, not this
     rank's local index), so a checkpoint loads into any layout or into ``moe_gpt``. With
     ``sequence_parallel=True`` each tensor rank routes and dispatches only its 1/tp of the
-    tokens (tensor/moe.py's SequenceParallelMoE)."""
+    tokens (tensor/moe.py's SequenceParallelMoE). With cp > 1 (``cp_comm`` as Trainer3D's)
+    each rank holds two chunks of every sequence, and the experts' capacity and balancing loss
+    are the whole sequences' (tests/test_hybrid_5d.py)."""
 
     def __init__(self, config, moe, groups, schedule="1f1b", microbatches=None, chunks=None,
                  make_optimizer=None, seed=0, dtype="float32", algorithm="auto", trace=False,
-                 sequence_parallel=False):
+                 sequence_parallel=False, cp_comm="ring"):
         # on every rank, not only within an expert group: data ranks route their own tokens
         same_everywhere(groups.world, "Trainer4D", vars(moe))
-        # Routing capacity and the load-balancing loss are per group of tokens: with cp a rank
-        # would route only its chunks of each sequence, a grouping no serial twin has
-        if groups.grid.cp > 1:
-            raise ValueError(f"Trainer4D does not take context parallelism (cp = "
-                             f"{groups.grid.cp}): the experts route each rank's tokens alone; "
-                             f"use Trainer3D for cp > 1")
         # Megatron-core refuses experts with tp > 1 without sequence parallelism: every tensor
         # rank would send the same tokens, tp times the all-to-all bytes. minipar warns and runs
         # it, so that the two can be measured side by side (tests/test_sequence_parallel.py).
@@ -81,7 +78,7 @@ class Trainer4D(Trainer3D):
                           f"sequence_parallel=True", stacklevel=2)
         self.moe = moe
         super().__init__(config, groups, schedule, microbatches, chunks, make_optimizer, seed,
-                         dtype, algorithm, trace, sequence_parallel)
+                         dtype, algorithm, trace, sequence_parallel, cp_comm=cp_comm)
         # Every micro-batch's main loss is scaled by 1/m in the pipeline; each MoE layer's
         # aux_scale is 1/m too, so its load-balancing term reaches the gradient in the same
         # proportion (right only for micro-batches of equal size: local_shard checks).
@@ -93,7 +90,8 @@ class Trainer4D(Trainer3D):
 
     def build_model(self, config, groups):
         return TensorParallelMoEGPT(config, self.moe, groups.tensor, groups.expert,
-                                    self.sequence_parallel)
+                                    self.sequence_parallel, context=self.context,
+                                    attention=self.attention)
 
     # Gradients (Megatron's finalize_model_grads). The global loss is L = (1/dp) Σ_d L_d, L_d the
     # mean loss of data rank d's shard. A dense parameter's gradient on rank d is ∂L_d/∂θ, so it
@@ -101,15 +99,19 @@ class Trainer4D(Trainer3D):
     # losses of its whole expert group (their tokens came to it), Σ_{d ∈ expert group} ∂L_d/∂θ,
     # so it is summed over the expert-data group and divided by dp: an average over the dp/ep
     # ranks of the expert-data group, times 1/ep (Megatron scales expert gradients by 1/dp).
+    # With cp, read dp·cp for dp: L is the mean of the dp·cp ranks' shares, the dense gradients
+    # average over the data-context group, and the expert grid cuts that group in ep × edp.
     def reducer(self, params, make_optimizer, algorithm):
         experts = self.model.expert_parameters()
-        return ExpertDataParallelOptimizer(params, experts, make_optimizer, self.groups.data,
+        return ExpertDataParallelOptimizer(params, experts, make_optimizer, self.gradients,
                                            self.groups.expert_data, algorithm)
 
-    # Capacity and the auxiliary loss are per group of tokens: each rank routes its micro-batch of
-    # its shard alone (GShard's groups), so the serial twin is the serial MoE GPT run once per
-    # (data rank, micro-batch) with the same parameters (tests/test_hybrid_4d.py), not on the
-    # whole batch.
+    # Capacity and the auxiliary loss are per group of tokens: each data rank routes its
+    # micro-batch of its shard alone (GShard's groups), so the serial twin is the serial MoE GPT
+    # run once per (data rank, micro-batch) with the same parameters (tests/test_hybrid_4d.py),
+    # not on the whole batch. The ranks of a cp group (and of a tensor group under sequence
+    # parallelism) hold parts of the same sequences: they route them together, as one group
+    # (tensor/moe.py), so cp changes nothing of the grouping (tests/test_hybrid_5d.py).
     def local_shard(self, array):
         shard = super().local_shard(array)
         m = self.schedule.microbatches

@@ -20,6 +20,8 @@ from ... import functional as F
 from ...nn import ModuleList, Sequential
 from ...nn.moe import MoEBlock, Routing, capacity, route
 from ...distributed.sharded import serial_names
+from ..context.layout import gather_sequence, split_sequence
+from ..context.ring import ring_attention
 from ..expert import ExpertParallelMoE, gather_rows, reduce_scatter_rows
 from .gpt import ParallelBlock, TensorParallelGPT
 from .layers import ParallelMLP, SequenceParallelDropout
@@ -54,19 +56,94 @@ class TensorExpertParallelMoE(ExpertParallelMoE):
     The tp ranks of a tensor group hold the same tokens and route them alike, so each runs the
     same all-to-all inside its own expert group (the ranks with its tensor coordinate): the rows
     that reach an expert are the same on all tp ranks, which is what ParallelMLP needs (its input
-    whole, its output summed by one all-reduce over T)."""
+    whole, its output summed by one all-reduce over T).
+
+    With ``context`` (the cp group) this rank holds only its two chunks of each sequence: the
+    routing is still the serial twin's over the whole sequences (``gate``, ``balance_loss``)."""
 
     expert_type = ParallelMLP
+    tensor_split = False  # True: each tensor rank holds its own 1/tp of the tokens
 
     def __init__(self, n_embd, n_experts, top_k=2, capacity_factor=1.25, hidden=None,
-                 aux_coeff=0.01, dropout=0.0, *, group, tensor_group):
+                 aux_coeff=0.01, dropout=0.0, *, group, tensor_group, context=None):
         super().__init__(n_embd, n_experts, top_k, capacity_factor, hidden, aux_coeff, dropout,
                          group=group)
         self.tensor_group = tensor_group
+        self.context = context if context is not None and context.size > 1 else None
+        self.whole = None  # the Routing of the whole sequences, when they are split
         # The price of whole tokens: every tensor rank sends the same rows, so the all-to-alls
         # move tp times the bytes of one copy (SequenceParallelMoE sends each token once).
         self.experts = ModuleList(*[self.expert_type(n_embd, tensor_group, dropout, hidden)
                                     for _ in self.expert_ids])
+
+    def splits(self):
+        """The groups this rank's tokens of a sequence are cut over, outermost first: the cp
+        group (two chunks of each sequence a rank), then the tensor group (sequence parallel:
+        1/tp of those a rank)."""
+        return ([self.context] if self.context is not None else []) + \
+            ([self.tensor_group] if self.tensor_split and self.tensor_group.size > 1 else [])
+
+    def forward(self, x):
+        self.sequence_shape = x.shape[:-1]  # (B, t): gate() needs the tokens' places
+        return super().forward(x)
+
+    def gate(self, x):
+        """The serial twin's routing of the whole sequences: the ranks holding other tokens of
+        them share their top-k choices (a few integers per token), so capacity counts every
+        token of the sequences, in the serial order (sequence b, then position), and drops
+        what the serial model drops."""
+        probs, gates, mine = super().gate(x)  # mine: routed alone, capacity of its tokens
+        splits = self.splits()
+        if not splits:
+            self.whole = None
+            return probs, gates, mine
+        B, t = self.sequence_shape
+        k = self.top_k
+        whole = backend.numpy.ascontiguousarray(mine.expert.reshape(B, t, k))
+        for group in splits[::-1]:  # innermost first: tp slices, then the cp chunks
+            whole = gather_tokens(whole, group, group is self.context)
+        whole = whole.reshape(-1, k)
+        self.whole = route(whole, self.n_experts, capacity(len(whole), self.n_experts, k,
+                                                          self.capacity_factor))
+        slot = self.whole.slot.reshape(B, -1, k)
+        for group in splits:  # outermost first: this rank's cp chunks, then its tp slice
+            slot = local_tokens(slot, group, group is self.context)
+        return probs, gates, routing_of(mine.expert, slot.reshape(-1, k), self.whole.capacity,
+                                        self.n_experts)
+
+    def balance_loss(self, probs, routing):
+        """This rank's share of the whole sequences' l_aux = E · Σ_e f_e · P_e: f over every
+        token of the sequences, P summed over this rank's tokens and divided by all N. The
+        shares add up to the serial l_aux (``routing.aux_loss`` is the share). The tensor
+        ranks' shares are summed with the router's gradients (sequence parallel); the cp
+        ranks' gradients are averaged (over dp × cp, as the main loss's share is weighted),
+        so the share is returned times cp."""
+        if self.whole is None:
+            return super().balance_loss(probs, routing)
+        N = len(self.whole.expert)
+        f = self.whole.tokens_per_expert / max(N * self.top_k, 1)
+        aux = self.n_experts * (probs.sum(axis=0) / N * backend.asarray(f, probs.dtype)).sum()
+        routing.aux_loss = float(aux.item())
+        return aux if self.context is None else aux * float(self.context.size)
+
+
+def gather_tokens(choices, group, context):
+    """(B, t, k) top-k choices of this rank's tokens -> (B, g·t, k) of ``group``'s tokens in
+    sequence order: the cp chunks put back in their places (``context``), or the tensor ranks'
+    consecutive slices side by side."""
+    if context:
+        return gather_sequence(choices, group, dim=1)
+    B, t, k = choices.shape
+    everyone = group.all_gather(choices)  # (g, B, t, k) -> sequence b, then position rank·t + j
+    return everyone.transpose(1, 0, 2, 3).reshape(B, group.size * t, k)
+
+
+def local_tokens(whole, group, context):
+    """The inverse of ``gather_tokens``: this rank's places of the (B, g·t, ...) ``whole``."""
+    if context:
+        return split_sequence(whole, group, dim=1)
+    t = whole.shape[1] // group.size
+    return whole[:, group.rank * t:(group.rank + 1) * t]
 
 
 class SequenceParallelExpert(ParallelMLP):
@@ -92,37 +169,14 @@ class SequenceParallelMoE(TensorExpertParallelMoE):
     """``TensorExpertParallelMoE`` on this tensor rank's (B, T/tp, C) slice of the sequence: it
     routes and dispatches only its own tokens, so the all-to-alls carry each token once.
 
-    The routing is the serial twin's, on the whole sequence: the tensor ranks share their top-k
-    choices (a few integers per token), so capacity counts every token in the serial order, and
-    the load-balancing loss's f is the whole sequence's. Each rank's l_aux is its share (its
+    The routing is the serial twin's, on the whole sequence (``gate``: the tensor ranks share
+    their top-k choices, so capacity counts every token in the serial order, and the
+    load-balancing loss's f is the whole sequence's). Each rank's l_aux is its share (its
     tokens' probabilities over all N tokens): the shares add up to the serial l_aux, the router's
     gradients to the serial ones once summed over tp (``finalize_grads``)."""
 
     expert_type = SequenceParallelExpert
-
-    def forward(self, x):
-        self.sequence_shape = x.shape[:-1]  # (B, T/tp): gate() needs the tokens' places
-        return super().forward(x)
-
-    def gate(self, x):
-        probs, gates, mine = super().gate(x)  # mine: routed alone, capacity of 1/tp; replaced
-        B, t = self.sequence_shape
-        group, k = self.tensor_group, self.top_k
-        everyone = group.all_gather(backend.numpy.ascontiguousarray(mine.expert.reshape(B, t, k)))
-        # (tp, B, t, k) -> the serial order: sequence b, then position rank·t + j
-        whole = everyone.transpose(1, 0, 2, 3).reshape(-1, k)
-        self.whole = route(whole, self.n_experts, capacity(len(whole), self.n_experts, k,
-                                                          self.capacity_factor))
-        slot = self.whole.slot.reshape(B, group.size, t, k)[:, group.rank].reshape(-1, k)
-        return probs, gates, routing_of(mine.expert, slot, self.whole.capacity, self.n_experts)
-
-    def balance_loss(self, probs, routing):
-        """This rank's share of the whole sequence's l_aux = E · Σ_e f_e · P_e."""
-        N = len(self.whole.expert)
-        f = self.whole.tokens_per_expert / max(N * self.top_k, 1)
-        aux = self.n_experts * (probs.sum(axis=0) / N * backend.asarray(f, probs.dtype)).sum()
-        routing.aux_loss = float(aux.item())
-        return aux
+    tensor_split = True
 
 
 def routing_of(expert, slot, cap, n_experts):
@@ -157,12 +211,14 @@ class TensorParallelMoEGPT(TensorParallelGPT):
     """``TensorParallelGPT`` with MoE blocks: this rank's part of ``moe_gpt(config, moe)``
     drawn from the random stream (which it leaves where the serial twin does)."""
 
-    def __init__(self, config, moe, tensor_group, expert_group, sequence_parallel=False):
+    def __init__(self, config, moe, tensor_group, expert_group, sequence_parallel=False,
+                 context=None, attention=ring_attention):
         check_moe(config, moe, tensor_group.size, expert_group.size)
         # set first: the base constructor calls serial_twin() and block(), which read them
         self.moe = moe
         self.expert_group = expert_group
-        super().__init__(config, tensor_group, sequence_parallel)
+        super().__init__(config, tensor_group, sequence_parallel, context=context,
+                         attention=attention)
 
     def serial_twin(self):
         return moe_gpt(self.config, self.moe)
@@ -175,9 +231,10 @@ class TensorParallelMoEGPT(TensorParallelGPT):
         layer = SequenceParallelMoE if self.sequence_parallel else TensorExpertParallelMoE
         mlp = layer(config.n_embd, moe.n_experts, moe.top_k, moe.capacity_factor, moe.hidden,
                     moe.aux_coeff, config.dropout, group=self.expert_group,
-                    tensor_group=self.group)
+                    tensor_group=self.group, context=self.context)
         return ParallelBlock(config.n_embd, config.n_head, self.group, config.dropout,
-                             self.sequence_parallel, mlp=mlp)
+                             self.sequence_parallel, mlp=mlp, context=self.context,
+                             attention=self.attention)
 
     def serial_twin_names(self):
         return serial_names(self)
