@@ -212,10 +212,12 @@ def gpt_segments(shape, micro_batch=1, precision="fp32", tp=1, sp=False, cp=1,
                    or not shape.experts and shape.inner != 4 * shape.hidden):
         raise ValueError(f"minipar's activation model is nn.GPT's (GPT-2 style, kv_heads = "
                          f"heads, a 4·hidden MLP or experts), not {shape}")
-    # with cp an MoE block would keep the ring's rows and the experts'; no trainer runs it
+    # with cp an MoE block keeps the ring's rows and the experts' routing of whole sequences
+    # (Trainer4D since issue 38), which this model does not count yet
     if strict and shape.experts and (dropout or cp > 1):
         raise ValueError("minipar's activation model has no mixture of experts with dropout or "
-                         "context parallelism (Trainer4D refuses cp > 1)")
+                         "context parallelism yet (Trainer4D trains cp > 1 with experts; its "
+                         "activations are not modelled)")
     experts = (shape.experts, shape.top_k, shape.inner) if shape.experts else None
     common = (shape.seq, micro_batch, shape.hidden, shape.heads, shape.vocab, precision, tp, sp,
               cp, recompute, dropout, parallel, experts)
