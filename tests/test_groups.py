@@ -469,3 +469,133 @@ def test_a_billion_rank_grid_counts_without_building_the_array():
     assert grid.stride("dp", "pp") == 8 * 2 * grid.dp
     assert tracemalloc.get_traced_memory()[1] < 2 ** 20
     tracemalloc.stop()
+
+
+# --- all five axes at once: dp × cp × tp × pp × ep (issue 38 item 3) --------------------------
+
+FIVE = ["groups", "--world", "16", "--tp", "2", "--cp", "2", "--pp", "2", "--ep", "2"]
+
+
+class RecordingWorld:
+    """A stand-in world communicator for ParallelGroups on one process: it records the color of
+    each split, so the members of a rank's communicator are the ranks that gave the same color."""
+
+    def __init__(self, rank, size):
+        self.rank, self.size, self.colors = rank, size, []
+
+    def split(self, color, key=None):
+        self.colors.append(color)
+        return None
+
+
+def parse_groups_text(text):
+    """(title, {rank: {axis: coordinate}}, {group name: [[ranks], ...]}) from the text of
+    ``minipar groups``."""
+    lines = text.splitlines()
+    header = lines.index(next(line for line in lines if line.startswith(" rank")))
+    columns = lines[header].split()[1:]
+    coords, groups = {}, {}
+    for line in lines[header + 1:]:
+        if not line.strip():
+            break
+        rank, *values = map(int, line.split())
+        coords[rank] = dict(zip(columns, values))
+    for line in lines:
+        if " groups (" in line:
+            name, rest = line.split(" groups (")
+            count, size = map(int, rest.split("):")[0].split(" of "))
+            groups[name] = json.loads("[" + rest.split("): ")[1].replace("] [", "],[") + "]")
+            assert len(groups[name]) == count and {len(g) for g in groups[name]} == {size}
+    return lines[0], coords, groups
+
+
+def test_five_axis_text_equals_the_grid_and_parallel_groups(capsys):
+    """16 ranks, tp = cp = pp = ep = 2 (dp = 2): the coordinates on all five axes and every
+    group the text prints equal what RankGrid and each rank's ParallelGroups compute."""
+    from minipar.parallel.groups import KEYS, KINDS, ParallelGroups
+
+    assert main(FIVE) == 0
+    title, coords, groups = parse_groups_text(capsys.readouterr().out)
+    grid = RankGrid(16, tp=2, cp=2, pp=2, ep=2)
+    assert title == grid.title() and grid.check()
+    assert "tp 2 × cp 2 × dp 2 × pp 2, dp·cp 4 = ep 2 × edp 2" in title
+    assert "(order tp-cp-ep-dp-pp, fastest first)" in title  # Megatron-core's order
+    assert sorted(coords) == list(range(16))
+    assert set(groups) == set(KINDS.values())  # tp, cp, dp, pp, ep, edp, tp×cp and dp×cp
+    for kind, name in KINDS.items():
+        assert groups[name] == grid.groups(kind), kind
+    members = {}  # rank -> the color of each of its ParallelGroups splits, in KINDS order
+    for r in range(16):
+        ranks = ParallelGroups(RecordingWorld(r, 16), tp=2, cp=2, pp=2, ep=2)
+        assert coords[r] == ranks.coords == {**grid.coords(r), **grid.expert_coords(r)}
+        assert set(ranks.coords) == {"tp", "cp", "dp", "pp", "ep", "edp"}
+        members[r] = ranks.world.colors
+    for i, (kind, key) in enumerate(KEYS.items()):  # the communicators hold the printed groups
+        for r in range(16):
+            printed = next(g for g in groups[KINDS[kind]] if r in g)
+            assert printed == [x for x in range(16) if members[x][i] == members[r][i]], (kind, r)
+
+
+def test_five_axis_grid_is_megatrons_order():
+    """Spot checks derived from Megatron-core's tp-cp-ep-dp-pp: the dense grid numbers rank
+    = t + tp·(c + cp·(d + dp·p)); the expert grid (cp folded into dp, dp·cp = ep × edp) numbers
+    it t + tp·(e + ep·(j + edp·p)), the data-context group the one place both grids differ."""
+    grid = RankGrid(16, tp=2, cp=2, pp=2, ep=2)
+    for r in range(16):
+        t, c, d, p = r % 2, r // 2 % 2, r // 4 % 2, r // 8
+        e, j = (c + 2 * d) % 2, (c + 2 * d) // 2
+        assert grid.all_coords(r) == {"tp": t, "cp": c, "dp": d, "pp": p, "ep": e, "edp": j}
+    assert grid.all_coords(13) == {"tp": 1, "cp": 0, "dp": 1, "pp": 1, "ep": 0, "edp": 1}
+    assert grid.group_of(0, "dp-cp") == [0, 2, 4, 6]  # where the trainer averages gradients
+    assert grid.group_of(0, "ep") == [0, 2] and grid.group_of(0, "edp") == [0, 4]
+
+
+def test_five_axis_json_and_every_rank_alone(capsys):
+    """--json gives the same groups and coordinates; --rank r (text and JSON) gives r's row and
+    its group of each kind."""
+    from minipar.parallel.groups import KEYS, KINDS
+
+    grid = RankGrid(16, tp=2, cp=2, pp=2, ep=2)
+    assert main([*FIVE, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {k: out[k] for k in ("tp", "cp", "dp", "pp", "ep", "edp", "order")} == \
+        {"tp": 2, "cp": 2, "dp": 2, "pp": 2, "ep": 2, "edp": 2, "order": "tp-cp-ep-dp-pp"}
+    assert out["coords"] == [grid.all_coords(r) for r in range(16)]
+    assert all(out[KEYS[kind]] == grid.groups(kind) for kind in KINDS)
+    for r in range(16):
+        assert main([*FIVE, "--rank", str(r), "--json"]) == 0
+        one = json.loads(capsys.readouterr().out)
+        assert one["coords"] == grid.all_coords(r)
+        assert all(one[KEYS[kind]] == grid.group_of(r, kind) for kind in KINDS)
+        assert main([*FIVE, "--rank", str(r)]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[1] == f"rank {r}: " + " ".join(f"{k} {v}" for k, v in one["coords"].items())
+        assert lines[2:] == [f"{KINDS[kind]} group ({len(g)} ranks): " + str(g).replace(" ", "")
+                             for kind in KINDS for g in [grid.group_of(r, kind)]]
+
+
+def test_five_axis_ep_is_cut_from_dp_times_cp(capsys):
+    """As in Megatron-core, ep need divide only dp·cp: ep = 4 over dp = cp = 2 makes each expert
+    group a whole data-context group, one expert-data rank each."""
+    assert main(["groups", "--world", "16", "--tp", "2", "--cp", "2", "--pp", "2", "--ep", "4",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["dp"], out["ep"], out["edp"]) == (2, 4, 1)
+    assert out["expert"] == out["data_context"] == RankGrid(16, tp=2, cp=2, pp=2, ep=4).groups("ep")
+
+
+@pytest.mark.parametrize("argv,flag,message", [
+    (["--world", "12", "--tp", "2", "--cp", "2", "--pp", "2", "--ep", "2"], "--world",
+     "world size 12 is not divisible by tp·cp·pp = 2·2·2 = 8"),
+    (["--world", "16", "--tp", "2", "--cp", "2", "--pp", "3", "--ep", "2"], "--world",
+     "world size 16 is not divisible by tp·cp·pp = 2·2·3 = 12"),
+    (["--world", "16", "--tp", "2", "--cp", "2", "--pp", "2", "--ep", "3"], "--ep",
+     "the data-parallel size dp·cp = 16/(tp·pp) = 4 is not divisible by ep = 3"),
+    (["--world", "16", "--tp", "2", "--cp", "2", "--pp", "2", "--ep", "8"], "--ep",
+     "the data-parallel size dp·cp = 16/(tp·pp) = 4 is not divisible by ep = 8"),
+])
+def test_five_axis_refusals_name_the_flag(capsys, argv, flag, message):
+    """Sizes that do not tile the world name --world; an ep that does not divide dp·cp, --ep."""
+    with pytest.raises(SystemExit):
+        main(["groups", *argv])
+    assert f"minipar groups: error: argument {flag}: {message}" in capsys.readouterr().err

@@ -1,9 +1,10 @@
-"""``minipar groups``: print the rank grid of data × tensor × pipeline (× context × expert).
+"""``minipar groups``: print the rank grid of up to five axes, tp × cp × ep × dp × pp.
 
     minipar groups --world 16 --tp 2 --pp 4            each rank's coordinates and every group
     minipar groups --world 16 --tp 2 --pp 4 --json     {"tensor": [[...]], "pipeline": ..., "data": ...}
     minipar groups --world 16 --tp 2 --pp 2 --ep 2     + expert and expert-data groups (ep | dp)
     minipar groups --world 16 --tp 2 --cp 2 --pp 2     + context groups (Megatron's tp-cp-ep-dp-pp)
+    minipar groups --world 16 --tp 2 --cp 2 --pp 2 --ep 2     all five axes (ep splits dp·cp)
     minipar groups --world 16384 --tp 8 --pp 16 --rank 5000     one rank's coordinates and groups
 
 Above 64 ranks the text shows the first and last ranks and groups (``--full`` prints them all);
@@ -27,7 +28,8 @@ def add_arguments(parser):
     parser.add_argument("--cp", type=positive_int, default=1,
                         help="context-parallel size: each sequence cut over cp ranks")
     parser.add_argument("--ep", type=positive_int, default=1,
-                        help="expert-parallel size: splits each data group (must divide dp·cp)")
+                        help="expert-parallel size: splits each data-context (dp·cp) group, "
+                             "as Megatron's expert grid (must divide dp·cp)")
     parser.add_argument("--order", default="tp-dp-pp", choices=ORDERS, metavar="ORDER",
                         help="fastest-varying coordinate first: tp, dp and pp in any order, "
                              "ep and cp (if named) beside dp (default Megatron's tp-dp-pp, which "
