@@ -22,7 +22,7 @@ SUBCOMMANDS = {
     "lesson": ("minipar.cli.lesson", "run one lesson by number or name: lesson 04 -n 4"),
     "doctor": ("minipar.cli.doctor", "check MPI, the launcher, BLAS threads and GPUs; print fixes"),
     "bench": ("minipar.cli.bench", "benchmark collectives against MPI's own: bench allreduce"),
-    "groups": ("minipar.cli.groups", "print the data x tensor x pipeline rank grid and its groups"),
+    "groups": ("minipar.cli.groups", "print the rank grid (dp x cp x tp x pp, ep within dp x cp) and its groups"),
     "schedule": ("minipar.cli.schedule", "draw a pipeline schedule, its bubble and in-flight micro-batches"),
     "plan": ("minipar.cli.plan", "predict memory and step time of a layout, or rank them all"),
     "assignment": ("minipar.cli.assignment", "assignments: list the tasks, make a student tree, pack it, grade it"),
