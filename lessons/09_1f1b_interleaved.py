@@ -12,15 +12,21 @@ Part 2 measures bubbles from real traces (the waiting kernel of measure.py): int
 model chunks per rank (stages r, r + p, ...) shrinks the fill and drain v times,
 (p - 1)/(v m + p - 1); ZB-H1 (Qi et al. 2023) splits the backward into B (input gradient, on
 the critical path) and W (weight gradient, which nothing waits for) and fills the drain with
-W's: (p - 1)/(3 m + p - 1) when F = B = W.
+W's: (p - 1)/(3 m + p - 1) when F = B = W. DualPipeV (DeepSeek-V3's DualPipe folded onto p
+ranks in ZB-V's V; torch's ScheduleDualPipeV) pairs the forward of one micro-batch with the
+backward of another (an F&B) and defers W's as zero bubble does; it needs m >= 2p, so it is
+measured at m = 2p where the lesson's m is fewer (up to p = 4; p = 8 would need m = 16 and
+skips it), beside ZB-H1's equal bubble.
 
 Part 3: PipeDream (Narayanan et al. 2019) drops the flush: every stage updates its weights after
 each backward. Weight stashing makes a micro-batch's backward use the weights its forward used,
 but stage r runs p - 1 - r versions behind the last stage: the staleness printed per micro-batch.
 
-Read next: minipar/parallel/pipeline/schedules.py, zero_bubble.py, runtime.py, then
-pipedream.py; proved by tests/test_pipeline_schedules.py and tests/test_pipeline_zb.py.
+Read next: minipar/parallel/pipeline/schedules.py, zero_bubble.py, dualpipe.py, runtime.py, then
+pipedream.py; proved by tests/test_pipeline_schedules.py, tests/test_pipeline_zb.py and
+tests/test_pipeline_dualpipev.py.
 """
+import dataclasses
 import os
 
 os.environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")  # a waiting rank sleeps, not spins
@@ -44,6 +50,7 @@ rank, p = world.rank, world.size
 # each measured bubble is checked against theory plus what this run's messages cost, within
 # _kit.BUBBLE_BAND of it (the band's measurements and reason are there)
 GAP = 0.1  # interleaved below 1F1B is asserted where theory separates them by this much (p >= 4)
+DUAL_M = 8  # dualpipev runs at m = max(m, 2p) up to this many micro-batches: p <= 4, short runs
 
 
 def mse(out, target):
@@ -88,6 +95,13 @@ def part1_memory(m, shape):
 SCHEDULES = (("gpipe", None), ("1f1b", None), ("interleaved", 2), ("zb-h1", None))
 
 
+def as_run(schedule):
+    """The schedule with each DualPipeV F&B pair written as its two parts, F then B: the
+    actions one per trace event, as the runtime runs and traces them (the replay is the same)."""
+    return dataclasses.replace(schedule, actions=[[q for a in actions for q in a.parts]
+                                                  for actions in schedule.actions])
+
+
 def part2_bubbles(unit, m, repeats):
     """Measure each schedule's bubble at m; on rank 0 returns the figures' data: the points
     (label, m, measured, theory) and each schedule's measured events with its theory."""
@@ -104,30 +118,75 @@ def part2_bubbles(unit, m, repeats):
             expected, costs[label] = bubble_with_messages(schedule, measured[1], unit)
             say(f"{label:<18}{formula.split(' if')[0]:<22}{f'{num}/{den} = {num / den:.3f}':>12}"
                 f"{expected:>12.3f}{measured[0]:>10.3f}")
-            runs[label] = (measured[1], f"{formula.split(' if')[0]} = {num}/{den}", num / den, v)
+            runs[label] = (measured[1], f"{formula.split(' if')[0]} = {num}/{den}", num / den,
+                           v, m)
             points.append((label, m, measured[0], num / den))
             bubbles[name], theory[name] = measured[0], num / den
             check_bubble(label, measured[0], num / den, expected)
+    points += part2_dualpipev(unit, m, repeats, runs, costs)
     if rank == 0:
         send, ready, wake = (max(c[i] for c in costs.values()) for i in range(3))
         say(f"+ messages: the schedule replayed (simulate.py) with the textbook's F, B, W and "
             f"each message at this run's mean\ncosts: a send up to {send * 1e3:.2f} ms, a "
             f"receive whose data had come {ready * 1e3:.2f} ms, a sleeping receiver's wake-up "
             f"{wake * 1e3:.2f} ms.\nEach extra half-stage chunk adds messages: interleaving "
-            f"pays the most of them.")
+            f"and DualPipeV's V pay the most of them.")
     if rank == 0 and theory["1f1b"] - theory["interleaved"] >= GAP:
         check("the interleaved bubble (v = 2) is below 1F1B's, measured",
               bubbles["interleaved"] < bubbles["1f1b"], f"< {bubbles['1f1b']:.3f}",
               f"{bubbles['interleaved']:.3f}")
 
     def gantt(label):
-        events, _, _, v = runs[label]
+        events, _, _, v, _ = runs[label]
         return text_gantt(events, p, unit=unit / (v or 1), width=terminal_width(), legend=True)
     say("\nmeasured interleaved v=2 (each chunk half a stage's cost):",
         gantt("interleaved v=2") if rank == 0 else "",
         "\nmeasured zb-h1 (W: weight gradients, run late on later ranks to fill the drain):",
         gantt("zb-h1") if rank == 0 else "")
+    dualpipev_gantt(gantt, m)
     return points, runs
+
+
+def dualpipev_gantt(gantt, m):
+    """The measured DualPipeV timeline and what its pairs are, where it ran (p <= DUAL_M / 2)."""
+    if 2 * p > DUAL_M:
+        return
+    say(f"\nmeasured dualpipev, m = {max(m, 2 * p)} (an F&B pair: a forward, then at once "
+        f"another micro-batch's BW, whole backward):", gantt("dualpipev") if rank == 0 else "",
+        "DualPipeV pairs the forward of one micro-batch with the backward of another (F&B, run "
+        "here as its F then its B) and\ndefers W's as zero bubble does. A pair costing its two "
+        "halves, every rank idles p - 1 stage passes, ZB-H1's\n(p-1)/(3m+p-1): what a pair buys "
+        "is one half's messages hidden under the other's compute, which these\nunit costs do "
+        "not model.")
+
+
+def part2_dualpipev(unit, m, repeats, runs, costs):
+    """DualPipeV's row of the table, at m or, below its m >= 2p, at m = 2p (skipped where that
+    is above DUAL_M); on rank 0 returns its point and adds its measured run to ``runs`` and its
+    message costs to ``costs``."""
+    k = max(m, 2 * p)
+    if k > DUAL_M:
+        say(f"{'dualpipev':<18}skipped: it needs m >= 2p = {k} micro-batches (torch's rule), "
+            f"this lesson runs m <= {DUAL_M}")
+        return []
+    schedule = build("dualpipev", p, k)
+    measured = measure_bubble(world, schedule, unit, repeats)
+    if rank != 0:
+        return []
+    formula, num, den = bubble_theory(schedule)
+    expected, costs["dualpipev"] = bubble_with_messages(as_run(schedule), measured[1], unit)
+    label = "dualpipev" + (f" m={k}" if k != m else "")
+    say(f"{label:<18}{formula:<22}{f'{num}/{den} = {num / den:.3f}':>12}{expected:>12.3f}"
+        f"{measured[0]:>10.3f}")
+    if k != m:
+        say(f"  (dualpipev needs m >= 2p = {k} micro-batches, torch's rule: measured at m = {k}, "
+            f"not this run's m = {m})")
+    runs["dualpipev"] = (measured[1], f"{formula} = {num}/{den}", num / den, 2, k)
+    check_bubble("dualpipev", measured[0], num / den, expected)
+    _, zb_num, zb_den = bubble_theory(build("zb-h1", p, k))
+    check(f"dualpipev's bubble on these unit costs is ZB-H1's at m = {k}",
+          num * zb_den == zb_num * den, f"{zb_num}/{zb_den}", f"{num}/{den}")
+    return [("dualpipev", k, measured[0], num / den)]
 
 
 def bubbles_against_m(unit, m, repeats):
@@ -181,14 +240,14 @@ def main():
     if args.plot:
         points += bubbles_against_m(unit, m, repeats)
     if rank == 0:
-        draw_figures(args.plot, points, runs, m)
+        draw_figures(args.plot, points, runs)
     return finish(f"1F1B holds p - r micro-batches; the bubbles are theory plus their messages "
                   f"within {BUBBLE_BAND:.0%}, interleaving's below 1F1B's (p >= 4); PipeDream's "
                   f"versions")
 
 
-def draw_figures(directory, points, runs, m):
-    for label, (events, formula, theory, _) in runs.items():
+def draw_figures(directory, points, runs):
+    for label, (events, formula, theory, _, m) in runs.items():
         figure(directory, f"09_schedule_{label.split()[0]}", lambda figures: figures.schedule_chart(
             events, p, title=f"{label} on {p} ranks, m = {m}, measured",
             theory=(formula, theory), time_unit="ms"))
