@@ -1,6 +1,6 @@
 """Lesson 12: expert parallelism: a mixture of experts whose experts live on different ranks.
 
-    mpiexec -n 2 python lessons/12_expert_parallel.py        (works with -n 4; add --quick)
+    mpiexec -n 2 python lessons/12_expert_parallel.py        (works with -n 4 and 8; add --quick)
 
 A mixture-of-experts layer (Shazeer et al. 2017; GShard, Lepikhin et al. 2020; Switch, Fedus et
 al. 2021) replaces a block's MLP by E expert MLPs and a router that sends each token to k of
@@ -15,10 +15,15 @@ measures, in float64 against the serial twin (the serial MoE on each rank's toke
      against the count the matrix predicts and against GShard's all-to-all padded to capacity;
   3. outputs and every gradient equal to the serial twin;
   4. an MoE GPT block trained with and without the load-balancing loss, equal to serial at
-     every step: the load balance (l_aux, max/mean tokens per expert) and the drops.
+     every step: the load balance (l_aux, max/mean tokens per expert) and the drops;
+  5. on 8 ranks, all five axes at once: Trainer4D with (dp, cp, tp, pp, ep) = (1, 2, 2, 2, 2)
+     and sequence parallelism trains the tiny MoE GPT equal to the serial one, each rank's
+     coordinates printed, and the experts drop at capacity the very tokens serial drops.
+     With fewer ranks this part says it needs 8 and is skipped.
 
 Read next: minipar/nn/moe.py, minipar/parallel/expert/dispatch.py, layer.py, then
-minipar/parallel/hybrid4d.py; proved by tests/test_expert_parallel.py and tests/test_hybrid_4d.py.
+minipar/parallel/hybrid4d.py; proved by tests/test_expert_parallel.py, tests/test_hybrid_4d.py and
+tests/test_hybrid_5d.py.
 """
 import numpy as np
 
@@ -30,9 +35,10 @@ from minipar.parallel.expert import ExpertParallelMoE, counts_matrix, table
 from _kit import arguments, check, figure, finish, mpi_world, say
 
 args = arguments(__doc__, quick="a smaller layer, fewer steps", plot=True)
-world = mpi_world(__doc__, ranks=(2, 4))
+world = mpi_world(__doc__, ranks=(2, 4, 8))
 rank, p = world.rank, world.size
 B, T, C, H, E, STEPS = (2, 8, 16, 2, 4, 10) if args.quick else (4, 16, 32, 4, 8, 40)
+E = max(E, p)  # every rank of the expert group holds at least one expert
 K, CF, TOL, TILT, BLOCK_TILT, AUX = 2, 1.25, 1e-10, 0.5, 1.5, 1.0
 
 
@@ -199,6 +205,146 @@ def part4_training(xs):
         f"  aux_coeff={AUX} is 100× the usual 0.01, so that it shows within {STEPS} steps.", "")
     return runs
 
+FIVE = {"dp": 1, "cp": 2, "tp": 2, "pp": 2, "ep": 2}  # tests/test_hybrid_5d.py's first 8-rank grid
+FIVE_STEPS, FIVE_MB, FIVE_CF = 3, 2, 1.0  # capacity factor 1.0: the serial model drops tokens
+
+
+def serial_five(serial, optimizer, ids, targets):
+    """One step of the serial twin of a Trainer4D step: the batch cut into dp shards of FIVE_MB
+    micro-batches, one forward each (its own group of tokens for capacity), the loss scaled by
+    1/m, the gradients averaged over dp. Returns (the mean loss, {(shard, micro-batch, block):
+    the kept mask (tokens, k)}, {the same: the top-k experts}, {name: gradient})."""
+    dp, m = FIVE["dp"], FIVE_MB
+    for block in serial.blocks:
+        block.mlp.aux_scale = 1.0 / m
+    serial.zero_grad()
+    total, kept, choices = 0.0, {}, {}
+    n = len(ids) // (dp * m)
+    for d in range(dp):
+        for j in range(m):
+            rows = slice((d * m + j) * n, (d * m + j + 1) * n)
+            _, loss = serial(ids[rows], targets[rows])
+            (loss * (1.0 / m)).backward()
+            total += loss.item() / m / dp
+            for b, block in enumerate(serial.blocks):
+                kept[d, j, b] = block.mlp.last_routing.kept.copy()
+                choices[d, j, b] = block.mlp.last_routing.expert.copy()
+    grads = {name: minipar.to_numpy(q.grad) / dp for name, q in serial.named_parameters()}
+    for q in serial.parameters():
+        if q.grad is not None:
+            q.grad = q.grad / dp
+    optimizer.step()
+    return total, kept, choices, grads
+
+
+def part5_five_axes():
+    layout = " × ".join(f"{k} {v}" for k, v in FIVE.items())
+    if p != 8:
+        say(f"Part 5. Five axes ({layout}) needs 8 ranks: skipped here "
+            f"(minipar lesson 12 -n 8)", "")
+        return
+    from minipar import nn
+    from minipar.distributed.sharded import serial_names
+    from minipar.parallel.context.layout import rank_chunks
+    from minipar.parallel.groups import ParallelGroups
+    from minipar.parallel.hybrid import default_optimizer
+    from minipar.parallel.hybrid4d import Trainer4D
+    from minipar.parallel.tensor import local_slices
+    from minipar.parallel.tensor.moe import MoEConfig, moe_gpt
+    from minipar.nn.moe import route
+
+    say(f"Part 5. Five axes on {p} ranks: {layout} (sequence parallel), a tiny MoE GPT")
+    groups = ParallelGroups(world, tp=FIVE["tp"], pp=FIVE["pp"], ep=FIVE["ep"], cp=FIVE["cp"])
+    for s, c in enumerate(world.all_gather_object(groups.coords)):
+        say(f"  rank {s}: " + "  ".join(f"{k} {c[k]}" for k in ("dp", "cp", "tp", "pp", "ep")))
+    grid = groups.grid
+    same_ranks = "=" if grid.groups("ep") == grid.groups("cp") else "beside"
+    say(f"  (rank = tp + 2·(cp + 2·pp)); expert groups {grid.groups('ep')} {same_ranks} the "
+        f"context groups {grid.groups('cp')}: the tokens of one sequence go to each other's "
+        f"experts")
+    config = nn.GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=16,
+                          dropout=0.0)
+    moe = MoEConfig(n_experts=4, top_k=2, capacity_factor=FIVE_CF, hidden=32)
+    minipar.manual_seed(0)  # Trainer4D's seed: both start from the same weights
+    serial = moe_gpt(config, moe).astype("float64")
+    optimizer = default_optimizer(serial.parameters())
+    trainer = Trainer4D(config, moe, groups, microbatches=FIVE_MB, dtype="float64",
+                        sequence_parallel=True)
+    seen = {b: [] for b in range(config.n_layer)}  # block -> the whole-sequence kept masks
+    for b, layer in enumerate(trainer.model.moe_layers()):
+        def gate(x, layer=layer, b=b, inner=layer.gate):
+            out = inner(x)
+            seen[b].append(layer.whole.kept.copy())  # the cp group's routing, serial order
+            return out
+        layer.gate = gate
+    names = serial_names(trainer.model)
+    mine = {id(q) for q in trainer.pipe.params}
+    ids = np.random.default_rng(1).integers(0, config.vocab_size, size=(8, config.block_size))
+    targets = np.roll(ids, -1, axis=1)
+    losses, reference, grad_diff, same, drops, kept_by, choices = [], [], 0.0, True, [], [], []
+    d, T = groups.coords["dp"], config.block_size
+    for step in range(FIVE_STEPS):
+        for b in seen:
+            seen[b].clear()
+        losses.append(float(trainer.step(ids, targets)))
+        loss, kept, chosen, grads = serial_five(serial, optimizer, ids, targets)
+        reference.append(loss)
+        expected = local_slices(trainer.model, grads, groups.tensor, names)
+        grad_diff = max(grad_diff, *(float(np.abs(minipar.to_numpy(q.grad) - expected[n]).max())
+                                     for n, q in trainer.model.named_parameters()
+                                     if id(q) in mine))
+        for b, masks in seen.items():  # this stage's blocks ran, micro-batch by micro-batch
+            same = same and len(masks) in (0, FIVE_MB) and all(
+                np.array_equal(mask, kept[d, j, b]) for j, mask in enumerate(masks))
+        drops.append({key: [(i // T, i % T, int(chosen[key][i, c]))
+                            for i, c in zip(*np.nonzero(~k))] for key, k in kept.items()})
+        kept_by.append(kept)
+        choices.append(chosen)
+    loss_diff = max(world.all_gather_object(max(abs(a - b) for a, b in zip(losses, reference))))
+    grad_diff = max(world.all_gather_object(grad_diff))
+    same = all(world.all_gather_object(same))
+    ran = sum(world.all_gather_object(sum(len(m) for m in seen.values())))
+    say("  serial:   " + " ".join(f"{x:.10f}" for x in reference),
+        "  5D:       " + " ".join(f"{x:.10f}" for x in losses),
+        f"  largest |loss diff| {loss_diff:.1e}, largest |gradient diff| {grad_diff:.1e} "
+        f"(every rank, every step); tolerance {TOL:g}, far below the losses' ~2.7:",
+        "  float64, and the layout only reorders sums (Trainer4D's seed 0 = the serial draw)")
+    equal(f"5D ({layout}): the losses at all {FIVE_STEPS} steps", loss_diff)
+    equal(f"5D ({layout}): every gradient of every rank", grad_diff)
+    n = len(ids) // (FIVE["dp"] * FIVE_MB) * T  # the tokens of one micro-batch's sequences
+    cap = capacity(n, moe.n_experts, moe.top_k, FIVE_CF)
+    say(f"  capacity per expert: ceil({FIVE_CF}·{n}·{moe.top_k}/{moe.n_experts}) = {cap} over a "
+        f"micro-batch of whole sequences; dropped at step 0, (sequence, position) -> expert:")
+    for (_, j, b), where in drops[0].items():
+        say(f"    micro-batch {j}, block {b}: {len(where)} -- " +
+            ", ".join(f"({s},{t})->e{e}" for s, t, e in where))
+    total = sum(len(w) for step in drops for w in step.values())
+    check("the experts drop at capacity exactly the serial model's tokens (every step, "
+          "micro-batch, block, rank)", same and ran > 0 and total > 0,
+          "the same masks, some drops", f"same={same}, {ran} routings, {total} drops")
+    # the counterfactual: each cp rank routing only its own two chunks, with its own capacity
+    cp, k, n_e = FIVE["cp"], moe.top_k, moe.n_experts
+    chunk, apart = T // (2 * cp), 0
+    for (_, kept), expert in zip(kept_by[0].items(), choices[0].values()):
+        choice = expert.reshape(-1, T, k)
+        whole = kept.reshape(-1, T, k)
+        for c in range(cp):
+            pos = np.concatenate([np.arange(q * chunk, (q + 1) * chunk)
+                                  for q in rank_chunks(c, cp)])
+            alone = route(np.ascontiguousarray(choice[:, pos]).reshape(-1, k), n_e,
+                          capacity(choice.shape[0] * len(pos), n_e, k, FIVE_CF))
+            apart += int((alone.kept != whole[:, pos].reshape(-1, k)).sum())
+    check("routed per cp rank alone (its chunks, its capacity), other assignments would drop",
+          apart > 0, "> 0 differences from serial", apart)
+    say(f"  Routed per cp rank instead (its {2 * chunk} of each sequence's {T} tokens, its own "
+        f"capacity), step 0 would keep or drop {apart} assignment(s) otherwise than serial.",
+        "  Routing must see the whole cp group's sequence: capacity counts every token of the "
+        "sequences and fills",
+        "  each expert in the serial token order, and the balancing loss's f_e is the whole "
+        "sequences' share; so the",
+        "  cp ranks share their top-k choices (a few integers a token) and route as one group "
+        "(tensor/moe.py).", "")
+
 
 def main():
     say(f"Expert parallel over {p} ranks (one expert group), float64\n")
@@ -212,6 +358,7 @@ def main():
     counts = part2_dispatch(layer, xs)
     part3_equal(serial, layer, xs)
     runs = part4_training(xs)
+    part5_five_axes()
     figure(args.plot, "12_tokens_per_expert", lambda figures: figures.bar_chart(
         [f"e{e}" for e in range(E)],
         {**{f"from rank {s}": counts[s].tolist() for s in range(p)},
