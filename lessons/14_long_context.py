@@ -278,7 +278,8 @@ def both(group, q, k, v, w, layout, gather=True):
         forward = group.counters.snapshot()
         (out * split_sequence(w, group, dim=2, layout=layout)).sum().backward()
         backward = group.counters.bytes_sent - forward["bytes_sent"]
-        gathered = [gather_sequence(a, group, dim=2, layout=layout)
+        # to the host: the serial answer it is compared with is NumPy's (as part 5's)
+        gathered = [to_numpy(gather_sequence(a, group, dim=2, layout=layout))
                     for a in [out.data] + [t.grad for t in mine]] if gather else None
         found[name] = (gathered, (forward["messages_sent"], forward["bytes_sent"]), backward)
     return found
