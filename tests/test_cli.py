@@ -75,7 +75,7 @@ def test_python_dash_m_minipar_is_the_command():
     ("04", 1, "lesson 04 runs on 2 or more ranks, not 1: minipar lesson 04 -n 4"),
     ("10", 3, "lesson 10 runs on 2, 4 or 8 ranks, not 3: minipar lesson 10 -n 2"),
     ("01", 4, "lesson 01 runs on 1 rank, not 4: minipar lesson 01"),  # it uses no MPI
-    ("12", 3, "lesson 12 runs on 2 or 4 ranks, not 3: minipar lesson 12 -n 2"),
+    ("12", 3, "lesson 12 runs on 2, 4 or 8 ranks, not 3: minipar lesson 12 -n 2"),
 ])
 def test_lesson_refuses_a_rank_count_before_launching(name, nprocs, said, capsys, no_mpiexec):
     """The counts a lesson's ``mpi_world`` accepts are read from its source (or asked of the
