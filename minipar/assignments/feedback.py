@@ -145,6 +145,13 @@ def _gradcheck(task, what, fn, *arrays):
                              f"differences\n  {error}") from None
 
 
+def _fold_plan(p):
+    """(pof2, rem, steps) of MPICH's fold for p ranks, worked out here rather than read from
+    the tree's code under test: the largest power of two <= p, the ranks beyond it, log2 pof2."""
+    pof2 = 1 << (p.bit_length() - 1)
+    return pof2, p - pof2, pof2.bit_length() - 1
+
+
 def _traffic(algorithm, p, n):
     """(messages each rank sends, elements all ranks send together) in one all-reduce of n
     elements: the idea's own count, which a call to MPI's own all-reduce does not make."""
@@ -152,8 +159,7 @@ def _traffic(algorithm, p, n):
         return [2 * (p - 1)] * p, 2 * (p - 1) * n
     # recursive halving: log2 pof2 steps of halving and as many of doubling among the ranks left
     # after the fold; a folded pair (2i, 2i+1 below 2 rem) passes one whole vector each way
-    pof2 = 1 << (p.bit_length() - 1)
-    rem, steps = p - pof2, pof2.bit_length() - 1
+    pof2, rem, steps = _fold_plan(p)
     sends = [1 if r < 2 * rem and r % 2 == 0 else (r < 2 * rem) + 2 * steps for r in range(p)]
     return sends, 2 * (pof2 - 1) * n + 2 * rem * n
 
@@ -278,8 +284,7 @@ def _partial_sums(algorithm, p, r):
     if algorithm == "ring":
         return [sum(2 ** ((r - t) % p) for t in range(k + 1)) for k in range(p - 1)] \
             + [full] * (p - 1)
-    pof2 = 1 << (p.bit_length() - 1)
-    rem, steps = p - pof2, pof2.bit_length() - 1
+    pof2, rem, steps = _fold_plan(p)
     if r < 2 * rem and r % 2 == 0:
         return [2 ** r]
     me = r // 2 if r < 2 * rem else r - rem
@@ -299,7 +304,7 @@ def _expect_partial_sums(task, check, world, algorithm, sent):
     def ranks(value):
         value = int(value)
         return "ranks " + "+".join(str(q) for q in range(world.size) if value >> q & 1) \
-            if value == value and 0 < value < 2 ** world.size else f"{value!r}"
+            if 0 < value < 2 ** world.size else f"{value!r}"
     for k, (values, value) in enumerate(zip(got, want)):
         if values and values != [value]:
             shown = ", ".join(ranks(v) if float(v).is_integer() else repr(v) for v in values[:3])
