@@ -6,9 +6,9 @@ runs pytest there (as a user of its own when the grader is root), and scores the
 JUnit report pytest writes: every one of its checks passed and the run exited 0, else 0 points.
 ``refusal`` turns away, before anything runs, a folder that is not a tree (no minipar/ package
 of files); ``set_aside`` names what a tree carries at its top that could fool pytest, which the
-copy leaves behind. A failed
-task's output opens with its first failing check in words and its message, then the traceback
-with library frames cut, the sandbox's paths named as the student's files.
+copy leaves behind. A failed task's output opens with its first failing check's message (its
+first line names the step), the check in words, then the traceback with library frames cut,
+the sandbox's paths named as the student's files.
 
     results = grade_tasks("student/", [BY_ID["ring-all-reduce"]])
     write_reports(results, "results.json", "report.md")

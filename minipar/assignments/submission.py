@@ -150,7 +150,8 @@ def _within_limits(name, sizes):
         return
     folders = {}
     for member, size in sizes.items():
-        key = "/".join(_parts(member)[:2]) + ("/" if len(_parts(member)) > 2 else "")
+        parts = _parts(member)
+        key = "/".join(parts[:2]) + ("/" if len(parts) > 2 else "")
         count, held = folders.get(key, (0, 0))
         folders[key] = (count + 1, held + size)
     most = sorted(folders.items(), key=lambda item: -item[1][1])[:3]
