@@ -18,7 +18,7 @@ from ..distributed.hybrid_state import Trainer3DState
 from ..optim import AdamW
 from .context.layout import split_sequence
 from .context.ring import ring_attention
-from .context.ulysses import ulysses_attention
+from .context.ulysses import head_splits, ulysses_attention
 from .data.allreduce_optimizer import AllReduceOptimizer
 from .pipeline.runtime import Pipeline
 from .pipeline.schedules import build
@@ -61,11 +61,10 @@ def cp_attention(cp_comm, n_head, tp, cp):
                          f"(ring attention) or \"a2a\" (Ulysses all-to-alls)")
     heads = n_head // tp  # this tensor rank's heads (check_config: tp divides n_head)
     if cp_comm == "a2a" and cp > 1 and heads % cp:
-        sizes = [p for p in range(1, heads + 1) if heads % p == 0]
         raise ValueError(f"cp_comm=\"a2a\": the n_head / tp = {n_head} / {tp} = {heads} heads of "
                          f"a tensor rank do not split over cp = {cp} ranks (Ulysses gives each "
-                         f"cp rank whole heads): use cp in {sizes}, or n_head a multiple of "
-                         f"tp·cp = {tp * cp}, or cp_comm=\"ring\"")
+                         f"cp rank whole heads): use cp in {head_splits(heads)}, or n_head a "
+                         f"multiple of tp·cp = {tp * cp}, or cp_comm=\"ring\"")
     return CP_ATTENTION[cp_comm]
 
 

@@ -74,7 +74,7 @@ def _full_attention(q, k, v):
     return softmax((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))) @ v
 
 
-def _divisors(n):
+def head_splits(n):
     """The group sizes that split ``n`` heads into whole heads per rank."""
     return [p for p in range(1, n + 1) if n % p == 0]
 
@@ -98,7 +98,7 @@ def _check(q, k, v, group, causal, layout):
                          f"holds two equal chunks of the 2·P = {2 * P} (split_sequence)")
     if H % P:
         # every rank holds the same H (agreed above), so every rank raises this
-        usable = _divisors(H)
+        usable = head_splits(H)
         below = max(p for p in usable if p < P)
         above = [p for p in usable if p > P][:1]
         nearest = " or ".join(str(p) for p in [below] + above)
