@@ -175,6 +175,44 @@ p = xp.exp(s - m_new[..., None])
 """ + MERGE_UPDATE
 
 HANG = ["the ranks hung", "minipar watchdog: no progress", "waits in"]
+ULYSSES_BACK = """
+chunks = y.reshape(B, h, 2 * P, n // 2, d)[:, :, _placement(P, layout)]
+rows = xp.ascontiguousarray(chunks.reshape(B, h, P, n, d).transpose(2, 0, 1, 3, 4))
+got = group.all_to_all(rows)
+return got.transpose(1, 0, 2, 3, 4).reshape(B, P * h, n, d)
+"""
+ULYSSES_NO_TRANSPOSE = ("""
+rows = xp.ascontiguousarray(x.reshape(P, B, H // P, n, d))  # the batch axis not moved aside
+got = group.all_to_all(rows)
+chunks = got.transpose(1, 2, 0, 3, 4).reshape(B, H // P, 2 * P, n // 2, d)
+placement = _placement(P, layout)
+order = [placement.index(i) for i in range(2 * P)]
+return chunks[:, :, order].reshape(B, H // P, P * n, d)
+""", ULYSSES_BACK)
+ULYSSES_ARRIVAL_ORDER = ("""
+rows = xp.ascontiguousarray(x.reshape(B, P, H // P, n, d).transpose(1, 0, 2, 3, 4))
+got = group.all_to_all(rows)
+return got.transpose(1, 2, 0, 3, 4).reshape(B, H // P, P * n, d)  # in the order they came
+""", """
+rows = xp.ascontiguousarray(y.reshape(B, h, P, n, d).transpose(2, 0, 1, 3, 4))
+got = group.all_to_all(rows)
+return got.transpose(1, 0, 2, 3, 4).reshape(B, P * h, n, d)
+""")
+ULYSSES_ALL_GATHER = ("""
+whole = group.all_gather(xp.ascontiguousarray(x))  # everyone's tokens of every head
+r, h = group.rank, H // P
+mine = whole[:, :, r * h:(r + 1) * h].transpose(1, 2, 0, 3, 4).reshape(B, h, 2 * P, n // 2, d)
+placement = _placement(P, layout)
+return mine[:, :, [placement.index(i) for i in range(2 * P)]].reshape(B, h, P * n, d)
+""", ULYSSES_BACK)
+ULYSSES_MPI_ALLTOALL = ("""
+rows = xp.ascontiguousarray(x.reshape(B, P, H // P, n, d).transpose(1, 0, 2, 3, 4))
+got = xp.empty_like(rows)
+group.mpi.Alltoall(rows, got)  # MPI's own all-to-all
+chunks = got.transpose(1, 2, 0, 3, 4).reshape(B, H // P, 2 * P, n // 2, d)
+placement = _placement(P, layout)
+return chunks[:, :, [placement.index(i) for i in range(2 * P)]].reshape(B, H // P, P * n, d)
+""", ULYSSES_BACK)
 WRONG = {  # name: (task, code for its region, words its grade's output must contain)
     "ring: both partners send first": ("ring-all-reduce", RING_SEND_FIRST, HANG + [
         "at minipar/comm/patterns.py:", "in ring_reduce_scatter: c.Send("]),
@@ -240,8 +278,22 @@ WRONG = {  # name: (task, code for its region, words its grade's output must con
     "merge: a masked row's NaN": ("online-softmax-merge", MERGE_MASKED_ROW_NAN, [
         "key columns [(0, 3), (3, 4), (4, 9)]", "got nan (the first of 6 differing",
         "exp(−inf − (−inf)) is NaN"]),
+    "ulysses: the batch axis sent as the rank axis": ("ulysses-all-to-all", ULYSSES_NO_TRANSPOSE, [
+        "ulysses_attention equals attention over the whole sequence", "B, H, N, d = (2, 6, 12, 3)",
+        "row j of the all-to-all holds heads j·H/P", "synchronous sends"]),
+    "ulysses: the chunks kept in the order they arrived": ("ulysses-all-to-all",
+                                                           ULYSSES_ARRIVAL_ORDER, [
+        "ulysses_attention equals attention over the whole sequence", "the balanced layout",
+        "chunk i goes to position i"]),
+    "ulysses: an all-gather of every head": ("ulysses-all-to-all", ULYSSES_ALL_GATHER, [
+        "ulysses_attention's forward", "the collectives it calls", "expected [('all_to_all'",
+        "four all-to-alls of 144"]),
+    "ulysses: MPI's own all-to-all": ("ulysses-all-to-all", ULYSSES_MPI_ALLTOALL, [
+        "MPI's own collectives do the work", "MPI.Intracomm.Alltoall at "
+        "minipar/parallel/context/ulysses.py"]),
 }
-NEW_TASKS = ["zero-sharded-step", "zero-bubble-w", "vocab-cross-entropy", "moe-top-k"]
+NEW_TASKS = ["zero-sharded-step", "zero-bubble-w", "vocab-cross-entropy", "moe-top-k",
+             "ulysses-all-to-all"]
 
 
 def student_tree(folder, task, code):
@@ -287,11 +339,11 @@ def test_the_reference_keeps_full_points_on_the_new_tasks():
 
 
 def test_the_new_tasks_stripped_score_zero_and_cost_only_their_points(tmp_path):
-    """A tree with the four new tasks stripped: each scores 0 with its stub's message first,
+    """A tree with the new tasks stripped: each scores 0 with its stub's message first,
     and a task left in (rank-grid, ddp-buckets) keeps its points."""
     assignments.make(tmp_path, NEW_TASKS)
     results = assignments.grade(tmp_path, NEW_TASKS + ["rank-grid", "ddp-buckets"])
-    assert len(results) == 6
+    assert len(results) == len(NEW_TASKS) + 2
     for result in results:  # in the table's order
         task = result["task"]
         full = assignments.BY_ID[task].points

@@ -82,13 +82,16 @@ TASKS = (
        "minipar/parallel/tensor/embedding.py"),
     _t("rank-grid", 5, "rank <-> (tp, dp, pp) coordinates of the 3-D grid", "11",
        ["test_rank_grid_coords_and_rank_are_inverse"], "minipar/parallel/groups.py"),
-    _t("moe-top-k", 10, "MoE's softmax top-k gate and capacity drop in token order", "12",
+    _t("moe-top-k", 5, "MoE's softmax top-k gate and capacity drop in token order", "12",
        ["test_moe_top_k_gates_and_capacity_drops"], "minipar/nn/moe.py"),
     _t("loss-scale-update", 5, "the dynamic loss scale: back off on inf or NaN, grow when clean",
        "13", ["test_loss_scale_update_follows_the_rule"], "minipar/amp/grad_scaler.py"),
     _t("online-softmax-merge", 5, "merge a block of attention into the running max, sum, output",
        "14", ["test_online_softmax_merge_equals_softmax_at_once"],
        "minipar/parallel/context/ring.py"),
+    _t("ulysses-all-to-all", 5, "Ulysses' all-to-all: my tokens of all heads <-> all tokens of "
+       "H/P heads", "14", ["test_ulysses_all_to_all_equals_attention_over_the_whole_sequence"],
+       "minipar/parallel/context/ulysses.py"),
 )
 BY_ID = {t.id: t for t in TASKS}
 

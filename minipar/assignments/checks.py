@@ -473,3 +473,56 @@ def test_online_softmax_merge_equals_softmax_at_once():
                 acc / l[..., None], want, hint)
         _expect(task, f"{call}: m + log l equals the log-sum-exp of all keys at once",
                 m + np.log(l), lse, hint)
+
+
+def _ulysses_body(task):
+    """ulysses_attention on this rank's shard of q, k, v (both layouts, causal and not): the
+    rows and the gradients of causal_self_attention on the whole sequence, by four all-to-alls
+    each way (q, k, v and the output) of this rank's whole shard."""
+    import minipar
+    from minipar import comm
+    from minipar.attention import causal_self_attention
+    from minipar.parallel.context import split_sequence, ulysses_attention
+    from minipar.parallel.context.ulysses import _full_attention
+    world, files = comm.world(), ("minipar/parallel/context/ulysses.py",)
+    p, _ = world.size, _watch_stuck(files)
+    hint = ("row j of the all-to-all holds heads j·H/P .. (j+1)·H/P − 1 of this rank's tokens; "
+            "rank s sends its two chunks in its layout (_placement): chunk i goes to position i "
+            "of the whole sequence, and _heads_to_seq undoes exactly that")
+    # n = 256 tokens of 2 heads of 16 float64 on each rank: a row of 128 KiB, above the eager limit
+    for n, layout, causal in ((4, "balanced", True), (4, "contiguous", True),
+                              (4, "balanced", False), (256, "balanced", True)):
+        shape = (2, 2 * p, n * p, 16 if n > 4 else 3)  # B = 2: the batch stays in its place
+        where = _doing[0] = (f"B, H, N, d = {shape} on {p} ranks, the {layout} layout, "
+                             f"causal={causal}")
+        data = np.random.default_rng(n)
+        full = [minipar.Tensor(data.standard_normal(shape), requires_grad=True) for _ in "qkv"]
+        seed = data.standard_normal(shape)  # the output's gradient
+        want = (causal_self_attention if causal else _full_attention)(*full)
+        (want * minipar.Tensor(seed)).sum().backward()
+        mine = [minipar.Tensor(split_sequence(t.data, world, 2, layout), requires_grad=True)
+                for t in full]
+        size, four = int(np.prod(shape)) // p, f"four all-to-alls of {int(np.prod(shape)) // p}"
+        # _check agrees the ranks' shapes with MPI's allgather: outside the task
+        with _Watch(files, world, exempt=("_check",)) as watch:
+            out = _attempt(task, f"ulysses_attention, {where}", lambda: ulysses_attention(
+                *mine, world, causal=causal, layout=layout), files)
+            watch.expect_collectives(task, f"ulysses_attention's forward, {where}",
+                                     [("all_to_all", None, size)] * 4, f"{four}: q, k, v, out")
+            _expect(task, f"ulysses_attention equals attention over the whole sequence, {where}",
+                    out.data, split_sequence(want.data, world, 2, layout), hint)
+            g = minipar.Tensor(split_sequence(seed, world, 2, layout))
+            _attempt(task, f"backward through ulysses_attention, {where}",
+                     (out * g).sum().backward, files)
+            watch.expect_collectives(task, f"ulysses_attention's backward, {where}",
+                                     [("all_to_all", None, size)] * 4,
+                                     f"{four}: the output's gradient, then q's, k's and v's")
+        for name, t, m in zip("qkv", full, mine):
+            _expect(task, f"the gradient of this rank's {name}, {where}", m.grad,
+                    split_sequence(t.grad, world, 2, layout), hint)
+
+
+@pytest.mark.parametrize("nprocs, sends", _runs(3, 4))
+def test_ulysses_all_to_all_equals_attention_over_the_whole_sequence(nprocs, sends):
+    _on_ranks("ulysses-all-to-all", "Ulysses' attention equals the whole sequence's",
+              _ulysses_body, nprocs, sends)

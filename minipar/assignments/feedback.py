@@ -195,12 +195,14 @@ class _Watch:
     minipar's collective calls (``collectives``), and every call of one of MPI's own collectives
     made with a frame of ``files`` on the stack (``called``). mpi4py's types cannot be patched,
     so the communicators the task can reach (MPI.COMM_WORLD, COMM_SELF, the communicator's and
-    each wire's) are swapped for a subclass that notes the call."""
+    each wire's) are swapped for a subclass that notes the call. A call from a function named
+    in ``exempt`` (the file's own agreement of the ranks' arguments, outside the task) is not."""
 
     VERBS = ("Send", "Sendrecv", "Isend")
 
-    def __init__(self, files, world):
+    def __init__(self, files, world, exempt=()):
         self.files, self.world, self.sent, self.called = files, world, [], []
+        self.exempt = exempt
         self.collectives = []  # (collective, op, elements) of each of minipar's calls
 
     def __enter__(self):
@@ -236,12 +238,14 @@ class _Watch:
 
     def _noting(self, name):
         import sys
-        files, called = self.files, self.called
+        files, called, exempt = self.files, self.called, self.exempt
 
         def noted(comm, *args, **kwargs):
             frame = sys._getframe(1)
             while frame is not None:
                 if frame.f_code.co_filename.replace("\\", "/").endswith(files):
+                    if frame.f_code.co_name in exempt:
+                        break
                     called.append(f"MPI.Intracomm.{name} at {_shown(frame.f_code.co_filename)}:"
                                   f"{frame.f_lineno}")
                     break

@@ -34,6 +34,9 @@ def _seq_to_heads(x, group, layout):
     of this rank's heads, in sequence order."""
     xp = backend.get_array_module(x)
     P, (B, H, n, d) = group.size, x.shape
+    # one all-to-all (group.all_to_all: row j of its argument to rank j); then the 2·P chunks of
+    # the sequence put in sequence order, ``_placement`` saying where each arrived
+    ### BEGIN SOLUTION ulysses-all-to-all
     # row j of the message: heads j·H/P .. (j+1)·H/P − 1 of my tokens, for rank j
     rows = xp.ascontiguousarray(x.reshape(B, P, H // P, n, d).transpose(1, 0, 2, 3, 4))
     got = group.all_to_all(rows)  # got[s]: rank s's tokens of my heads, (B, H/P, n, d)
@@ -43,6 +46,7 @@ def _seq_to_heads(x, group, layout):
     placement = _placement(P, layout)
     order = [placement.index(i) for i in range(2 * P)]  # the slot chunk i arrived in
     return chunks[:, :, order].reshape(B, H // P, P * n, d)
+    ### END SOLUTION
 
 
 def _heads_to_seq(y, group, layout):
@@ -50,11 +54,13 @@ def _heads_to_seq(y, group, layout):
     xp = backend.get_array_module(y)
     P, (B, h, N, d) = group.size, y.shape
     n = N // P
+    ### BEGIN SOLUTION ulysses-all-to-all
     # the chunks back in the slots an all-to-all reads: rank s's two chunks, rank by rank
     chunks = y.reshape(B, h, 2 * P, n // 2, d)[:, :, _placement(P, layout)]
     rows = xp.ascontiguousarray(chunks.reshape(B, h, P, n, d).transpose(2, 0, 1, 3, 4))
     got = group.all_to_all(rows)  # got[s]: my tokens of rank s's heads, (B, H/P, n, d)
     return got.transpose(1, 0, 2, 3, 4).reshape(B, P * h, n, d)
+    ### END SOLUTION
 
 
 def seq_to_heads(x, group, layout="balanced"):
