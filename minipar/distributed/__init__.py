@@ -11,7 +11,7 @@ on minipar Tensors, arrays and torch CPU tensors; p2p.py: send/recv, batch_isend
 checkpoint.py: save on N ranks, load on M (docs/checkpoints.md); sharded.py: the slices of the
 serial tensors a rank holds; state.py: ``AppState``, a model and its optimizer under the serial
 names; tree.py: a state dict as (path, leaf) items; flat_state.py and hybrid_state.py: the
-trainers' checkpoint adapters.
+trainers' checkpoint adapters; device_mesh.py: init_device_mesh; fsdp.py: fully_shard.
 """
 from . import checkpoint  # noqa: F401
 from .sharded import ShardedTensor  # noqa: F401
@@ -26,3 +26,16 @@ from .process_group import (ProcessGroup, ReduceOp, destroy_process_group,  # no
                             get_group_rank, get_process_group_ranks, get_rank, get_world_size,
                             group, init_process_group, is_available, is_initialized,
                             is_mpi_available, new_group)
+from .device_mesh import DeviceMesh, init_device_mesh  # noqa: F401
+
+FSDP_NAMES = ("fully_shard", "FSDPModule", "MixedPrecisionPolicy")  # in fsdp.py
+
+
+def __getattr__(name):
+    """``dist.fsdp`` and its names, imported on first use: fsdp.py imports minipar.comm, which
+    starts MPI, and ``import minipar.distributed`` must not."""
+    if name == "fsdp" or name in FSDP_NAMES:
+        import importlib
+        fsdp = importlib.import_module(".fsdp", __name__)
+        return fsdp if name == "fsdp" else getattr(fsdp, name)
+    raise AttributeError(f"module 'minipar.distributed' has no attribute {name!r}")

@@ -27,6 +27,22 @@ from .zero3_units import Unit, layer_units
 SLOTS = 2  # gathered copies a rank holds at once: the unit computing and the one prefetched
 
 
+def hook_units(module, units, runner):
+    """The hooks that run one step, per unit, in the order the model calls them (docs/zero.md):
+    ``runner()`` is the ZeRO3 running them now (fsdp.py's changes when an outer module is
+    wrapped); the whole forward's hooks act on the module that state runs from only."""
+    def start(m, args):
+        return runner()._start_forward(m, args) if runner().module is m else None
+    module.register_forward_pre_hook(start)
+    for u in units:
+        u.module.register_forward_pre_hook(lambda m, args, u=u: runner()._before_forward(u))
+        u.module.register_forward_hook(lambda m, args, out, u=u: runner()._after_forward(u, out))
+        for p in u.params:
+            p.register_post_accumulate_grad_hook(lambda p: runner()._gradient_ready(p))
+    module.register_forward_hook(
+        lambda m, args, out: runner()._end_forward(m, args, out) if runner().module is m else None)
+
+
 class ZeRO3:
     """Fully sharded data parallel training; ``step()`` after ``backward()`` replaces
     optimizer.step(). ``units``: the modules gathered as one (default ``layer_units``);
@@ -34,38 +50,41 @@ class ZeRO3:
 
     def __init__(self, module, make_optimizer, comm=None, units=None, algorithm="ring",
                  prefetch=True, on_mismatch="warn"):
-        self.module, self.comm = module, comm or world()
-        self.algorithm = algorithm  # the reduce-scatter's
-        self.gather_algorithm = ALL_GATHER_TWIN.get(algorithm, algorithm)
-        self.prefetch = prefetch
+        self._setup(module, comm, algorithm, prefetch)
         self.mismatched = broadcast_parameters(module, self.comm, on_mismatch)
         trainable = [p for p in module.parameters() if p.requires_grad]
         # the param groups make_optimizer gives the model's parameters (e.g. no decay on biases)
         probe, groups = read_param_groups(make_optimizer, module, trainable, "ZeRO3")
         group_of = {id(p): g for g, group in enumerate(groups) for p in group}
-        self.units = self._make_units(module, layer_units(module) if units is None else
-                                      [(m, [p for p in m.parameters() if p.requires_grad])
-                                       for m in units], group_of)
+        self._adopt(self._make_units(module, layer_units(module) if units is None else
+                                     [(m, [p for p in m.parameters() if p.requires_grad])
+                                      for m in units], group_of))
+        shards = [[s.shard for s in self.segments if s.group == g] for g in range(len(groups))]
+        self.optimizer = optimizer_over_shards(make_optimizer, probe, shards, "ZeRO3")
+        hook_units(module, self.units, lambda: self)
+
+    def _setup(self, module, comm, algorithm, prefetch, param_dtype=None, reduce_dtype=None):
+        self.module, self.comm = module, comm or world()
+        self.algorithm = algorithm  # the reduce-scatter's
+        self.gather_algorithm = ALL_GATHER_TWIN.get(algorithm, algorithm)
+        self.prefetch = prefetch
+        # mixed precision (FSDP's policy): gathered copies in param_dtype, gradients reduced in
+        # reduce_dtype, both back in the shards' dtype for the optimizer (None: the shards')
+        self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
+
+    def _adopt(self, units):
+        """Run ``units`` (each unit's gathered copy, its gradients' reduce-scatter) from now on."""
+        self.units = units
         self.unit_of = {id(p): u for u in self.units for p in u.params}
         # every segment, group by group: the optimizer's parameter i is segments[i]'s shard
         self.segments = sorted((s for u in self.units for s in u.segments), key=lambda s: s.group)
-        shards = [[s.shard for s in self.segments if s.group == g] for g in range(len(groups))]
-        self.optimizer = optimizer_over_shards(make_optimizer, probe, shards, "ZeRO3")
         self.order = []  # the units in forward order, as first seen: the next forward's guess
         self.ran = []  # the units this forward ran, in order: exact for its backward
         self._drop_slots()  # no slot, no holder (the unit whose copy a slot holds)
-        self.slot_size = max(u.numel for u in self.units)  # a slot holds any unit whole
+        self.slot_size = max((u.numel for u in self.units), default=0)  # a slot holds any unit
         self.peak_gathered_bytes = 0
         self.expect_backward = False  # the forward under way recorded a graph
         self.forwards = 0
-        # the hooks run one step, per unit, in the order the model calls them (docs/zero.md)
-        module.register_forward_pre_hook(self._start_forward)
-        for u in self.units:
-            u.module.register_forward_pre_hook(lambda m, args, u=u: self._before_forward(u))
-            u.module.register_forward_hook(lambda m, args, out, u=u: self._after_forward(u, out))
-            for p in u.params:
-                p.register_post_accumulate_grad_hook(self._gradient_ready)
-        module.register_forward_hook(self._end_forward)
 
     def _make_units(self, module, pairs, group_of):
         """One Unit per (module, parameters); every trainable parameter in exactly one."""
@@ -96,17 +115,24 @@ class ZeRO3:
                                f"which is still computing: units nest two deep at most, their "
                                f"backward in the reverse order of their forward; choose units=")
         if self.slots[s] is None:
-            shard = u.segments[0].shard
-            self.slots[s] = backend.get_array_module(shard.data).empty(self.slot_size, shard.dtype)
+            self.slots[s] = self._empty(u, self.slot_size)
             gathered = sum(int(slot.nbytes) for slot in self.slots if slot is not None)
             self.peak_gathered_bytes = max(self.peak_gathered_bytes, gathered)
         if holder is not None and holder is not u:
             self._cancel(holder)
         self.holder[s] = u
+        self._start_gather(u, self.slots[s])
+
+    def _empty(self, u, numel):  # an uninitialised flat vector for gathered copies of u
+        shard = u.segments[0].shard
+        return backend.get_array_module(shard.data).empty(numel, self.param_dtype or shard.dtype)
+
+    def _start_gather(self, u, flat):
+        """Start the all-gathers of u's segments into ``flat`` (u's place in a slot)."""
         # collectives run on the communicator's thread in the order started, alike on all ranks
-        u.work = [iall_gather(self.comm, seg.shard.data, self.gather_algorithm,
-                              out=self.slots[s][seg.start:seg.start + seg.numel].reshape(
-                                  self.comm.size, -1))
+        u.work = [iall_gather(self.comm, seg.shard.data.astype(flat.dtype, copy=False),
+                              self.gather_algorithm,
+                              out=flat[seg.start:seg.start + seg.numel].reshape(self.comm.size, -1))
                   for seg in u.segments]
 
     def _cancel(self, u):
@@ -123,7 +149,10 @@ class ZeRO3:
         Request.wait_all(u.work)
         u.work = None
         u.state = state
-        u.point(self.slots[u.slot])
+        u.point(self._buffer(u))
+
+    def _buffer(self, u):  # the gathered copy u's parameters point into while it computes
+        return self.slots[u.slot]
 
     def _neighbour(self, u, step, order):  # the unit ``step`` places after u in ``order``
         i = order.index(u) + step
@@ -203,7 +232,7 @@ class ZeRO3:
     def _reduce_scatter(self, u):
         """Average unit u's flat gradients; this rank's chunks come back to its shards."""
         xp = backend.get_array_module(u.segments[0].shard.data)
-        grads = [flatten_grads(seg.params, xp.zeros(seg.numel, seg.shard.dtype))
+        grads = [flatten_grads(seg.params, xp.zeros(seg.numel, self.reduce_dtype or seg.shard.dtype))
                  for seg in u.segments]
         for p in u.params:
             p.grad = None
@@ -220,9 +249,12 @@ class ZeRO3:
         for u in self.units:
             if u.grad_work is not None:
                 for seg, grad in zip(u.segments, Request.wait_all(u.grad_work)):
-                    seg.shard.grad = grad
+                    self._store_grad(seg, grad.astype(seg.shard.dtype, copy=False))
                 u.grad_work = None
         self._drop_slots()
+
+    def _store_grad(self, seg, grad):  # the averaged gradient of this rank's chunk of seg
+        seg.shard.grad = grad
 
     def _drop_slots(self):  # the slots' memory goes once the graph holding views of it does
         for u in self.units:  # a prefetched unit that did not run
@@ -258,18 +290,21 @@ class ZeRO3:
             seg.shard.grad = None
         self.module.zero_grad()
 
-    def memory_bytes(self):
+    def memory_bytes(self, optimizer=None):
         """Bytes this rank holds now, by kind (their sum is the total): parameter shards,
         gradients (shards and any whole ones), optimizer state as master and moments
         (``optimizer_memory``), and the gathered copies (the slots; none between steps). In
         mixed precision with Adam: 16/N per parameter."""
         shards = [seg.shard for seg in self.segments]
-        grads = [s.grad for s in shards] + [p.grad for u in self.units for p in u.params]
+        grads = self._shard_grads() + [p.grad for u in self.units for p in u.params]
         kept = shards + [p for p in self.module.parameters() if not p.requires_grad]  # frozen
         return {"parameters": sum(int(p.data.nbytes) for p in kept),
                 "gradients": sum(int(g.nbytes) for g in grads if g is not None),
-                **optimizer_memory(self.optimizer),
+                **optimizer_memory(optimizer or self.optimizer),
                 "gathered": sum(int(s.nbytes) for s in self.slots if s is not None)}
+
+    def _shard_grads(self):  # the reduced gradients this rank keeps
+        return [seg.shard.grad for seg in self.segments]
 
     # --- checkpoints: ZeRO's format, the parameters in pieces too (distributed/flat_state.py) --
     def state_dict(self):
@@ -280,14 +315,18 @@ class ZeRO3:
         """Whole arrays (``dcp.load`` builds them); this rank keeps its chunks."""
         ZeRO3State(self).load_state_dict(state_dict)
 
+    def whole(self, u):
+        """Unit u's whole flat vector, all-gathered now (a new array; collective)."""
+        return backend.get_array_module(u.segments[0].shard.data).concatenate(
+            [self.comm.all_gather(seg.shard.data, self.gather_algorithm).reshape(-1)
+             for seg in u.segments])
+
     @contextlib.contextmanager
     def summon_full_params(self):
         """Inside the block every parameter holds its whole value (torch's name); writes to them
         are not kept. Collective: every rank enters it."""
         for u in self.units:
-            u.point(backend.get_array_module(u.segments[0].shard.data).concatenate(
-                [self.comm.all_gather(seg.shard.data, self.gather_algorithm).reshape(-1)
-                 for seg in u.segments]))
+            u.point(self.whole(u))
         try:
             yield self.module
         finally:

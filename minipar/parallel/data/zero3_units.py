@@ -36,8 +36,9 @@ class Segment:
         self.offsets, n = offsets(params)
         self.numel = padded_numel(n, comm.size)
         flat = flatten_parameters(params, self.numel)
-        lo, hi = chunk_bounds(self.numel, comm.size)[comm.rank:comm.rank + 2]
-        self.shard = Parameter(flat[lo:hi].copy())
+        # [lo, hi): this rank's chunk of the segment's flat vector
+        self.lo, hi = chunk_bounds(self.numel, comm.size)[comm.rank:comm.rank + 2]
+        self.shard = Parameter(flat[self.lo:hi].copy())
 
 
 class Unit:
