@@ -13,6 +13,7 @@ that require grad (``x @ W`` with a constant ``x`` never computes dL/dx). Fused 
     out = make_result(y, (x,), lambda g: (g * mask,), "dropout")
 """
 import numbers
+import operator
 
 from . import backend, memory, ops
 from .graph import (as_array, enable_grad, is_grad_enabled, no_grad, release,  # noqa: F401
@@ -53,6 +54,12 @@ class Tensor:
     def __len__(self):
         return len(self.data)
 
+    def __bool__(self):
+        if self.data.size != 1:
+            raise RuntimeError(f"Boolean value of Tensor with more than one value is ambiguous "
+                               f"(shape {self.shape}): use .any() or .all() on .numpy()")
+        return bool(self.data)
+
     def __repr__(self):
         grad = ", requires_grad=True" if self.requires_grad else ""
         op = f", op={self._op}" if self._op else ""
@@ -73,6 +80,22 @@ class Tensor:
     def __matmul__(self, other): return apply(ops.matmul, self, as_tensor(other))
     def __rmatmul__(self, other): return apply(ops.matmul, as_tensor(other), self)
     def __neg__(self): return apply(ops.neg, self)
+
+    # --- comparisons: bool tensors without gradient, as torch's -----------------------------------
+    def __lt__(self, other): return apply(ops.compare, self, other, fn=operator.lt)
+    def __le__(self, other): return apply(ops.compare, self, other, fn=operator.le)
+    def __gt__(self, other): return apply(ops.compare, self, other, fn=operator.gt)
+    def __ge__(self, other): return apply(ops.compare, self, other, fn=operator.ge)
+
+    # ``t == None`` is False (Python's identity fallback), not an array of object comparisons
+    def __eq__(self, other):
+        return NotImplemented if other is None else apply(ops.compare, self, other, fn=operator.eq)
+
+    def __ne__(self, other):
+        return NotImplemented if other is None else apply(ops.compare, self, other, fn=operator.ne)
+
+    # defining __eq__ would unset the hash: tensors stay dict keys and set members by identity
+    __hash__ = object.__hash__
 
     # --- elementwise functions ---------------------------------------------------------------
     def exp(self): return apply(ops.exp, self)
@@ -100,12 +123,36 @@ class Tensor:
     def min(self, axis=None, keepdims=False):
         return apply(ops.min_, self, axis=axis, keepdims=keepdims)
 
+    def argmax(self, dim=None, keepdim=False):
+        return apply(ops.argmax, self, axis=dim, keepdims=keepdim)
+
     # --- shapes and indexing -----------------------------------------------------------------
     def reshape(self, *shape): return apply(ops.reshape, self, shape=_varargs(shape))
     view = reshape
     def permute(self, *axes): return apply(ops.permute, self, axes=_varargs(axes))
     def transpose(self, dim0=-2, dim1=-1): return apply(ops.transpose, self, dim0=dim0, dim1=dim1)
     T = property(lambda self: self.permute(tuple(reversed(range(self.ndim)))))
+
+    def squeeze(self, dim=None):
+        """Drop the axes of size 1 (of those in ``dim`` only, if given: others stay, as torch)."""
+        dims = range(self.ndim) if dim is None else {d % max(self.ndim, 1) for d in
+                                                     (dim if isinstance(dim, tuple) else (dim,))}
+        return self.reshape(tuple(n for i, n in enumerate(self.shape) if not (i in dims and n == 1)))
+
+    def unsqueeze(self, dim):
+        """A new axis of size 1 at ``dim`` (in [-ndim - 1, ndim], as torch)."""
+        if not -self.ndim - 1 <= dim <= self.ndim:
+            raise IndexError(f"unsqueeze: dimension out of range (expected to be in range of "
+                             f"[{-self.ndim - 1}, {self.ndim}], but got {dim})")
+        dim %= self.ndim + 1
+        return self.reshape(self.shape[:dim] + (1,) + self.shape[dim:])
+
+    def flatten(self, start_dim=0, end_dim=-1):
+        """Axes ``start_dim`` to ``end_dim`` (both included) merged into one."""
+        if self.ndim == 0:
+            return self.reshape(1)
+        lo, hi = start_dim % self.ndim, end_dim % self.ndim
+        return self.reshape(self.shape[:lo] + (-1,) + self.shape[hi + 1:])
 
     def __getitem__(self, index):
         """Basic slicing (a view's gradient is a slice assignment) or advanced indexing (repeated
@@ -118,13 +165,19 @@ class Tensor:
         grad, or on a leaf under ``no_grad()`` (setting weights). A tensor in the graph is
         refused: its backward may hold the array the write would change."""
         if self.requires_grad and self.is_leaf and is_grad_enabled():
-            raise RuntimeError("item assignment on a leaf that requires grad, outside no_grad() "
-                               "(torch refuses it too): set it under minipar.no_grad()")
+            raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
+                               "operation (torch's refusal): item assignment on a leaf that "
+                               "requires grad works under minipar.no_grad()")
         if self.requires_grad and not self.is_leaf:
             raise RuntimeError("item assignment on a tensor in the graph: minipar records no "
                                "in-place writes (its backward may hold this array); build the "
                                "new values with minipar.where() or masked_fill()")
         self.data[_index(index)] = _array(value)
+
+    def copy_(self, src):
+        """torch's ``p.copy_(src)``: ``src``'s values written into this tensor, as ``t[...] =``."""
+        self[...] = src
+        return self
 
     def gather(self, dim, index):
         """torch.gather: out[i][j] = self[i][index[i][j]] for dim=1 (likewise for any dim)."""
@@ -143,6 +196,9 @@ class Tensor:
     def half(self): return self.astype("float16")
     def bfloat16(self): return self.astype("bfloat16")
     def to(self, dtype): return self.astype(dtype)
+    def long(self): return self.astype("int64")
+    def int(self): return self.astype("int32")
+    def bool(self): return self.astype("bool")
 
     # --- values on the host ------------------------------------------------------------------
     def numpy(self):
@@ -324,8 +380,8 @@ def concat(tensors, axis=0):
     return apply(ops.concat, *tensors, axis=axis)
 
 
-def stack(tensors, axis=0):
-    return apply(ops.stack, *tensors, axis=axis)
+def stack(tensors, axis=0, *, dim=None):
+    return apply(ops.stack, *tensors, axis=axis if dim is None else dim)
 
 
 def where(condition, a, b):

@@ -8,7 +8,8 @@ torch's argument forms work too (``_torch_*`` below): ``layer_norm(x, normalized
 bias, eps)``, ``softmax(x, dim=)``, ``cross_entropy(input, target, weight, ..., reduction=)``
 with torch's (N, C, d...) layout, ``dropout(x, p, training, inplace=False)`` and
 ``scaled_dot_product_attention(q, k, v, is_causal=True)``; ``relu``, ``nll_loss`` and
-``max_pool2d`` are torch's own (its tutorials' MNIST net runs on them).
+``max_pool2d`` are torch's own (its tutorials' MNIST net runs on them). The losses live in
+``losses.py``, torch's arguments and all.
 """
 import functools
 import math
@@ -19,7 +20,9 @@ from . import backend, ops, random
 from .attention import (attention_heads, causal_self_attention, causal_softmax,  # noqa: F401
                         scaled_dot_product_attention)
 from .amp.autocast_mode import to_float32, to_lower_precision
-from .autograd import Tensor, as_tensor, make_result
+from .autograd import as_tensor, make_result
+from .losses import (binary_cross_entropy_with_logits, cross_entropy, kept_targets,  # noqa: F401
+                     l1_loss, mse_loss, nll_loss)
 from .sums import sum_last, sum_rows
 
 
@@ -69,39 +72,6 @@ def _torch_layer_norm(fn):
     return layer_norm
 
 
-def _torch_cross_entropy(fn):
-    """Also take torch's ``cross_entropy(input, target, weight, size_average, ignore_index,
-    reduce, reduction, label_smoothing)`` and its (N, C, d1, ...) logits (classes on axis 1)
-    where minipar's (..., C) does not fit the target."""
-    @functools.wraps(fn)
-    def cross_entropy(logits, target, weight=None, size_average=None, ignore_index=-100,
-                      reduce=None, reduction="mean", label_smoothing=0.0):
-        if isinstance(weight, numbers.Integral):  # minipar's cross_entropy(z, t, ignore_index, ..)
-            weight, ignore_index = None, weight
-            if isinstance(size_average, str):
-                size_average, reduction = None, size_average
-        if weight is not None or label_smoothing:
-            raise NotImplementedError("cross_entropy: class weights and label_smoothing are "
-                                      "not implemented")
-        reduction = _legacy_reduction(size_average, reduce, reduction)
-        logits = as_tensor(logits)
-        t_shape = tuple(target.shape if hasattr(target, "shape")
-                        else _xp(logits.data).asarray(target).shape)
-        if (logits.ndim > 2 and logits.shape[:-1] != t_shape
-                and logits.shape[:1] + logits.shape[2:] == t_shape):
-            logits = logits.permute(0, *range(2, logits.ndim), 1)
-        return fn(logits, target, ignore_index, reduction)
-    del cross_entropy.__wrapped__
-    return cross_entropy
-
-
-def _legacy_reduction(size_average, reduce, reduction):
-    """The reduction torch's deprecated pair ``size_average``, ``reduce`` names, if given."""
-    if size_average is None and reduce is None:
-        return reduction
-    return "none" if reduce is False else "sum" if size_average is False else "mean"
-
-
 @_torch_dim
 def softmax(x, axis=-1):
     """y = exp(x − max) / Σ exp(x − max);  dx = y ⊙ (g − Σ g⊙y)."""
@@ -133,113 +103,6 @@ def log_softmax(x, axis=-1):
         return (g - xp.exp(y) * g.sum(axis=axis, keepdims=True),)
 
     return make_result(y, (x,), backward, "log_softmax")
-
-
-def kept_targets(t, classes, ignore_index, name, given=None):
-    """Flat class-index targets and the mask of those not equal to ``ignore_index``; an
-    IndexError (torch's) naming the first bad one unless every kept one is a class in
-    [0, classes). Reading device targets waits for the GPU: the check reads ``given`` (the
-    targets as the caller passed them) when that is a host array, else runs on device targets
-    only under MINIPAR_DEBUG=1 (``backend.check_values``)."""
-    t = t.reshape(-1)
-    keep = t != ignore_index
-    seen = given.reshape(-1) if hasattr(given, "reshape") and backend.check_values(given) else t
-    if backend.check_values(seen):
-        bad = (seen < 0) | (seen >= classes)
-        if bool(bad.any()):  # seldom: only then are the ignored ones set apart
-            bad &= seen != ignore_index
-            if bool(bad.any()):
-                i = int(bad.argmax())
-                raise IndexError(f"{name}: target values must lie in [0, {classes}) (or equal "
-                                 f"ignore_index={ignore_index}), got {int(seen[i])} at "
-                                 f"position {i}")
-    return t, keep
-
-
-@_torch_cross_entropy
-def cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
-    """Mean over targets of −log softmax(logits)[target], logits (..., C), integer target (...).
-
-    d/dlogits = (softmax(logits) − onehot(target)) / n, with ignored targets contributing 0.
-    """
-    logits = as_tensor(logits)
-    given, t = _integer_targets("cross_entropy", target, _xp(logits.data))
-    if logits.shape[:-1] != t.shape:
-        raise ValueError(f"cross_entropy: logits of shape {logits.shape} need a target of shape "
-                         f"{logits.shape[:-1]}, got {t.shape}")
-    return _class_loss("cross_entropy", logits, given, t, ignore_index, reduction, True)
-
-
-def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
-             reduction="mean"):
-    """torch's: the mean over targets of −input[n, target[n]], ``input`` log-probabilities with
-    the classes on axis 1, (N, C) or (N, C, d...), or (C,) for one target; ignored targets count
-    neither in the sum nor in n.  d/dinput = −onehot(target)/n."""
-    if weight is not None:
-        raise NotImplementedError("nll_loss: class weights are not implemented")
-    x = as_tensor(input)
-    given, t = _integer_targets("nll_loss", target, _xp(x.data))
-    # the classes on the last axis, where _class_loss reads them
-    z = x.reshape(1, -1) if x.ndim == 1 else x.permute(0, *range(2, x.ndim), 1)
-    if z.shape[:-1] != (t.shape or (1,)):
-        want = z.shape[:-1] if x.ndim > 1 else ()
-        raise ValueError(f"nll_loss: input of shape {x.shape} needs a target of shape {want}, "
-                         f"got {t.shape}")
-    reduction = _legacy_reduction(size_average, reduce, reduction)
-    return _class_loss("nll_loss", z, given, t, ignore_index, reduction, False)
-
-
-def _integer_targets(name, target, xp):
-    """The targets as given (for kept_targets' host check) and as a device array of integers."""
-    given = target.data if isinstance(target, Tensor) else target
-    t = xp.asarray(given)
-    if t.dtype.kind not in "iu":
-        raise TypeError(f"{name}: target must hold integer class indices, got {t.dtype}")
-    return given, t
-
-
-def _class_loss(name, z, given, t, ignore_index, reduction, normalise):
-    """The loss −z[target] (``normalise``: of log softmax(z), i.e. logsumexp(z) − z[target])
-    of each row of z (..., C) with its target t (...), reduced; rows whose target is
-    ``ignore_index`` count neither in the sum nor in n."""
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"{name}: reduction must be 'mean', 'sum' or 'none', got "
-                         f"{reduction!r}")
-    z = to_float32(z)
-    xp = _xp(z.data)
-    classes, shape = z.shape[-1], t.shape
-    zf = z.data.reshape(-1, classes)
-    t, keep = kept_targets(t, classes, ignore_index, name, given)
-    safe_t = xp.where(keep, t, 0)
-    rows = xp.arange(zf.shape[0])
-    lse, p = 0, None
-    if normalise:  # logsumexp(z), and softmax(z) for backward from the same exponentials
-        m = zf.max(axis=-1, keepdims=True)
-        p = xp.exp(zf - m)
-        total = p.sum(axis=-1, keepdims=True)
-        lse = (m + xp.log(total))[:, 0]
-        p /= total
-    losses = (lse - zf[rows, safe_t]) * keep
-    n = xp.maximum(keep.sum(), 1).astype(zf.dtype)  # on the device: no host read
-    if reduction == "mean":
-        out = losses.sum() / n
-    elif reduction == "sum":
-        out = losses.sum()
-    else:
-        out = losses.reshape(shape)
-
-    flat_shape, z_shape, dtype = zf.shape, z.shape, zf.dtype  # backward keeps p, not z
-
-    def backward(g):  # (softmax(z) − onehot(t)) · w, w = keep · g (/ n): one pass over z's size
-        if reduction == "none":
-            w = keep[:, None] * g.reshape(-1)[:, None]
-        else:
-            w = keep[:, None] * (g / n if reduction == "mean" else g)
-        dz = p * w if normalise else xp.zeros(flat_shape, dtype)
-        dz[rows, safe_t] -= w[:, 0]
-        return (dz.reshape(z_shape),)
-
-    return make_result(xp.asarray(out, dtype=z.dtype), (z,), backward, name)
 
 
 def relu(input, inplace=False):

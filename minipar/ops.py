@@ -267,6 +267,12 @@ def masked_fill(a, mask, value):
     return out, (lambda g: xp.where(mask, 0, g),)
 
 
+def compare(a, b, fn):
+    """``fn(a, b)`` for one of ``operator``'s comparisons: a bool array, which carries no
+    gradient (``apply`` records none for a non-floating output), as torch's comparisons."""
+    return _broadcast(fn.__name__, fn, a, b), (None, None)
+
+
 # --- reductions ---------------------------------------------------------------------------------
 def sum_(a, axis=None, keepdims=False):
     """Σ over ``axis``; the gradient is g copied back along the summed axes (no values kept).
@@ -304,6 +310,13 @@ def _extremum(reduce_fn, a, axis, keepdims):
     result = out if keepdims else out.reshape(tuple(
         n for i, n in enumerate(shape) if i not in _axes(axis, a.ndim)))
     return result, (grad,)
+
+
+def argmax(a, axis=None, keepdims=False):
+    """The index of the largest element (of the flattened array when ``axis`` is None), the
+    first among ties, as torch.argmax; integers, so no gradient."""
+    xp = backend.get_array_module(a)
+    return xp.asarray(a.argmax(axis=axis, keepdims=keepdims)), (None,)
 
 
 def max_(a, axis=None, keepdims=False):

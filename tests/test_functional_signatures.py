@@ -59,10 +59,11 @@ def test_cross_entropy_torch_forms():
     same(F.cross_entropy(z, t, -100, "sum"), want)  # minipar's own positional form
     same(F.cross_entropy(z, t, size_average=False), want)  # torch's deprecated pair
     same(F.cross_entropy(z, t, reduce=False), F.cross_entropy(z, t, reduction="none"))
-    with pytest.raises(NotImplementedError):
-        F.cross_entropy(z, t, weight=np.ones(5))
-    with pytest.raises(NotImplementedError):
-        F.cross_entropy(z, t, label_smoothing=0.1)
+    same(F.cross_entropy(z, t, np.ones(5), reduction="sum"), want)  # unit weights change nothing
+    with pytest.raises(ValueError, match="one value per class"):
+        F.cross_entropy(z, t, weight=np.ones(4))
+    with pytest.raises(ValueError, match="label_smoothing must lie in"):
+        F.cross_entropy(z, t, label_smoothing=1.5)
 
 
 def test_cross_entropy_classes_on_axis_1():
@@ -120,7 +121,8 @@ def test_torch_calls_give_torch_values():
 def test_torch_signatures_of_relu_nll_loss_and_max_pool2d():
     """torch's argument forms: relu(input, inplace), nll_loss(input, target, weight,
     size_average, ignore_index, reduce, reduction), max_pool2d(input, kernel_size, stride,
-    padding, dilation, ceil_mode, return_indices); what is not implemented says so."""
+    padding, dilation, ceil_mode, return_indices); what is not implemented says so (weights are:
+    tests/test_torch_losses.py compares them with torch)."""
     x, t = leaf(6, 5), rng.integers(0, 5, 6)
     same(F.relu(x, False), x.relu())
     with pytest.raises(ValueError, match="inplace"):
@@ -129,8 +131,7 @@ def test_torch_signatures_of_relu_nll_loss_and_max_pool2d():
     same(F.nll_loss(logp, t, None, None, -100, None, "sum"), F.nll_loss(logp, t, reduction="sum"))
     same(F.nll_loss(logp, t, size_average=False), F.nll_loss(logp, t, reduction="sum"))
     same(F.nll_loss(logp, t), F.cross_entropy(x, t))  # cross-entropy is log-softmax then nll
-    with pytest.raises(NotImplementedError, match="weights"):
-        F.nll_loss(logp, t, weight=np.ones(5))
+    same(F.nll_loss(logp, t, weight=np.ones(5)), F.nll_loss(logp, t))
     with pytest.raises(ValueError, match=r"needs a target of shape \(6,\)"):
         F.nll_loss(logp, t[:4])
     with pytest.raises(IndexError, match=r"target values must lie in \[0, 5\)"):

@@ -1,7 +1,7 @@
 """The layers of minipar are a contract, checked here on the source (every import statement,
 function-local ones included), not a sentence in the README:
 
-    backend   ->   engine   ->   comm   ->   parallel, distributed   ->   teaching
+    backend   ->   engine   ->   comm   ->   parallel, distributed   ->   facade   ->   teaching
 
 - backend (minipar.backend and its strict device) imports no other minipar module (the array
   module is chosen in one place);
@@ -10,6 +10,8 @@ function-local ones included), not a sentence in the README:
 - comm imports only backend and comm: collectives move arrays, not tensors;
 - parallel and distributed import anything below them, never the teaching layer: serial code
   has no parallel twin inside, and the strategies do not lean on the tools that teach them;
+- the facade (``minipar.FACADE``: torch's module paths, minipar.nn.parallel, minipar.utils.data,
+  ...) imports anything below it and only re-exports: the one exception to the rule below;
 - teaching (testing, trace, cli/, bench, console, figures, assignments, doctor, plan/) may import
   anything;
 - no import cycle anywhere, no module sets attributes on a class defined elsewhere, and every
@@ -17,7 +19,7 @@ function-local ones included), not a sentence in the README:
   docstrings and comments that explain it.
 
 It also checks how the code reads (docs/architecture.md): a module docstring says what the
-module is in at most 15 lines; no module only re-exports another; no file name is held by three
+module is in at most 15 lines; no module but the facade's only re-exports another; no file name is held by three
 modules; each point-to-point call of the Communicator reads as its MPI call; the pipeline's core
 executor holds no PipeDream bookkeeping; the README is a reading path, a row per lesson; and the
 path a student walks into one step (tests/step_paths.py) stays short: the idea's files and one
@@ -30,18 +32,20 @@ import re
 
 import pytest
 
+from minipar import FACADE
 from minipar.testing import run_on_ranks
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "minipar"
 TEACHING = {"minipar.testing", "minipar.cli", "minipar.bench", "minipar.console",
             "minipar.assignments", "minipar.doctor", "minipar.figures", "minipar.plan",
             "minipar.__main__"}  # python -m minipar: the command
-ORDER = ("backend", "engine", "comm", "parallel", "teaching")
+ORDER = ("backend", "engine", "comm", "parallel", "facade", "teaching")
 MAY_IMPORT = {  # layer -> the layers its modules may import
     "backend": {"backend"},
     "engine": {"backend", "engine"},
     "comm": {"backend", "comm"},
     "parallel": {"backend", "engine", "comm", "parallel"},
+    "facade": {"backend", "engine", "comm", "parallel", "facade"},
     "teaching": set(ORDER),
 }
 FOREIGN = {  # layer -> outside packages it must not import
@@ -72,6 +76,8 @@ def layer(name):
     """The layer of a module, from its dotted name."""
     parts = name.split(".")
     top = ".".join(parts[:2])
+    if name in FACADE:
+        return "facade"
     if top in TEACHING:
         return "teaching"
     if top == "minipar.backend":
@@ -247,8 +253,8 @@ def test_module_docstrings_say_what_not_why():
 
 
 def test_no_module_only_reexports_and_no_file_name_is_held_three_times():
-    shells = [name for name, path in MODULES.items()
-              if path.name != "__init__.py" and only_reexports(path.read_text())]
+    shells = [name for name, path in MODULES.items() if name not in FACADE
+              and path.name != "__init__.py" and only_reexports(path.read_text())]
     assert not shells, f"modules that only re-export (import from the real home): {shells}"
     holders = collections.defaultdict(list)
     for name, path in MODULES.items():
@@ -256,6 +262,17 @@ def test_no_module_only_reexports_and_no_file_name_is_held_three_times():
             holders[path.name].append(name)
     crowded = {file: names for file, names in holders.items() if len(names) >= 3}
     assert not crowded, f"file names held by three modules or more: {crowded}"
+
+
+def test_the_facade_only_reexports_and_is_listed_in_the_port_guide():
+    """torch's module paths (minipar.FACADE) hold no code of their own: each name lives in one
+    real home, and docs/torch.md's table lists every facade module."""
+    assert set(FACADE) <= set(MODULES), sorted(set(FACADE) - set(MODULES))
+    coded = [name for name in FACADE if not only_reexports(MODULES[name].read_text())]
+    assert not coded, f"facade modules with code of their own (move it to its home): {coded}"
+    guide = (PACKAGE.parent / "docs" / "torch.md").read_text()
+    unlisted = [name for name in FACADE if f"`{name}`" not in guide]
+    assert not unlisted, f"facade modules docs/torch.md does not list: {unlisted}"
 
 
 def test_point_to_point_calls_read_as_their_mpi_call():

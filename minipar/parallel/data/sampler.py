@@ -1,17 +1,20 @@
-"""Which samples each rank trains on: a seeded shard per rank, reshuffled every epoch; it follows
-``torch.utils.data.DistributedSampler``.
+"""Which samples each rank trains on: a seeded shard per rank, reshuffled every epoch; it is
+``torch.utils.data.DistributedSampler`` (also at that path), torch's very shards for a seed.
 
-    sampler = DistributedSampler(n, num_replicas=comm.size, rank=comm.rank, seed=0)
+    sampler = DistributedSampler(n, num_replicas=comm.size, rank=comm.rank, seed=0)  # or a dataset
     sampler.set_epoch(epoch)
     for idx in sampler.batches(global_batch):   # this rank's local batches of global/N samples
-        ...
+        ...                                     # (or DataLoader(dataset, b, sampler=sampler))
 
 Sizes that do not work are refused on every rank from its own arguments, so every rank raises
 the same ValueError and no rank is left waiting in a collective.
 """
 import math
+import numbers
 
 from ... import backend
+from ...comm import world
+from ...generator import Generator, permutation
 
 
 def local_batch_size(global_batch, num_replicas):
@@ -28,11 +31,20 @@ def local_batch_size(global_batch, num_replicas):
 
 
 class DistributedSampler:
-    """Rank ``rank``'s share of ``n`` samples; ``set_epoch(e)`` before each epoch reshuffles."""
+    """Rank ``rank``'s share of a dataset (or of ``n`` samples); ``set_epoch(e)`` before each
+    epoch reshuffles. ``num_replicas`` and ``rank`` default to the world's, as torch's to the
+    default group's."""
 
-    def __init__(self, n, num_replicas, rank, shuffle=True, seed=0, drop_last=False):
+    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0,
+                 drop_last=False):
+        n = dataset if isinstance(dataset, numbers.Integral) else len(dataset)
+        if num_replicas is None or rank is None:
+            comm = world()
+            num_replicas = comm.size if num_replicas is None else num_replicas
+            rank = comm.rank if rank is None else rank
         if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank {rank} out of range for {num_replicas} replicas")
+            raise ValueError(f"Invalid rank {rank}, rank should be in the interval "
+                             f"[0, {num_replicas - 1}] for {num_replicas} replicas")
         if n < num_replicas:  # some rank would train only on copies of other ranks' samples
             raise ValueError(
                 f"rank {rank}: the dataset has {n} samples, fewer than the {num_replicas} ranks: "
@@ -47,11 +59,10 @@ class DistributedSampler:
 
     def permutation(self):
         """This epoch's order of all n indices, the same on every rank (seeded with
-        ``seed + epoch``: no communication), before padding."""
-        host = backend.get_array_module()  # NumPy: indices live on the host
+        ``seed + epoch``: no communication), before padding: torch.randperm's for that seed."""
         if self.shuffle:
-            return host.random.default_rng(self.seed + self.epoch).permutation(self.n)
-        return host.arange(self.n)
+            return permutation(self.n, Generator().manual_seed(self.seed + self.epoch))
+        return backend.get_array_module().arange(self.n)  # NumPy: indices live on the host
 
     def indices(self):
         """This rank's indices for the current epoch (``num_samples`` of them): the permutation
