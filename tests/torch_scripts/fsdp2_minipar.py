@@ -7,7 +7,7 @@ import numpy as np
 import minipar as torch
 import minipar.distributed as dist
 import minipar.nn as nn
-import minipar.functional as F
+import minipar.nn.functional as F
 import minipar.optim as optim
 from minipar.distributed.device_mesh import init_device_mesh
 from minipar.distributed.fsdp import MixedPrecisionPolicy, fully_shard
