@@ -48,7 +48,11 @@ class Tensor:
     shape = property(lambda self: self.data.shape)
     ndim = property(lambda self: self.data.ndim)
     dtype = property(lambda self: self.data.dtype)
-    size = property(lambda self: self.data.size)
+    # NumPy's element count, which the library reads as a number, and torch's t.size() and
+    # t.size(dim), which ported scripts call: one int that can be called
+    size = property(lambda self: _Size(self.data.size, self.data.shape))
+    numel = lambda self: int(self.data.size)  # noqa: E731
+    dim = lambda self: self.data.ndim  # noqa: E731
     is_leaf = property(lambda self: self._backward is None and not self._parents)
 
     def __len__(self):
@@ -274,6 +278,22 @@ class Tensor:
 
     def _xp(self):
         return backend.get_array_module(self.data)
+
+
+class _Size(int):
+    """A tensor's element count (an int, as NumPy's ``size``) that, called as torch's
+    ``size()``, gives the shape, or ``size(dim)`` one dimension of it."""
+
+    def __new__(cls, count, shape):
+        size = super().__new__(cls, count)
+        size.shape = tuple(shape)
+        return size
+
+    def __call__(self, dim=None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def __reduce__(self):  # pickled (an object collective) as the plain count
+        return int, (int(self),)
 
 
 def _varargs(args):

@@ -134,3 +134,13 @@ def test_torchs_namespace_from_import_minipar():
     assert m.utils.data.distributed.DistributedSampler is m.parallel.data.DistributedSampler
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         m.nope
+
+
+def test_size_numel_and_dim_as_torch_while_size_stays_a_count():
+    (a, ta) = pair(3, 4, 5)
+    assert a.size() == tuple(ta.size()) and a.size(1) == ta.size(1) and a.size(-1) == 5
+    assert a.numel() == ta.numel() == 60 and a.dim() == ta.dim() == 3
+    # uncalled, NumPy's element count: the library's own arithmetic keeps working
+    assert a.size == 60 and a.size * 8 == 480 and isinstance(a.size, int)
+    with pytest.raises(IndexError):
+        a.size(3)
