@@ -16,7 +16,8 @@ import os
 import numpy
 
 from . import dtypes
-from .dtypes import bfloat16, dtype, finfo, float16, is_floating, is_low_precision  # noqa: F401
+from .dtypes import (bfloat16, cast, dtype, finfo, float8_e4m3fn, float8_e5m2,  # noqa: F401
+                     float16, is_floating, is_low_precision)
 
 _VALID_DEVICES = ("auto", "cpu", "gpu", "strict")
 _state = {"xp": None, "device": None}
@@ -59,7 +60,7 @@ def _cupy_or_none():
 def set_device(device):
     """Choose the array module for new arrays: ``"cpu"``, ``"gpu"``, ``"strict"`` or ``"auto"``."""
     device = str(device).lower()
-    _state.pop("bf16", None)  # does the new device's library have bfloat16? asked again
+    _state.pop("makes", None)  # does the new device's library have bfloat16, FP8? asked again
     if device not in _VALID_DEVICES:
         raise ValueError(f"unknown device {device!r}: choose one of {', '.join(_VALID_DEVICES)}")
     if device == "cpu":
@@ -122,26 +123,26 @@ def asarray(data, dtype=None):
 
 def check_dtype(name):
     """The dtype ``name`` resolves to, refused by name where the device's array library lacks
-    it: CuPy has no bfloat16 (nor the strict device, which keeps CuPy's rules); float16 works."""
+    it: CuPy has no bfloat16 and no FP8 (nor the strict device, which keeps CuPy's rules);
+    float16 works."""
     d = dtypes.dtype(name)
-    if d == bfloat16 and device() != "cpu" and not _device_has_bf16():
-        raise TypeError(f"bfloat16 arrays are not supported on the {device()} device: CuPy has "
-                        "no bfloat16 dtype; use float16 there (with a GradScaler), or "
-                        "MINIPAR_DEVICE=cpu")
+    if d in dtypes.HOST_ONLY and device() != "cpu" and not _device_makes(d):
+        raise dtypes.refusal(d, device())
     return d
 
 
-def _device_has_bf16():
-    """Whether the device's array library makes bfloat16 arrays: asked once per device (a
-    trial allocation), remembered until set_device."""
-    if "bf16" not in _state:
-        _state["bf16"] = device() != "strict" and _makes_bf16()
-    return _state["bf16"]
+def _device_makes(d):
+    """Whether the device's array library makes arrays of dtype d: asked once per device and
+    dtype (a trial allocation), remembered until set_device."""
+    makes = _state.setdefault("makes", {})
+    if d not in makes:
+        makes[d] = device() != "strict" and _trial(d)
+    return makes[d]
 
 
-def _makes_bf16():
+def _trial(d):
     try:
-        xp().zeros(1, dtype=bfloat16)
+        xp().zeros(1, dtype=d)
         return True
     except Exception:
         return False

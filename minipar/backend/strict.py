@@ -18,7 +18,8 @@ import weakref as _weakref
 
 import numpy as _np
 
-from .dtypes import bfloat16 as _BF16
+from .dtypes import HOST_ONLY as _HOST_ONLY
+from .dtypes import refusal as _refusal
 
 _SCALARS = (bool, int, float, complex, _np.generic)
 _HOST = _np.ndarray
@@ -29,9 +30,8 @@ def _wrap(x):
     """NumPy results as device arrays (scalars become 0-d arrays, as CuPy returns them: a
     reduction gives a 0-d array, not a NumPy scalar)."""
     if isinstance(x, (_HOST, _np.generic)):
-        if x.dtype == _BF16:
-            raise TypeError("bfloat16 arrays are not supported on the strict device: CuPy has no "
-                            "bfloat16 dtype; use float16 there, or MINIPAR_DEVICE=cpu")
+        if x.dtype in _HOST_ONLY:
+            raise _refusal(x.dtype, "strict")
         return _device(_np.asarray(x) if isinstance(x, _np.generic) else x)
     if isinstance(x, tuple):
         return tuple(_wrap(v) for v in x)
