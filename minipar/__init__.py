@@ -19,7 +19,8 @@ from .autograd import (Tensor, as_tensor, concat, embedding, enable_grad, gather
 from .generator import Generator  # noqa: F401
 from .random import get_rng_state, manual_seed, set_rng_state  # noqa: F401
 from .backend import to_numpy  # noqa: F401
-from .backend.dtypes import bfloat16, float16, float32, float64  # noqa: F401
+from .backend.dtypes import (bfloat16, float8_e4m3fn, float8_e5m2, float16, float32,  # noqa: F401
+                             float64)
 from .io import load, save  # noqa: F401
 
 __version__ = "0.1.0"

@@ -339,7 +339,7 @@ def apply(op, *inputs, **options):
         needed = needed or x.requires_grad
     out, grad_fns = op(*arrays, **options)
     name = op.__name__.rstrip("_")
-    differentiable = out.dtype.kind in "fc" or out.dtype == backend.bfloat16
+    differentiable = out.dtype.kind == "c" or backend.is_floating(out.dtype)
     if not (needed and is_grad_enabled() and differentiable):
         return _result(out, (), None, name)
     wanted = [(grad_fns[i], p.data.shape) if p.requires_grad else None

@@ -485,4 +485,5 @@ def astype(a, dtype):
     """A copy in another dtype (a name such as "bf16" too); the gradient is cast back to the
     input's dtype, so a float32 parameter used in float16 still gets a float32 gradient."""
     src = a.dtype
-    return a.astype(backend.check_dtype(dtype)), (lambda g: g.astype(src),)
+    # backend.cast rounds as torch's .to() does (float8_e4m3fn saturates, NumPy's gives NaN)
+    return backend.cast(a, backend.check_dtype(dtype)), (lambda g: g.astype(src),)

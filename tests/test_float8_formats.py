@@ -113,3 +113,18 @@ def test_fp8_refused_by_name_on_the_strict_device(name):
     with pytest.raises(TypeError, match="bfloat16 arrays are not supported on the strict"):
         backend.asarray(host.astype(np.float32), "bf16")
     assert backend.asarray(np.zeros(3, np.float16)).dtype == np.float16
+
+
+@needs_torch
+@on_cpu
+@pytest.mark.parametrize("name", FORMATS)
+def test_tensor_to_and_module_astype_round_as_torch(name):
+    """Tensor.to, minipar's own and torch's spelling of the dtype, and Module.astype go through
+    the same rounding: past e4m3fn's max they saturate as torch's .to() does, not NaN."""
+    x = np.array([0.0, 1e-9, 0.3, 448.0, 500.0, -1e5, 60000.0, 70000.0], np.float32)
+    want = torch.tensor(x).to(getattr(torch, name)).view(torch.uint8).numpy()
+    for d in (name, getattr(minipar, name), getattr(torch, name)):
+        assert (minipar.tensor(x).to(d).data.view(np.uint8) == want).all()
+    layer = minipar.nn.Linear(1, x.size, bias=False)
+    layer.weight.data = x.reshape(-1, 1).copy()
+    assert (layer.astype(name).weight.data.view(np.uint8).ravel() == want).all()

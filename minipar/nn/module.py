@@ -147,13 +147,13 @@ class Module:
         """Convert parameters and floating-point buffers, e.g. ``model.astype("float64")``."""
         dtype = backend.check_dtype(dtype)
         for p in self.parameters():
-            p.data = p.data.astype(dtype)
+            p.data = backend.cast(p.data, dtype)
             p.grad = None
         for module in self.modules():
             for name in module._buffers:
                 value = getattr(module, name)
                 if backend.is_floating(value.dtype):
-                    setattr(module, name, value.astype(dtype))
+                    setattr(module, name, backend.cast(value, dtype))
         return self
 
     def double(self):
