@@ -213,6 +213,47 @@ chunks = got.transpose(1, 2, 0, 3, 4).reshape(B, H // P, 2 * P, n // 2, d)
 placement = _placement(P, layout)
 return chunks[:, :, [placement.index(i) for i in range(2 * P)]].reshape(B, H // P, P * n, d)
 """, ULYSSES_BACK)
+FP8_AMAX = """
+counts = [-(-n // b) for n, b in zip(x.shape, block)]
+pad = [(0, c * b - n) for n, b, c in zip(x.shape, block, counts)]
+a = xp.pad(xp.abs(x), pad)
+return a.reshape([v for c, b in zip(counts, block) for v in (c, b)]).max(
+    axis=tuple(range(1, 2 * x.ndim, 2)))
+"""
+FP8_CAST = """
+fmax = FLOAT32.type(float(dtypes.finfo(d).max))
+amax = backend.get_array_module(x).maximum(_block_amax(x, block), FLOAT32.type(1e-4))
+data = saturate(x * expand(fmax / amax, block, x.shape), d)
+return Quantized(data, amax / fmax, block)
+"""
+FP8_NO_FLOOR = (FP8_AMAX, """
+fmax = FLOAT32.type(float(dtypes.finfo(d).max))
+amax = _block_amax(x, block)  # a zero tile: amax 0
+data = saturate(x * expand(fmax / amax, block, x.shape), d)
+return Quantized(data, amax / fmax, block)
+""")
+FP8_INVERTED = (FP8_AMAX, """
+fmax = FLOAT32.type(float(dtypes.finfo(d).max))
+amax = backend.get_array_module(x).maximum(_block_amax(x, block), FLOAT32.type(1e-4))
+data = saturate(x * expand(fmax / amax, block, x.shape), d)
+return Quantized(data, fmax / amax, block)  # the multiplier, not the scale x = data · scale
+""")
+FP8_ROW_AMAX = ("""
+return xp.abs(x).max(axis=-1, keepdims=True)  # one scale per row (per token), not per tile
+""", FP8_CAST)
+FP8_NO_ABS = ("""
+counts = [-(-n // b) for n, b in zip(x.shape, block)]
+pad = [(0, c * b - n) for n, b, c in zip(x.shape, block, counts)]
+a = xp.pad(x, pad)  # the largest value, not the largest magnitude
+return a.reshape([v for c, b in zip(counts, block) for v in (c, b)]).max(
+    axis=tuple(range(1, 2 * x.ndim, 2)))
+""", FP8_CAST)
+FP8_PARTIAL_DROPPED = ("""
+counts = [n // b for n, b in zip(x.shape, block)]  # the partial last tile left out
+a = xp.abs(x)[tuple(slice(0, c * b) for c, b in zip(counts, block))]
+return a.reshape([v for c, b in zip(counts, block) for v in (c, b)]).max(
+    axis=tuple(range(1, 2 * x.ndim, 2)))
+""", FP8_CAST)
 WRONG = {  # name: (task, code for its region, words its grade's output must contain)
     "ring: both partners send first": ("ring-all-reduce", RING_SEND_FIRST, HANG + [
         "at minipar/comm/patterns.py:", "in ring_reduce_scatter: c.Send("]),
@@ -291,9 +332,21 @@ WRONG = {  # name: (task, code for its region, words its grade's output must con
     "ulysses: MPI's own all-to-all": ("ulysses-all-to-all", ULYSSES_MPI_ALLTOALL, [
         "MPI's own collectives do the work", "MPI.Intracomm.Alltoall at "
         "minipar/parallel/context/ulysses.py"]),
+    "fp8: no 1e-4 floor under amax": ("fp8-tile-scale", FP8_NO_FLOOR, [
+        "quantize_tiles of a (5, 300) activation in float8_e4m3fn: the scales",
+        "got 0.0", "at least 1e-4"]),
+    "fp8: the multiplier kept as the scale": ("fp8-tile-scale", FP8_INVERTED, [
+        "the scales, one per 1x128 block", "scale = amax / fmax, so x ≈ data · scale"]),
+    "fp8: one amax per row": ("fp8-tile-scale", FP8_ROW_AMAX, [
+        "_block_amax, quantize_tiles of a (5, 300) activation: max |x| of each 1x128 block",
+        "expected shape (5, 3), got shape (5, 1)"]),
+    "fp8: the largest value, not magnitude": ("fp8-tile-scale", FP8_NO_ABS, [
+        "_block_amax, quantize_tiles", "at index (0, 2), got 0.0242", "max |x|"]),
+    "fp8: the partial tile dropped": ("fp8-tile-scale", FP8_PARTIAL_DROPPED, [
+        "_block_amax", "expected shape (5, 3), got shape (5, 2)", "padded with zeros"]),
 }
 NEW_TASKS = ["zero-sharded-step", "zero-bubble-w", "vocab-cross-entropy", "moe-top-k",
-             "ulysses-all-to-all"]
+             "ulysses-all-to-all", "fp8-tile-scale"]
 
 
 def student_tree(folder, task, code):

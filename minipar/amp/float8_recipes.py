@@ -54,9 +54,11 @@ def saturate(x, d):
 
 
 def _block_amax(x, block):
-    """max |x| over each block, the last ones partial (padded with zeros, as DeepGEMM pads);
-    NaN propagates (torch.amax's rule)."""
+    """max |x| over each block (one size per axis), an array of shape ceil(x.shape / block):
+    the last blocks partial (padded with zeros, as DeepGEMM pads); NaN propagates (torch.amax's
+    rule)."""
     xp = backend.get_array_module(x)
+    ### BEGIN SOLUTION fp8-tile-scale
     counts = [-(-n // b) for n, b in zip(x.shape, block)]
     pad = [(0, c * b - n) for n, b, c in zip(x.shape, block, counts)]
     a = xp.abs(x)
@@ -64,6 +66,7 @@ def _block_amax(x, block):
         a = xp.pad(a, pad)
     a = a.reshape([v for c, b in zip(counts, block) for v in (c, b)])
     return a.max(axis=tuple(range(1, 2 * x.ndim, 2)))
+    ### END SOLUTION
 
 
 def expand(scale, block, shape):
@@ -142,11 +145,13 @@ class DelayedScaling:
 
 def _deepseek(x, d, block):
     """DeepGEMM's casts: amax clamped at 1e-4, data = x · (fmax / amax), scale = amax / fmax."""
+    ### BEGIN SOLUTION fp8-tile-scale
     fmax = FLOAT32.type(float(dtypes.finfo(d).max))
     amax = backend.get_array_module(x).maximum(_block_amax(x, block), FLOAT32.type(1e-4))
     with numpy.errstate(invalid="ignore"):  # an inf in a block: that block's data is NaN
         data = saturate(x * expand(fmax / amax, block, x.shape), d)
     return Quantized(data, amax / fmax, block)
+    ### END SOLUTION
 
 
 def quantize_tiles(x, dtype="float8_e4m3fn", tile=128, axis=-1):

@@ -73,7 +73,7 @@ TASKS = (
        "06", ["test_zero_sharded_step_equals_a_plain_step"], "minipar/parallel/data/zero.py"),
     _t("one-f-one-b", 5, "one rank's 1F1B order: warm-up, steady state, drain", "09",
        ["test_one_f_one_b_order_and_in_flight"], "minipar/parallel/pipeline/schedules.py"),
-    _t("zero-bubble-w", 10, "zero bubble's W pass: the weight gradients B deferred", "09",
+    _t("zero-bubble-w", 5, "zero bubble's W pass: the weight gradients B deferred", "09",
        ["test_zero_bubble_w_gives_the_plain_gradients"], "minipar/graph.py"),
     _t("megatron-f-g", 5, "Megatron's conjugate f and g operators", "10",
        ["test_megatron_f_g_are_conjugate"], "minipar/parallel/tensor/mappings.py"),
@@ -92,6 +92,9 @@ TASKS = (
     _t("ulysses-all-to-all", 5, "Ulysses' all-to-all: my tokens of all heads <-> all tokens of "
        "H/P heads", "14", ["test_ulysses_all_to_all_equals_attention_over_the_whole_sequence"],
        "minipar/parallel/context/ulysses.py"),
+    _t("fp8-tile-scale", 5, "FP8's fine-grained scales: amax per 1x128 tile (128x128 block), "
+       "then quantise", "17", ["test_fp8_tile_scale_equals_deepseeks_definition"],
+       "minipar/amp/float8_recipes.py"),
 )
 BY_ID = {t.id: t for t in TASKS}
 

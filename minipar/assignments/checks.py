@@ -526,3 +526,45 @@ def _ulysses_body(task):
 def test_ulysses_all_to_all_equals_attention_over_the_whole_sequence(nprocs, sends):
     _on_ranks("ulysses-all-to-all", "Ulysses' attention equals the whole sequence's",
               _ulysses_body, nprocs, sends)
+
+
+def _deepseek_reference(x, fmax, block):
+    """DeepSeek-V3 §3.3 written out block by block: amax = max(max |x| of the block, 1e-4),
+    data = x · fmax / amax cast (±fmax saturated), scale = amax / fmax, float32 throughout."""
+    counts = [-(-n // b) for n, b in zip(x.shape, block)]
+    amax, data = np.zeros(counts, np.float32), np.zeros(x.shape, np.float32)
+    for i in np.ndindex(*counts):
+        part = tuple(slice(k * b, (k + 1) * b) for k, b in zip(i, block))
+        amax[i] = np.abs(x[part]).max()
+        floor = np.maximum(amax[i], np.float32(1e-4))
+        data[part] = np.clip(x[part] * (fmax / floor), -fmax, fmax)
+    return data, np.maximum(amax, np.float32(1e-4)) / fmax, amax
+
+
+def test_fp8_tile_scale_equals_deepseeks_definition():
+    """quantize_tiles (1x128 along the last axis) and quantize_blocks (128x128) against the
+    definition: the same FP8 bits and float32 scales, partial tiles, a zero tile, a negative
+    outlier, an inf's tile NaN and the others untouched, e4m3 and e5m2."""
+    from minipar import backend
+    from minipar.amp.float8_recipes import _block_amax, quantize_blocks, quantize_tiles
+    task, data, files = "fp8-tile-scale", np.random.default_rng(17), "minipar/amp/float8_recipes.py"
+    hint = ("amax per block of max |x| (partial blocks padded with zeros), at least 1e-4; "
+            "data = x · fmax / amax saturated to ±fmax; scale = amax / fmax, so x ≈ data · scale")
+    x = (data.standard_normal((5, 300)) * 0.01).astype(np.float32)
+    x[1, 5], x[2, :128], x[3, 140] = -900.0, 0.0, np.inf  # an outlier, a zero tile, an inf
+    w = data.standard_normal((200, 300)).astype(np.float32)
+    for name in ("float8_e4m3fn", "float8_e5m2"):
+        fmax, d = np.float32(backend.finfo(name).max), backend.dtype(name)
+        for what, a, block, call in (
+                ("quantize_tiles of a (5, 300) activation", x, (1, 128), quantize_tiles),
+                ("quantize_blocks of a (200, 300) weight", w, (128, 128), quantize_blocks)):
+            with np.errstate(invalid="ignore", over="ignore"):
+                want, scale, amax = _deepseek_reference(a, fmax, block)
+            _expect(task, f"_block_amax, {what}: max |x| of each {block[0]}x{block[1]} block",
+                    _attempt(task, f"_block_amax, {what}", lambda: _block_amax(a, block), files),
+                    amax, hint)
+            q = _attempt(task, f"{what} in {name}", lambda: call(a, name), files)
+            _expect(task, f"{what} in {name}: the scales, one per {block[0]}x{block[1]} block",
+                    np.asarray(q.scale), scale, hint)
+            _expect(task, f"{what} in {name}: the FP8 data", np.asarray(q.data).astype(
+                np.float32), backend.cast(want, d).astype(np.float32), hint)

@@ -17,11 +17,12 @@ TIMEOUT = 40  # seconds per multi-rank job: a stub that hangs is reported, not w
 
 # --- what a failed check says -------------------------------------------------------------------
 def _difference(got, want):
-    """'' when got equals want, else where they first differ, in words."""
+    """'' when got equals want (NaN where NaN is expected too), else where they first differ."""
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape:
         return f"expected shape {want.shape}, got shape {got.shape}"
-    bad = np.flatnonzero(~np.isclose(got, want, rtol=1e-10, atol=1e-12).reshape(-1))
+    close = np.isclose(got, want, rtol=1e-10, atol=1e-12, equal_nan=True)
+    bad = np.flatnonzero(~close.reshape(-1))
     if bad.size == 0:
         return ""
     i = int(bad[0])
