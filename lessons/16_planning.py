@@ -1,6 +1,6 @@
 """Lesson 16: planning a run: the planner's prediction beside a real run, then GPT-3 on 1,024 GPUs.
 
-    mpiexec -n 4 python lessons/16_planning.py        (works with -n 8; add --quick)
+    mpiexec -n 4 python lessons/16_planning.py        (works with -n 2 and -n 8; add --quick)
 
 ``minipar plan`` (docs/plan.md) prices a layout with the library's own formulas. Part 1 fits this
 machine's α-β-γ and engine (``--profile here``), predicts four layouts of a small GPT (DP,
@@ -9,9 +9,9 @@ model-state bytes by kind (to the byte), the activations (ActivationMemory), the
 kind. Part 2 ranks every layout of GPT-3 175B on 1,024 H100s (``minipar plan --model gpt3-175b
 --gpus 1024``) and works out why the top one wins. ``--plot DIR`` draws memory and time by kind.
 
-Read next: minipar/plan/layout_bytes.py, activations.py, time.py, search.py, hardware.py, then
-docs/plan.md; proved by tests/test_plan_measured.py, tests/test_plan_activations.py and
-tests/test_plan_cli.py.
+Read next: minipar/plan/layout_bytes.py, activations.py, time.py, gemm.py, kernels.py,
+search.py, hardware.py, then docs/plan.md; proved by tests/test_plan_measured.py,
+tests/test_plan_activations.py, tests/test_plan_cli.py and tests/test_plan_narayanan.py.
 """
 import dataclasses
 import time
@@ -47,12 +47,19 @@ SCALE = ["plan", "--model", "gpt3-175b", "--gpus", "1024", "--gpus-per-node", "8
          "--profile", "h100"]
 TOP = 5
 ACTIVATION_TOLERANCE = 0.05
-# DP's measured / predicted step time. Its step is the engine's compute and one all-reduce,
-# each priced from what --profile here measures now on these ranks (the engine's CPU costs x
-# the ranks' contention, the α-β fit up to 4 MiB); measured 0.85-1.49x over 8 runs on 4 and 8
-# ranks of a 2-core machine, quiet and loaded (load average 7). A factor 2 either way: what
-# a planner that ranks layouts (whose times differ by more) must get right.
-RATIO_BAND = (0.5, 2.0)
+# measured / predicted step time of each layout. Every term of a step is priced from what
+# --profile here measures now, on these ranks: the engine's CPU costs at this model's shapes x
+# the ranks' contention, the α-β fit up to 4 MiB, ZeRO-3's own work per unit. What is left is
+# the machine's pace drifting between the timing and the run, and the pipeline runtime's and
+# the collectives' Python: measured 0.87-1.16x for all four layouts on 2 and 4 ranks of the
+# 2-core machine when quiet. Beside other jobs (load average 3.7 on 2 cores) ZeRO-3's 84 small
+# collectives a step each waited for a rank off its core: 1.8-2.4x. Checked for every layout on
+# 2 and 4 ranks of a quiet machine; on 8 (four ranks a core) or beside other jobs (the load
+# average above the cores) DP alone is checked, the others printed.
+RATIO_BAND = (0.67, 1.5)
+RATIO_REASON = ("each term of the step measured now on these ranks (the engine, the ranks' "
+                "contention, the α-β fit): what is left is the machine's drift between timing "
+                "and run")
 
 
 def layouts(n):
@@ -276,7 +283,7 @@ def part1_activations(found):
         check_activations(name, predicted, measured)
 
 
-def part1_time(found, cluster, cores, steps):
+def part1_time(found, cluster, cores, steps, quiet=True):
     say(f"\n  step time in ms: predicted (--profile here) beside measured (fastest of {steps} "
         f"steps, each the",
         "  slowest rank's; communication from the communicators' clocks, compute the rest)",
@@ -310,17 +317,26 @@ def part1_time(found, cluster, cores, steps):
         "each paying its own",
         "  α steps, and its own work per unit: both priced unit by unit. Not priced: the "
         "pipeline runtime's",
-        "  Python per action, and the wait of each of ZeRO-3's, tp's and pp's many small "
-        "messages for a rank",
-        "  that is off its core (ranks beyond the cores, other jobs), so those three read "
-        "high on a busy machine;",
-        f"  DP, compute and one all-reduce, is checked: {ratios['DP']:.2f}x, in "
-        f"{RATIO_BAND[0]:g}-{RATIO_BAND[1]:g}x. On a quiet machine",
-        "  scripts/bench_plan.py compares them all, layout by layout.")
-    check(f"DP: measured step time {RATIO_BAND[0]:g}-{RATIO_BAND[1]:g}x the predicted "
-          "(compute and one all-reduce, priced from --profile here)",
-          RATIO_BAND[0] <= ratios["DP"] <= RATIO_BAND[1],
-          f"{RATIO_BAND[0]:g}-{RATIO_BAND[1]:g}x", f"{ratios['DP']:.2f}x")
+        "  Python per action, and the wait of ZeRO-3's, tp's and pp's many small messages "
+        "for a rank off its",
+        "  core (other jobs, or more ranks than cores).",
+        f"  measured / predicted is checked in {RATIO_BAND[0]:g}-{RATIO_BAND[1]:g}x: "
+        "each term of a step is measured",
+        "  now on these ranks (the engine, the ranks' contention, the α-β fit), so what is "
+        "left is the machine's",
+        "  drift between the timing and the run. DP, compute and one all-reduce, on every "
+        "rank count and load;",
+        "  the others on 2 and 4 ranks of a quiet machine (beside other jobs, or four ranks a "
+        "core, ZeRO-3's",
+        "  many collectives wait for ranks off their core)"
+        + ("." if quiet else ": not checked now, the load average is above the cores."),
+        "  On a quiet machine scripts/bench_plan.py compares 16 layouts, one by one.")
+    band = f"{RATIO_BAND[0]:g}-{RATIO_BAND[1]:g}x"
+    for name, ratio in ratios.items():
+        if name == "DP" or cluster.gpus <= 4 and quiet:
+            check(f"{name}: measured step time {band} the predicted (--profile here; "
+                  f"{RATIO_REASON})", RATIO_BAND[0] <= ratio <= RATIO_BAND[1], band,
+                  f"{ratio:.2f}x")
 
 
 def part2_scale():
@@ -346,22 +362,27 @@ def why_first(result, ranked):
         f"{t['compute']:.3f} s ({t['compute'] / t['total']:.1%}),",
         f"  communication {t['comm']:.3f} s (tp {t['tp']:.3f}, cp {t['cp']:.3f}, pp "
         f"{t['pp']:.3f}, dp {t['dp']:.3f}), bubble {t['bubble']:.3f} s.")
-    computes = [p["time_s"]["compute"] for p in ranked]
-    if max(computes) - min(computes) <= 1e-9 * max(computes):
-        say(f"  Every layout computes the same FLOPs in the same {computes[0]:.3f} s (the "
-            "recompute mode is fixed):",
-            "  what ranks them is the communication and the bubble each adds. For each size, "
-            "the best layout",
-            "  where it differs (the other sizes follow), its rank, and what moves against the "
-            "first",
-            "  (seconds by kind, memory):")
+    slowest = max(ranked, key=lambda p: p["time_s"]["compute"])
+    say(f"  Every layout computes the same FLOPs ({first['flops_per_step']:.3e} a step), but "
+        f"not in the same time: {t['compute']:.3f} s here,",
+        f"  {slowest['time_s']['compute']:.3f} s for {short(slowest['layout'])} "
+        f"({result['seq'] // slowest['layout']['cp']} tokens a GPU: every GEMM streams "
+        "its weights for a few rows),",
+        "  each GEMM priced by its own shape (a rank's share under tp and cp: narrower "
+        "products fill fewer",
+        "  waves of the H100's 132 SMs), each element-wise kernel by its bytes. For each "
+        "size, the best layout",
+        "  where it differs (the other sizes follow), its rank, and what moves against the "
+        "first",
+        "  (seconds by kind, memory):")
     for axis in ("tp", "pp", "cp", "zero"):
         rank, other = next(((i, p) for i, p in enumerate(ranked, 1)
                             if p["layout"][axis] != L[axis]), (None, None))
         if other is None:
             say(f"  {axis}: no layout that fits has {axis} other than {L[axis]}")
             continue
-        moves = {k: other["time_s"][k] - t[k] for k in ("tp", "cp", "pp", "dp", "ep", "bubble")}
+        moves = {k: other["time_s"][k] - t[k] for k in ("compute", "tp", "cp", "pp", "dp", "ep",
+                                                        "bubble")}
         big = sorted((k for k in moves if abs(moves[k]) >= 5e-4), key=lambda k: -abs(moves[k]))
         said = ", ".join(f"{k} {moves[k]:+.3f}" for k in big[:3]) or "no kind moves"
         say(f"  {axis} {L[axis]} -> {other['layout'][axis]}: rank {rank}, "
@@ -406,15 +427,15 @@ def check_scale(result):
 def main():
     args = arguments(__doc__, ("--steps", 5, "timed steps per layout"),
                      quick="3 timed steps, a shorter fit", plot=True)
-    world = mpi_world(__doc__, ranks=(4, 8))
+    world = mpi_world(__doc__, ranks=(2, 4, 8))
     steps = 3 if args.quick else args.steps
-    note_load()  # timings follow: a busy machine makes them noise
+    busy = note_load()  # timings follow: a busy machine makes them noise
     cluster, cores = part1_here(world, args.quick)
     found = part1_measure(world, cluster, steps)
     if world.rank == 0:
         part1_memory(found)
         part1_activations(found)
-        part1_time(found, cluster, cores, steps)
+        part1_time(found, cluster, cores, steps, quiet=not busy)
         result, shown = part2_scale()
         check_scale(result)
         figure(args.plot, "16_plan", lambda figures: stacked_bars(shown))

@@ -199,7 +199,7 @@ def planned(precision, world, layout, dp, rows=8, microbatches=2):
     sizes = {k: v for k, v in layout.items() if k in ("tp", "pp", "cp", "ep", "schedule",
                                                      "chunks")}
     plan = Layout(dp=dp, micro_batch=rows // (dp * microbatches), recompute="none",
-                  precision=precision, **sizes)
+                  precision=precision, activations="minipar", **sizes)
     cluster = Cluster(gpus=world, gpus_per_node=world, profile=PROFILES["h100"])
     return predict(shape(layout), plan, cluster, rows)["memory_bytes"]["activations"]
 
@@ -283,7 +283,9 @@ def test_the_planner_walks_every_rank_at_any_micro_batch_count():
                                            schedule) == pytest.approx(worst), (schedule, p, m)
 
 
-def test_planner_uses_minipars_model_by_default_megatrons_when_asked():
+def test_planner_uses_megatrons_model_on_a_gpu_and_minipars_on_here_or_when_asked():
+    import dataclasses
+
     from minipar.plan import PRESETS
     from minipar.plan.activations import layout_activation_bytes
     from minipar.plan.hardware import PROFILES
@@ -292,15 +294,25 @@ def test_planner_uses_minipars_model_by_default_megatrons_when_asked():
 
     gpt3 = PRESETS["gpt3-175b"].shape
     cluster = Cluster(gpus=1024, gpus_per_node=8, profile=PROFILES["h100"])
-    layout = Layout(tp=8, pp=8, dp=16, recompute="selective")
-    ours = predict(gpt3, layout, cluster, 1536)
-    theirs = predict(gpt3, Layout(tp=8, pp=8, dp=16, activations="megatron"), cluster, 1536)
+    theirs = predict(gpt3, Layout(tp=8, pp=8, dp=16, recompute="selective"), cluster, 1536)
+    ours = predict(gpt3, Layout(tp=8, pp=8, dp=16, activations="minipar"), cluster, 1536)
     inflight = 8  # 1F1B: the first rank holds p micro-batches
     per_layer = megatron_activation_bytes(2048, 1, 12288, 96, 8, True, "selective")
     assert theirs["memory_bytes"]["activations"] == float(per_layer) * 96 / 8 * inflight
+    assert theirs["layout"]["activations"] == "megatron"
+    assert theirs["layout"]["sequence_parallel"] is True
+    # Korthikanti et al.'s GPT-3 at tp = pp = 8, selective recompute with sp: 10.3 GB; without
+    # sp, sbh(10 + 24/t) a layer: 31.4 GB
+    assert round(theirs["memory_bytes"]["activations"] / 1e9, 1) == 10.3
+    off = predict(gpt3, Layout(tp=8, pp=8, dp=16, sequence_parallel=False), cluster, 1536)
+    assert round(off["memory_bytes"]["activations"] / 1e9, 1) == 31.4
+    assert off["layout"]["sequence_parallel"] is False
     assert ours["memory_bytes"]["activations"] == layout_activation_bytes(
         gpt3, "bf16", 8, 1, 8, 1, 1, "selective", 1536 // 16, "1f1b")
     assert ours["layout"]["activations"] == "minipar"
+    # a profile with minipar's engine (here) takes minipar's model by default
+    engine = dataclasses.replace(PROFILES["h100"], engine=object())
+    assert Layout(tp=8).resolved(engine).activations == "minipar"
     with pytest.raises(ValueError, match="activations='nvidia'"):
         predict(gpt3, Layout(tp=8, pp=8, dp=16, activations="nvidia"), cluster, 1536)
 

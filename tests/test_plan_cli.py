@@ -78,7 +78,10 @@ def test_the_table_names_each_kind(capsys):
     (["--gpus", "1024", "--tp", "8", "--pp", "8", "--zero", "4"], "--zero 4"),
     (["--gpus", "1024", "--schedule", "pipedream"], "--schedule pipedream"),
     (["--gpus", "1024", "--layers", "4"], "drop --layers"),
-    (["--gpus", "1024", "--profile", "tpu"], "no hardware profile 'tpu'"),
+    (["--gpus", "1024", "--profile", "no-such-gpu"], "--profile no-such-gpu: no such hardware"),
+    (["--gpus", "1024", "--layers", "4"], "--seq and --global-batch may override"),
+    (["--gpus", "1024", "--tp", "8", "--pp", "8", "--zero", "1", "--profile", "a100",
+      "--precision", "fp8"], "--precision fp8: A100 SXM 80GB has no fp8 matrix units"),
 ])
 def test_an_impossible_request_is_one_line_and_exit_2(extra, says, capsys):
     code, out, err = run(["plan", "--model", "gpt3-175b"] + extra, capsys)
@@ -124,7 +127,7 @@ def test_the_kinds_add_up():
     assert t["comm"] == pytest.approx(t["tp"] + t["cp"] + t["pp"] + t["dp"] + t["ep"])
     assert t["total"] == pytest.approx(t["compute"] + t["comm"] + t["bubble"])
     assert p["tokens_per_s"] == pytest.approx(1536 * GPT3.seq / t["total"])
-    assert p["mfu"] == pytest.approx(p["flops_per_step"] / (t["total"] * 989e12 * 1024))
+    assert p["mfu"] == pytest.approx(p["model_flops_per_step"] / (t["total"] * 989e12 * 1024))
 
 
 def test_model_states_are_the_formulas_by_kind():
@@ -206,7 +209,8 @@ def test_zero3_is_priced_unit_by_unit_as_minipar_gathers():
     model = nn.GPT(nn.GPTConfig(n_layer=4, n_embd=16, n_head=2, block_size=8, vocab_size=10))
     assert zero3_units(shape, 1, 1, "1f1b", None, 1) == len(layer_units(model)) == 28
     cluster = Cluster(gpus=8, gpus_per_node=8, profile=PROFILES["h100"])
-    exposed = predict(shape, Layout(dp=8, zero=3), cluster, 8)["time_s"]["dp"]
+    # not hidden behind the compute (dp_overlap=False): all of the exchange is exposed
+    exposed = predict(shape, Layout(dp=8, zero=3, dp_overlap=False), cluster, 8)["time_s"]["dp"]
     # 28 units x (a reduce-scatter and two all-gathers) x 7 ring steps of alpha each, at least
     # (one collective of all the parameters would pay 3 x 7 alphas)
     assert exposed >= 28 * 3 * 7 * PROFILES["h100"].alpha_intra

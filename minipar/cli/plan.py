@@ -10,12 +10,14 @@ of them left out every value is tried. An impossible request (no layout fits, a 
 not divide, an option the planner does not model) is one line on standard error and exit 2.
 The model and its assumptions: docs/plan.md.
 """
+import dataclasses
 import json
 import sys
 
 from minipar.cli.args import positive_int
 from minipar.plan import PRESETS, GPTShape, preset
 from minipar.plan.hardware import PROFILES, profile
+from minipar.plan.notes import notes
 from minipar.plan.search import LayoutError, check, reasons, search
 from minipar.plan.time import CP_COMMS, SCHEDULES, Cluster, Layout, predict
 
@@ -27,7 +29,8 @@ def add_arguments(parser):
     model = parser.add_argument_group("model")
     model.add_argument("--model", metavar="PRESET", help=f"one of {', '.join(PRESETS)}")
     for name in SHAPE + ("experts",):
-        model.add_argument(f"--{name}", type=positive_int)
+        model.add_argument(f"--{name}", type=positive_int,
+                           help="overrides the preset's" if name == "seq" else None)
     model.add_argument("--top-k", type=positive_int, default=1)
     model.add_argument("--global-batch", type=positive_int, help="sequences per step "
                        "(default: the preset's)")
@@ -47,9 +50,13 @@ def add_arguments(parser):
     layout.add_argument("--cp-comm", help=f"{', '.join(CP_COMMS)}: cp's ring attention (default) "
                         f"or Ulysses' all-to-alls (a ranking left without it tries both)")
     layout.add_argument("--chunks", type=positive_int, help="chunks per rank (interleaved)")
-    layout.add_argument("--precision", default="bf16", help="fp32, bf16, fp16")
-    layout.add_argument("--activations", default="minipar", choices=("minipar", "megatron"),
-                        help="activation model: minipar's ops (default) or Megatron's")
+    layout.add_argument("--precision", default="bf16", help="fp32, bf16, fp16, fp8 (FP8 "
+                        "weights, activations and messages with their scales)")
+    layout.add_argument("--activations", choices=("minipar", "megatron"),
+                        help="activation model: Megatron's (Korthikanti et al.; default on a "
+                        "GPU profile) or minipar's own ops (default on --profile here)")
+    layout.add_argument("--sequence-parallel", choices=("on", "off"),
+                        help="Megatron's sequence parallelism (default on whenever tp > 1)")
     parser.add_argument("--top", type=positive_int, default=10, help="layouts shown (ranking)")
     parser.add_argument("--json", action="store_true", help="print JSON only (docs/plan.md)")
     parser.add_argument("--plot", metavar="FILE", help="memory and step time by kind as stacked "
@@ -57,13 +64,23 @@ def add_arguments(parser):
 
 
 def model_of(args):
-    """(name, GPTShape, global batch) from --model or the shape flags."""
+    """(name, GPTShape, global batch) from --model (its --seq and --global-batch overridable:
+    a long-context stage changes both) or the shape flags."""
     if args.model:
-        given = [f"--{n}" for n in SHAPE + ("experts",) if getattr(args, n) is not None]
+        given = [f"--{n}" for n in SHAPE + ("experts",) if n != "seq"
+                 and getattr(args, n) is not None]
         if given:
-            raise ValueError(f"--model {args.model} fixes the shape: drop {' '.join(given)}")
-        p = preset(args.model)
-        return args.model, p.shape, args.global_batch or p.global_batch
+            raise ValueError(f"--model {args.model} fixes the shape: drop {' '.join(given)} "
+                             f"(--seq and --global-batch may override the preset's)")
+        try:
+            p = preset(args.model)
+        except KeyError as err:
+            raise ValueError(f"--model {args.model}: {err.args[0]}") from None
+        shape = p.shape if args.seq is None else dataclasses.replace(p.shape, seq=args.seq)
+        batch = args.global_batch or p.global_batch
+        if batch is None:
+            raise ValueError(f"--model {args.model} gives no batch: add --global-batch")
+        return args.model, shape, batch
     missing = [f"--{n}" for n in SHAPE if getattr(args, n) is None]
     if missing:
         raise ValueError(f"give --model PRESET or all of {' '.join(missing)}")
@@ -80,17 +97,14 @@ def plan(args):
     memory = None if args.gpu_memory is None else args.gpu_memory * 1e9
     hw = profile(args.profile)
     cluster = Cluster(args.gpus, args.gpus_per_node, hw, memory)
-    head = {"model": name, "parameters": shape.parameters(), "global_batch": batch,
-            "gpus": args.gpus, "gpus_per_node": args.gpus_per_node, "profile": hw.name,
-            "gpu_memory_bytes": cluster.memory, "notes": []}
-    # here's engine is timed in float32 only (NumPy's bfloat16 is an emulation): said, not hidden
-    if hw.engine is not None and args.precision != "fp32":
-        head["notes"].append(f"--profile here times minipar's engine in float32: a "
-                             f"{args.precision} layout's compute and collectives are priced as "
-                             f"float32's, its memory in {args.precision}")
     common = {"micro_batch": args.micro_batch, "recompute": args.recompute,
               "schedule": args.schedule, "chunks": args.chunks, "precision": args.precision,
-              "activations": args.activations}
+              "activations": args.activations,
+              "sequence_parallel": {"on": True, "off": False}.get(args.sequence_parallel)}
+    head = {"model": name, "parameters": shape.parameters(), "global_batch": batch,
+            "seq": shape.seq, "gpus": args.gpus, "gpus_per_node": args.gpus_per_node,
+            "profile": hw.name, "gpu_memory_bytes": cluster.memory,
+            "notes": notes(shape, Layout(**common), hw)}
     fixed = ({k: getattr(args, k) for k in SIZES + ("zero",)} | common
              | {"cp_comm": args.cp_comm})
     if args.zero not in (None, 0, 1, 2, 3):
@@ -181,12 +195,18 @@ def gb(x):
 
 def describe(r):
     """The readable table of one layout, or of the ranking."""
-    lines = [f"{r['model']} ({r['parameters'] / 1e9:.1f}B parameters, batch {r['global_batch']}) "
-             f"on {r['gpus']} x {r['profile']}, {r['gpus_per_node']} per node, "
-             f"{gb(r['gpu_memory_bytes'])} GB each"]
+    lines = [f"{r['model']} ({r['parameters'] / 1e9:.1f}B parameters, batch {r['global_batch']} "
+             f"of {r['seq']} tokens) on {r['gpus']} x {r['profile']}, {r['gpus_per_node']} per "
+             f"node, {gb(r['gpu_memory_bytes'])} GB each"]
     if "ranked" in r:
         lines.append(f"{r['layouts']} layouts fit; rejected: " + (", ".join(
             f"{n} {why}" for why, n in r["rejected"].items()) or "none"))
+        first = r["ranked"][0]
+        sp = first["layout"]["sequence_parallel"] if first["layout"]["tp"] > 1 else None
+        lines.append(f"{first['layout']['activations']} activations, sequence parallel "
+                     + ("whenever tp > 1" if sp is None else "on" if sp else "off")
+                     + f", FLOPs/step {first['flops_per_step']:.3e} computed, "
+                     f"{first['model_flops_per_step']:.3e} model's (MFU's)")
         lines.append(f"{'rank':>4} {'layout':<28} {'GB/GPU':>7} {'step s':>8} {'bubble':>7} "
                      f"{'comm':>7} {'tokens/s':>10} {'MFU':>6}")
         for i, p in enumerate(r["ranked"], 1):
@@ -198,7 +218,8 @@ def describe(r):
     L, mem, t = r["layout"], r["memory_bytes"], r["time_s"]
     lines.append(f"layout {short(L)}, "
                  f"{L['schedule']} (v={L['v']}, m={L['m']} micro-batches of {L['micro_batch']}), "
-                 f"{L['recompute']} recompute, {L['precision']}, {L['activations']} activations"
+                 f"{L['recompute']} recompute, {L['precision']}, {L['activations']} activations, "
+                 f"sequence parallel {'on' if L['sequence_parallel'] else 'off'}"
                  + (f", cp over {CP_NAMES[L['cp_comm']]} ({r['bytes_sent']['cp']:,} bytes sent "
                     f"a step per GPU)" if L["cp"] > 1 else ""))
     lines.append(f"{'memory per GPU':<16}{'GB':>8}    {'step time':<16}{'s':>9}")
@@ -209,5 +230,6 @@ def describe(r):
         b = right[i] if i < len(right) else ("", "")
         lines.append(f"  {a[0]:<14}{a[1]:>8}      {b[0]:<14}{b[1]:>9}")
     lines.append(f"tokens/s {r['tokens_per_s']:,.0f}   MFU {r['mfu']:.1%}   FLOPs/step "
-                 f"{r['flops_per_step']:.3e}   fits: {'yes' if r['fits'] else 'NO'}")
+                 f"{r['flops_per_step']:.3e} computed, {r['model_flops_per_step']:.3e} model's "
+                 f"(MFU's)   fits: {'yes' if r['fits'] else 'NO'}")
     return "\n".join(lines + [f"note: {n}" for n in r["notes"]])

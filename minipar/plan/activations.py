@@ -288,15 +288,16 @@ schedule_of = functools.lru_cache(maxsize=256)(build)  # the search asks for few
 
 @functools.lru_cache(maxsize=4096)
 def layout_activation_bytes(shape, precision, tp, cp, pp, v, micro_batch, recompute,
-                            microbatches, schedule="1f1b", cp_comm="ring"):
-    """The planner's activations per GPU, the most any rank holds (sequence parallelism whenever
-    tp > 1): with pp = 1 the serial peak; with pipelines the walk of every rank's schedule
-    (``rank_activation_bytes``'s). A rank's peak stops growing at 2p micro-batches, or grows by
+                            microbatches, schedule="1f1b", cp_comm="ring", sp=None):
+    """The planner's activations per GPU, the most any rank holds (sequence parallelism ``sp``,
+    None: whenever tp > 1): with pp = 1 the serial peak; with pipelines the walk of every
+    rank's schedule (``rank_activation_bytes``'s). A rank's peak stops growing at 2p micro-batches, or grows by
     the same bytes with each one more (GPipe holds them all): p..3p micro-batches are walked
     and the line through 2p and 3p extended to ``microbatches`` (tests/test_plan_activations)."""
     # an MoE model runs in Trainer4D, whose model is TensorParallelMoEGPT at any sizes
     parallel = tp > 1 or pp > 1 or cp > 1 or shape.experts > 0
-    layers, names = gpt_segments(shape, micro_batch, precision, tp, tp > 1, cp, recompute,
+    sp = tp > 1 if sp is None else sp
+    layers, names = gpt_segments(shape, micro_batch, precision, tp, sp, cp, recompute,
                                  parallel=parallel, strict=False, cp_comm=cp_comm)
     if pp == 1:
         stored, bump, _ = stage([g for layer in layers for g in layer])

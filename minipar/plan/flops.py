@@ -7,6 +7,7 @@ al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using M
 
     flops_per_iteration(B=1536, s=2048, l=96, h=12288, V=51200, recompute=True)
 """
+import dataclasses
 
 
 def layer_forward_flops(B, s, h):
@@ -55,3 +56,42 @@ def expert_flops_per_iteration(B, s, l, h, experts, top_k, recompute=False):
     instead of one (16Bsh² forward each), and the router's logits (2BshE forward)."""
     passes = 4 if recompute else 3
     return passes * l * ((top_k - 1) * 16 * B * s * h * h + 2 * B * s * h * experts)
+
+
+def shape_layer_flops(shape, B):
+    """One layer's forward matmul FLOPs for B sequences of any family: QKV (q h wide, k and v
+    kv·d each), the output projection, the MLP (GPT-2's two h x f matrices, Llama's three; with
+    experts, top_k of them and the router), QKᵀ and attention over V (4Bs²h)."""
+    h, s, f = shape.hidden, shape.seq, shape.inner
+    qkv = h + 2 * shape.kv * (h // shape.heads)
+    mlp = (3 if shape.style == "llama" else 2) * h * f
+    if shape.experts:
+        mlp = shape.top_k * mlp + h * shape.experts
+    return 2 * B * s * (h * qkv + h * h + mlp) + 4 * B * s * s * h
+
+
+def step_flops(shape, B, recompute="none"):
+    """The matmul FLOPs one step executes (``flops_per_step``): forward and backward (2x) of
+    every layer and of the logits, and what recomputation replays: full, every layer's forward
+    again (Narayanan's 96·B·s·l·h²(1 + s/6h + V/16lh) for a GPT, exactly); selective, the
+    attention core's QKᵀ and attention over V (Korthikanti et al. 2022, §5)."""
+    s, l = shape.seq, shape.layers
+    layer = shape_layer_flops(shape, B)
+    replay = {"full": layer, "selective": 4 * B * s * s * shape.hidden}.get(recompute, 0)
+    return l * (3 * layer + replay) + 6 * B * s * shape.hidden * shape.vocab
+
+
+def model_flops(shape, B):
+    """The FLOPs MFU divides (``model_flops_per_step``), PaLM's definition (Chowdhery et al.
+    2022, Appendix B): 6N + 12·l·h·s per token, N the parameters a token's matmuls use (not the
+    input embedding unless it is the tied head, not learned positions; of an MoE layer, its
+    router and top_k experts), whatever is recomputed."""
+    h = shape.hidden
+    unused = (0 if shape.tied else shape.vocab * h) + (shape.seq * h if shape.style == "gpt2"
+                                                       else 0)
+    if shape.experts:  # the experts a token does not visit
+        one = dataclasses.replace(shape, experts=1, top_k=1).layer_parameters()
+        two = dataclasses.replace(shape, experts=2, top_k=1).layer_parameters()
+        unused += shape.layers * (shape.experts - shape.top_k) * (two - one - h)
+    N = shape.parameters() - unused
+    return B * shape.seq * (6 * N + 12 * shape.layers * h * shape.seq)

@@ -13,7 +13,11 @@ from fractions import Fraction
 from ..backend.dtypes import dtype, is_low_precision
 from ..optim.adam import MOMENTS
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+# FP8 training as torchao's and Transformer Engine's recipes hold it: the weights in FP8 with
+# a float32 scale per 128 x 128 block (DeepSeek-V3 §3.3: 4 bytes per 16,384), gradients
+# accumulated in bf16, float32 masters and moments (mixed precision's)
+FP8_STATES = {"params": 1 + 4 / 128**2, "grads": 2, "master": 4, "moments": 2 * 4}
 KINDS = ("params", "grads", "master", "moments")  # as Optimizer.memory_bytes()
 GB = 10**9  # ZeRO's Table 1 counts GB as 1e9 bytes: 16 x 7.5e9 = 120 "GB" (2^30 gives 111.8)
 
@@ -23,6 +27,8 @@ def bytes_per_parameter(precision):
     fp32 masters): 4 + 4 + 0 + 8 in fp32, 2 + 2 + 4 + 8 = 16 mixed (ZeRO's 2 + 2 + K, K = 12)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: the planner models {PRECISIONS}")
+    if precision == "fp8":
+        return dict(FP8_STATES)
     width = dtype(precision).itemsize
     # Optimizer.step_group's rule: a 16-bit parameter is stepped through a float32 master
     # copy, and the moments are made like the array stepped (float32 then); the gradient
@@ -71,21 +77,26 @@ MEGATRON_LAYER = [
     ("MLP dropout mask", 1, SBH, False, True),
 ]
 RECOMPUTE = ("none", "selective", "full")
+LINEAR_INPUTS = ("QKV matmul input", "output projection input", "MLP first linear input",
+                 "MLP second linear input")
 
 
-def megatron_activation_bytes(s, b, h, a, t=1, sp=False, recompute="none"):
+def megatron_activation_bytes(s, b, h, a, t=1, sp=False, recompute="none", fp8=False):
     """Bytes one transformer layer holds for backward, Megatron's model, exactly (a Fraction):
     sbh(34 + 5as/h) alone; sbh(10 + 24/t + 5as/ht) with tensor parallelism t; sbh(34/t +
     5as/ht) with sequence parallelism too (it splits the ops tp leaves whole); selective
-    recompute drops the 5as/h terms; full recompute keeps the layer's input, 2sbh (/t with sp)."""
+    recompute drops the 5as/h terms; full recompute keeps the layer's input, 2sbh (/t with sp).
+    ``fp8``: the four linears' saved inputs in FP8 with a float32 scale per 1 x 128 tile."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute={recompute!r}: Megatron's model knows {RECOMPUTE}")
     if recompute == "full":
         return Fraction(2 * s * b * h, t if sp else 1)
     total = Fraction(0)
-    for _, k, unit, split, kept in MEGATRON_LAYER:
+    for what, k, unit, split, kept in MEGATRON_LAYER:
         if recompute == "selective" and not kept:
             continue
         size = s * b * h if unit == SBH else a * s * s * b
+        if fp8 and what in LINEAR_INPUTS:  # 2 bytes an element become 1 + 4/128
+            k = Fraction(k, 2) * (1 + Fraction(4, 128))
         total += Fraction(k * size, t if split or sp else 1)
     return total

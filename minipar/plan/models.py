@@ -131,6 +131,23 @@ PRESETS.update({
     "llama2-70b": Preset(GPTShape(80, 8192, 64, 4096, 32000, ffn=28672, kv_heads=8,
                                   style="llama"),
                          global_batch=1024, billions="70", source="Touvron et al. 2023"),
+    # Dubey et al. 2024, "The Llama 3 Herd of Models", Table 3: layers, model dimension, FFN
+    # dimension, 32/64/128 attention heads and 8 key/value heads, vocabulary 128,000 (the
+    # released tokenizer's 128,256, config.json), untied head, RoPE; pre-trained at 8,192
+    # tokens. §3.4.1: 405B's batch grew to 16M tokens (2,048 x 8,192), the batch taken for all
+    # three (the paper gives no other); Table 4: 405B on 16,384 H100s at tp 8, cp 1, pp 16,
+    # dp 128, 400 TFLOP/s per GPU (41 % BF16 MFU). Parameters: 8,030,261,248 / 70,553,706,496
+    # / 405,853,388,800 (the paper's 8B, 70B, 405B; the model cards' 8.03B, 70.6B, 405.9B)
+    "llama3-8b": Preset(GPTShape(32, 4096, 32, 8192, 128256, ffn=14336, kv_heads=8,
+                                 style="llama"), global_batch=2048, billions="8.03",
+                        source="Dubey et al. 2024, Table 3"),
+    "llama3-70b": Preset(GPTShape(80, 8192, 64, 8192, 128256, ffn=28672, kv_heads=8,
+                                  style="llama"), global_batch=2048, billions="70.6",
+                         source="Dubey et al. 2024, Table 3"),
+    "llama3-405b": Preset(GPTShape(126, 16384, 128, 8192, 128256, ffn=53248, kv_heads=8,
+                                   style="llama"), global_batch=2048, tp=8, pp=16, gpus=16384,
+                          billions="405.9", tflops="400",
+                          source="Dubey et al. 2024, Tables 3 and 4"),
 })
 
 

@@ -33,6 +33,8 @@ def check(shape, layout, cluster, global_batch):
     L = layout
     if L.precision not in PRECISIONS:
         raise ValueError(f"--precision {L.precision}: the planner models {', '.join(PRECISIONS)}")
+    if L.precision == "fp8":  # once per tiling: a billion GPUs' search checks 48,400
+        check_fp8(L.resolved(cluster.profile), cluster.profile)
     if L.recompute not in RECOMPUTE or L.schedule not in SCHEDULES:
         raise ValueError(f"--recompute {L.recompute} --schedule {L.schedule}: the planner "
                          f"models {RECOMPUTE} and {SCHEDULES}")
@@ -88,6 +90,18 @@ def check(shape, layout, cluster, global_batch):
         check_arguments(L.schedule, L.pp, global_batch // (L.dp * L.micro_batch), L.chunks)
     except (ArgumentError, ValueError) as err:
         raise LayoutError("divisibility", f"--schedule {L.schedule}: {err}") from None
+
+
+def check_fp8(L, profile):
+    """FP8 needs a GPU whose data sheet gives an FP8 peak, and Megatron's activation model
+    (minipar's own ops have no FP8 kernels): else a ValueError naming what refuses it."""
+    if profile.engine is not None:
+        raise ValueError("--precision fp8: --profile here times minipar's NumPy engine, which "
+                         "has no FP8 kernels")
+    profile.peak("fp8")  # names the GPU when its data sheet has none
+    if L.activations == "minipar":
+        raise ValueError("--precision fp8 --activations minipar: minipar's activation model "
+                         "has no FP8 ops (--activations megatron prices FP8's saved inputs)")
 
 
 def divisors(n):

@@ -1,6 +1,7 @@
 """Step time and memory per GPU of one layout, by kind, from the library's own formulas.
 
-Compute from ``flops_per_iteration`` at the profile's peak x efficiency; every collective by
+Compute kernel by kernel on a GPU (``kernels.py``: GEMMs by shape, the rest by bytes), by
+minipar's measured engine on ``here``; every collective by
 ``comm.cost.predict`` over the link its group spans (the rank grid says which); the bubble by
 the schedule simulator run with the predicted stage times; memory from ``model_state_bytes``
 and ``activations.py`` (or Megatron's). What overlaps what, and what is counted: docs/plan.md.
@@ -19,8 +20,9 @@ from minipar.parallel.pipeline import (balanced_split, build, cost_by_stage, mak
 from minipar.parallel.pipeline.schedules import CHUNKED, chunks_of
 
 from .activations import layout_activation_bytes
-from .flops import expert_flops_per_iteration, flops_per_iteration, layer_gemms
+from .flops import layer_gemms, model_flops, step_flops
 from .hardware import gemms_seconds
+from .kernels import head_seconds, layer_seconds, optimizer_seconds
 from .layout_bytes import rank_modules
 from .memory import bytes_per_parameter, megatron_activation_bytes, model_state_bytes
 
@@ -47,7 +49,11 @@ class Layout:
     chunks: int = None       # model chunks per pipeline rank (interleaved; zb-v has 2)
     cp_comm: str = "ring"    # or "a2a": Ulysses' all-to-alls over the cp group (CP_COMMS)
     precision: str = "bf16"
-    activations: str = "minipar"  # or "megatron": whose activation model memory_bytes uses
+    activations: str = None  # "megatron" or "minipar": whose activation model memory_bytes
+    #                          uses; None: minipar's on --profile here, Megatron's on a GPU
+    sequence_parallel: bool = None  # None: on whenever tp > 1 (Megatron's recipes)
+    dp_overlap: bool = True  # the data-parallel exchange hides behind the last backward (False:
+    #                          after it, as Megatron-LM's local DDP did in 2021)
 
     @property
     def gpus(self):
@@ -56,6 +62,18 @@ class Layout:
     @property
     def v(self):
         return chunks_of(self.schedule, self.chunks)
+
+    @property
+    def sp(self):
+        """Sequence parallelism: as given, else on whenever tp > 1; never at tp = 1."""
+        return self.tp > 1 and self.sequence_parallel is not False
+
+    def resolved(self, profile):
+        """This layout with its defaults decided for ``profile``: the activation model
+        (minipar's where minipar's engine is timed, ``here``; else Megatron's) and sp."""
+        activations = self.activations or ("minipar" if profile.engine is not None
+                                           else "megatron")
+        return dataclasses.replace(self, activations=activations, sequence_parallel=self.sp)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,9 +152,12 @@ def predict(shape, layout, cluster, global_batch):
     """The prediction of one layout as a dict: ``memory_bytes`` and ``time_s`` by kind,
     ``flops_per_step``, ``tokens_per_s``, ``mfu``, ``fits`` (the keys of ``minipar plan
     --json``). The layout must be valid (search.check)."""
-    L, hw = layout, cluster.profile
+    hw = cluster.profile
+    L = layout.resolved(hw)
     s, b, h, layers = shape.seq, L.micro_batch, shape.hidden, shape.layers
-    width = bytes_per_parameter(L.precision)["params"]  # activations and gradients alike
+    # bytes per element of what goes over the links: activations (and their gradients),
+    # gradients and parameters; FP8's carry their scales (message_widths)
+    width, grad_width, param_width = message_widths(L.precision)
     m = global_batch // (L.dp * b)  # micro-batches per step
     grid = RankGrid(L.gpus, tp=L.tp, pp=L.pp, cp=L.cp, ep=L.ep)
     link = {kind: hw.link(not spans_nodes(grid, kind, cluster.gpus_per_node))
@@ -149,21 +170,25 @@ def predict(shape, layout, cluster, global_batch):
         return cost.predict(collective, algorithm, p, nbytes, model) + hw.sync
     passes = 4 if full else 3  # forward, backward (2x), and the recomputed forward
 
-    # compute: the FLOPs the GPUs execute (recompute included), a 1/GPUs share each
-    executed, model_flops = (
-        flops_per_iteration(global_batch, s, layers, h, shape.vocab, recompute=r)
-        + (expert_flops_per_iteration(global_batch, s, layers, h, shape.experts, shape.top_k, r)
-           if shape.experts else 0) for r in (full, False))
-    rate = hw.peak(L.precision) * hw.efficiency
-    compute = executed / L.gpus / rate
+    executed, model = step_flops(shape, global_batch, L.recompute), model_flops(shape,
+                                                                                global_batch)
     if hw.engine is not None:  # this machine: minipar's own costs, measured (hardware.Engine)
         compute = engine_seconds(shape, L, hw.engine, m, passes)
+        per_mb = compute / m
+    else:  # a GPU: the last stage's layers and the head, kernel by kernel, then Adam's step
+        per_mb = (layer_seconds(shape, L, hw) * layers / L.pp
+                  + head_seconds(shape, L, hw))
+        compute = m * per_mb + optimizer_seconds(rank_parameters(shape, L), L.precision, hw)
     # tensor parallel with sequence parallelism (Korthikanti et al.): per layer, 2 all-gathers
     # and 2 reduce-scatters of the s/cp x b x h activation in the forward, as many in the
     # backward, again in the recomputed forward; exposed (nothing overlaps them)
     act = s // L.cp * b * h * width
-    tp_pair = (comm_time("all_gather", "ring", L.tp, act, link["tp"])
-               + comm_time("reduce_scatter", "ring", L.tp, act, link["tp"])) if L.tp > 1 else 0
+    tp_pair = 0
+    if L.tp > 1 and L.sp:  # FP8 gathers the norms' outputs in FP8, reduces in bf16
+        tp_pair = (comm_time("all_gather", "ring", L.tp, act, link["tp"]) + comm_time(
+            "reduce_scatter", "ring", L.tp, act * grad_width / width, link["tp"]))
+    elif L.tp > 1:  # without sp: one all-reduce of the whole activation in its place
+        tp_pair = comm_time("all_reduce", "ring", L.tp, act * grad_width / width, link["tp"])
     tp_per_mb = 2 * (passes - 1) * tp_pair * layers / L.pp
     tp_step = 0
     if hw.engine is not None and L.tp > 1:
@@ -195,7 +220,7 @@ def predict(shape, layout, cluster, global_batch):
         ep_time = 2 * (passes - 1) * comm_time("all_to_all", "pairwise", L.ep, routed,
                                                link["ep"]) * layers / L.pp
     # the stage time of one micro-batch, its compute and the communication inside it
-    stage = compute / m + tp_per_mb + cp_time + ep_time
+    stage = per_mb + tp_per_mb + cp_time + ep_time
     # pipeline: each micro-batch's activation forward and its gradient back, one message each
     # (a broadcast to 2 ranks is one message: alpha + n beta(n)) per chunk, not overlapped
     p2p = act // (L.tp if L.tp > 1 else 1)
@@ -204,7 +229,7 @@ def predict(shape, layout, cluster, global_batch):
     bubble_units, inflight = pipeline_shape(L.schedule, L.pp, m, L.v, passes)
     bubble = bubble_units * stage
     if hw.engine is not None and L.pp > 1:  # this machine: the trainer's stages, unequal
-        bubble = engine_bubble(shape, L, hw.engine, m, passes, stage - compute / m)
+        bubble = engine_bubble(shape, L, hw.engine, m, passes, stage - per_mb)
     # data parallel over dp x cp (each cp rank saw other tokens of the same samples): ZeRO
     # 0 all-reduces the gradients once a step, 1 reduce-scatters them and all-gathers the
     # updated parameters, 2 reduce-scatters every micro-batch's, 3 also gathers the
@@ -218,10 +243,11 @@ def predict(shape, layout, cluster, global_batch):
                            (L.dp * L.cp // L.ep, experts / L.ep, "edp")):
         if group == 1 or n == 0:
             continue
-        grads = n / (L.tp * L.pp) * width
+        local = n / (L.tp * L.pp)
 
         def c(collective, pieces=1):
-            return pieces * comm_time(collective, "ring", group, grads / pieces, link[kind])
+            nbytes = local * (param_width if collective == "all_gather" else grad_width)
+            return pieces * comm_time(collective, "ring", group, nbytes / pieces, link[kind])
         if L.zero == 0:
             dp_time += c("all_reduce")
         elif L.zero == 3:
@@ -232,6 +258,8 @@ def predict(shape, layout, cluster, global_batch):
         else:
             dp_time += (1 if L.zero == 1 else m) * c("reduce_scatter") + c("all_gather")
     window = compute if L.zero == 3 else stage * (passes - 1) / passes
+    if not L.dp_overlap:
+        window = 0.0
     # on a machine whose cores the ranks fill (a profile with a measured engine), nothing
     # hides it: the background all-reduce is CPU work, and DDP turns overlap off there
     # (comm.node.overlap_default)
@@ -241,16 +269,16 @@ def predict(shape, layout, cluster, global_batch):
     comm = m * (tp_per_mb + cp_time + ep_time) + tp_step + pp_time + dp_exposed
     total = compute + comm + bubble
 
-    memory = memory_bytes(shape, L, width, inflight, m)
+    memory = memory_bytes(shape, L, inflight, m)
     return {"layout": dataclasses.asdict(L) | {"v": L.v, "m": m},
             "memory_bytes": memory,
             "time_s": {"compute": compute, "tp": m * tp_per_mb + tp_step, "cp": m * cp_time,
-                       "pp": pp_time, "dp": dp_exposed, "ep": m * ep_time, "comm": comm, "bubble": bubble,
-                       "total": total},
+                       "pp": pp_time, "dp": dp_exposed, "ep": m * ep_time, "comm": comm,
+                       "bubble": bubble, "total": total},
             "bytes_sent": {"cp": m * cp_bytes(shape, L, width, passes)},
-            "flops_per_step": model_flops,
+            "flops_per_step": executed, "model_flops_per_step": model,
             "tokens_per_s": global_batch * s / total,
-            "mfu": model_flops / (total * hw.peak(L.precision) * L.gpus),
+            "mfu": model / (total * hw.peak(L.precision) * L.gpus),
             "fits": memory["total"] <= cluster.memory}
 
 
@@ -335,10 +363,11 @@ def stage_seconds(shape, L, engine, passes):
     them), x passes/3 (a recomputed forward adds a third); the embedding on the first stage,
     the rest of the ends (final LayerNorm, head and loss: per logit) on the head's."""
     s, b, h = shape.seq // L.cp, L.micro_batch, shape.hidden
-    activations = float(megatron_activation_bytes(s, b, h, shape.heads, L.tp, L.tp > 1, "none"))
+    activations = float(megatron_activation_bytes(s, b, h, shape.heads, L.tp, L.sp, "none"))
     # minipar runs tp, pp, cp and ep layouts with the 3D (4D) trainer's TensorParallelGPT
     # (hardware.BLOCKS); an MoE layer is its router and the rank's E/ep experts
-    block = "sequence" if L.tp > 1 else "tensor" if L.pp > 1 or L.cp > 1 or L.ep > 1 else "gpt"
+    block = ("sequence" if L.sp else "tensor" if L.tp > 1 or L.pp > 1 or L.cp > 1 or L.ep > 1
+             else "gpt")
     moe = dict(experts=shape.experts, top_k=shape.top_k) if shape.experts else {}
     fixed, per_byte = engine.layer_cost(b, s, h, shape.heads, block, L.cp, **moe)
     layer = (gemms_seconds(layer_gemms(b, shape.seq, h, shape.heads, L.tp, L.cp, ep=L.ep, **moe))
@@ -393,7 +422,7 @@ def engine_bubble(shape, L, engine, m, passes, comm_per_mb):
     return max(0.0, makespan(events) - simulated * busiest)
 
 
-def memory_bytes(shape, L, width, inflight, microbatches):
+def memory_bytes(shape, L, inflight, microbatches):
     """Per GPU by kind: model states (params, grads, optimizer = master + moments) sharded over
     dp x cp by ZeRO (the experts' 1/ep over dp·cp/ep); activations at the peak, by minipar's
     model (the worst rank's walk of its schedule over ``microbatches``) or Megatron's
@@ -408,19 +437,39 @@ def memory_bytes(shape, L, width, inflight, microbatches):
     if L.activations == "minipar":  # its own ops, embedding and loss included
         activations = layout_activation_bytes(shape, L.precision, L.tp, L.cp, L.pp, L.v,
                                               L.micro_batch, L.recompute, microbatches,
-                                              L.schedule, L.cp_comm)
+                                              L.schedule, L.cp_comm, L.sp)
     elif L.activations == "megatron":  # Korthikanti et al.'s layer, the blocks only
         per_layer = megatron_activation_bytes(shape.seq // L.cp, L.micro_batch, shape.hidden,
-                                              shape.heads, L.tp, L.tp > 1, L.recompute)
+                                              shape.heads, L.tp, L.sp, L.recompute,
+                                              fp8=L.precision == "fp8")
         activations = float(per_layer) * shape.layers / (L.pp * L.v) * inflight
     else:
         raise ValueError(f"activations={L.activations!r}: the planner has minipar's and "
                          f"megatron's activation models")
     # buffers: ZeRO-3's gathered copy of one layer's parameters, and the pipeline's message
     # pair (activation out, its gradient in) of one micro-batch
-    layer = shape.layer_parameters() / L.tp * width if L.zero == 3 else 0
+    width, _, param_width = message_widths(L.precision)
+    layer = shape.layer_parameters() / L.tp * param_width if L.zero == 3 else 0
     p2p = 2 * shape.seq // L.cp * L.micro_batch * shape.hidden * width / L.tp if L.pp > 1 else 0
     kinds = {"params": states["params"], "grads": states["grads"],
              "optimizer": states["master"] + states["moments"], "activations": activations,
              "buffers": layer + p2p}
     return kinds | {"total": sum(kinds.values())}
+
+
+def message_widths(precision):
+    """Bytes an element of (activations, gradients, parameters) takes over a link and in the
+    buffers: the precision's width; FP8's one byte plus its float32 scales, one per 1 x 128 tile
+    of activations and gradients, one per 128 x 128 block of weights (DeepSeek-V3 §3.3)."""
+    if precision == "fp8":
+        return 1 + 4 / 128, 1 + 4 / 128, 1 + 4 / 128**2
+    width = bytes_per_parameter(precision)["params"]
+    return width, width, width
+
+
+def rank_parameters(shape, L):
+    """The parameters one GPU steps: 1/(tp·pp) of the model (the experts' 1/ep), of which ZeRO
+    leaves each of the dp·cp ranks its share."""
+    experts = expert_parameters(shape)
+    local = (shape.parameters() - experts + experts / L.ep) / (L.tp * L.pp)
+    return local / (L.dp * L.cp) if L.zero else local
