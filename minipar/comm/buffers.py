@@ -4,7 +4,8 @@ Conventions. Arrays go in and a new array comes out; pass ``out=x`` to work in p
 is cut into p chunks by ``chunk_bounds`` (sizes differ by at most one, so any count works, zero
 and counts smaller than p included). ``op="avg"`` is a sum followed by a division by p
 (``finish``), as MPI users write it. float16 and bfloat16 travel as 2-byte messages and are
-reduced in float32 (``reducer``, ``Accumulator``); the rounding bounds: docs/comm.md.
+reduced in float32 (``reducer``, ``Accumulator``); the rounding bounds: docs/comm.md. FP8
+travels as 1-byte messages and is never reduced (``refuse_float8``).
 
 Checking. Every receive checks size and dtype tag (communicator.py). With ``check=True`` or
 ``MINIPAR_DEBUG=1`` the ranks first exchange (shape, dtype), and every rank raises the same
@@ -13,6 +14,7 @@ error when they differ (``check_call``).
 import functools
 
 from minipar import backend
+from minipar.backend.dtypes import FLOAT8
 from minipar.comm.errors import CommError
 from minipar.comm.registry import OPS, check_op
 
@@ -40,6 +42,8 @@ def check_call(comm, what, x, check=None, op=None):
         array(x, what)
     if op is not None and op not in OPS:
         check_op(op)
+    if op is not None and x is not None:
+        refuse_float8(what, x)
     if comm.size == 1 or not (check or (check is None and backend.debug())):
         return
     mine = (tuple(x.shape), x.dtype.name) if x is not None else None
@@ -47,6 +51,17 @@ def check_call(comm, what, x, check=None, op=None):
     if any(s != seen[0] for s in seen if s is not None):
         table = ", ".join(f"rank {r}: {s[1]}{list(s[0])}" for r, s in enumerate(seen) if s)
         raise CommError(f"{what}: arrays differ across ranks ({table})")
+
+
+def refuse_float8(what, x):
+    """A reduction of FP8 arrays: the same CommError on every rank (the dtype is part of the
+    call). Each addition would round to 2 or 3 mantissa bits, and the partial sums of p ranks
+    outgrow the scale their data was cast with; FP8 moves as bytes (all_gather, all_to_all) and
+    is added in float32 after dequantising (parallel/data/hooks/float8.py, docs/float8.md)."""
+    if x.dtype in FLOAT8:
+        raise CommError(f"{what}: cannot reduce {x.dtype.name} arrays (FP8 sums lose what FP8 "
+                        f"cannot hold); dequantise and reduce in float32, or all_gather the "
+                        f"FP8 data and add it in float32 (float8_compress_hook)")
 
 
 def result_buffer(x, out, shape=None, dtype=None):

@@ -11,7 +11,8 @@ class CommError(ValueError):
     """Bad input to a communication call (sizes, dtypes, peers, ops or algorithms)."""
 
 
-_DTYPE_CHARS = "?bBhHiIlLqQefdgFDGE"  # NumPy type characters; a message's tag is the index
+# NumPy type characters (and ml_dtypes': bfloat16 E, FP8 4 and 5); a message's tag is the index
+_DTYPE_CHARS = "?bBhHiIlLqQefdgFDGE45"
 
 
 def dtype_tag(dtype):

@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 from minipar import backend
 from minipar.comm import watch
-from minipar.comm.buffers import finish, result_buffer
+from minipar.comm.buffers import finish, refuse_float8, result_buffer
 from minipar.comm.mpi import MPI_OP, agree_on_call, refuse_bfloat16
 from minipar.comm.registry import pick
 from minipar.comm.wire import inout_buffer, recv_buffer, send_buffer
@@ -122,6 +122,7 @@ def iall_reduce_mpi(comm, x, op="sum", out=None):
     """MPI_Iallreduce; the returned ``Work`` completes it (and divides for ``avg``)."""
     pick("all_reduce", "mpi", op)
     refuse_bfloat16("iall_reduce", x)
+    refuse_float8("iall_reduce", x)
     # MPI_Iallreduce carries no message of ours: the ranks agree on dtype and count first, as
     # the blocking "mpi" collectives do, for a mismatch would give a silently wrong sum
     agree_on_call(comm, "all_reduce", op, x)

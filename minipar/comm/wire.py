@@ -6,7 +6,7 @@ call everything that makes it safe, here and nowhere else.
         c.Sendrecv(x, right, out, left)    # mpi4py's names: Send Recv Sendrecv Isend Irecv
     c.Waitall([c.Isend(x, 1), c.Irecv(out, 1)])    # a Request's Wait() returns its array
 
-Around each call: the buffer MPI reads or writes (a bfloat16 array as its bits; a GPU array
+Around each call: the buffer MPI reads or writes (bfloat16 and FP8 as their bits; a GPU array
 staged through host memory unless MPI is CUDA-aware: staging.py); a message over CHUNK_BYTES
 sent as chunks, each one progress for the watchdog; the watchdog's note of the call
 (watch.py); the checks of what arrived (its size, and on the collectives' channel the call's
@@ -45,12 +45,17 @@ SYNC_SENDS = _sync_sends(os.environ.get("MINIPAR_SYNC_SENDS", ""))
 
 # -- the buffer MPI reads or writes: NumPy arrays as they are, GPU arrays directly (CUDA-aware
 # MPI) or staged through the host; each with a function to call once MPI is done (None: none)
+_BITS = {"bfloat16": "uint16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8"}
+
+
 def bits(x):
-    """The array MPI reads or writes for x: x, or a bfloat16 array's bits as uint16. mpi4py
-    knows no bfloat16 (its buffer refuses the type), so the 2-byte elements travel as 2-byte
-    integers: half a float32's bytes, the counters count them as they are. This is the one
-    place that knows; MPI's reductions must never see those integers (mpi.py refuses them)."""
-    return x.view("uint16") if x.dtype.name == "bfloat16" else x
+    """The array MPI reads or writes for x: x, or the bits of an ml_dtypes array (bfloat16 as
+    uint16, FP8 as uint8). mpi4py knows none of their types (its buffer refuses them), so the
+    elements travel as integers of their size: 2 and 1 bytes, the counters count them as they
+    are. This is the one place that knows; no reduction may see those integers (mpi.py and
+    buffers.refuse_float8 refuse them)."""
+    name = _BITS.get(x.dtype.name)
+    return x if name is None else x.view(name)
 
 
 def send_buffer(x, aware):

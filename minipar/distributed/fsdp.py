@@ -27,18 +27,21 @@ from .process_group import get_world_size
 class MixedPrecisionPolicy:
     """torch's: gathered parameters (and so the computation, and the floating inputs of the
     root's forward) in ``param_dtype``, gradients reduce-scattered in ``reduce_dtype``; the
-    shards and the optimizer keep the model's dtype. None: the model's."""
+    shards and the optimizer keep the model's dtype. None: the model's. minipar's own
+    ``all_gather_dtype`` ("float8_e4m3fn"): the all-gather in FP8 with a scale a parameter, as
+    torchao's enable_fsdp_float8_all_gather (ZeRO3's option; docs/float8.md)."""
     param_dtype: object = None
     reduce_dtype: object = None
     output_dtype: object = None
     cast_forward_inputs: bool = True
+    all_gather_dtype: object = None
 
     def dtypes(self):
         if self.output_dtype is not None:
             raise ValueError("MixedPrecisionPolicy: output_dtype is not supported here; cast "
                              "the output yourself")
         return tuple(None if d is None else backend.check_dtype(str(d).replace("torch.", ""))
-                     for d in (self.param_dtype, self.reduce_dtype))
+                     for d in (self.param_dtype, self.reduce_dtype, self.all_gather_dtype))
 
 
 class ShardedParameter(Parameter):

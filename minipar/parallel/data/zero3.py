@@ -19,7 +19,7 @@ from ...flat import flatten_grads
 from .allreduce_optimizer import mean_op, optimizer_memory
 from .buckets import broadcast_parameters
 from .zero import ALL_GATHER_TWIN, optimizer_over_shards, read_param_groups
-from .zero3_units import Unit, layer_units
+from .zero3_units import Float8Gather, Unit, layer_units
 
 # A layer's backward closures keep views of the arrays it read, so its gathered copy cannot be
 # dropped and made anew for backward: unit i is gathered into slot i mod 2, always the same
@@ -46,11 +46,13 @@ def hook_units(module, units, runner):
 class ZeRO3:
     """Fully sharded data parallel training; ``step()`` after ``backward()`` replaces
     optimizer.step(). ``units``: the modules gathered as one (default ``layer_units``);
-    ``prefetch``: start the next unit's gather before it is needed."""
+    ``prefetch``: start the next unit's gather before it is needed. ``all_gather_dtype``
+    ("float8_e4m3fn" or "float8_e5m2"): parameters all-gathered in FP8 with a scale each
+    (zero3_units.Float8Gather), computed with in their own dtype."""
 
     def __init__(self, module, make_optimizer, comm=None, units=None, algorithm="ring",
-                 prefetch=True, on_mismatch="warn"):
-        self._setup(module, comm, algorithm, prefetch)
+                 prefetch=True, on_mismatch="warn", all_gather_dtype=None):
+        self._setup(module, comm, algorithm, prefetch, all_gather_dtype=all_gather_dtype)
         self.mismatched = broadcast_parameters(module, self.comm, on_mismatch)
         trainable = [p for p in module.parameters() if p.requires_grad]
         # the param groups make_optimizer gives the model's parameters (e.g. no decay on biases)
@@ -63,7 +65,8 @@ class ZeRO3:
         self.optimizer = optimizer_over_shards(make_optimizer, probe, shards, "ZeRO3")
         hook_units(module, self.units, lambda: self)
 
-    def _setup(self, module, comm, algorithm, prefetch, param_dtype=None, reduce_dtype=None):
+    def _setup(self, module, comm, algorithm, prefetch, param_dtype=None, reduce_dtype=None,
+               all_gather_dtype=None):
         self.module, self.comm = module, comm or world()
         self.algorithm = algorithm  # the reduce-scatter's
         self.gather_algorithm = ALL_GATHER_TWIN.get(algorithm, algorithm)
@@ -71,9 +74,12 @@ class ZeRO3:
         # mixed precision (FSDP's policy): gathered copies in param_dtype, gradients reduced in
         # reduce_dtype, both back in the shards' dtype for the optimizer (None: the shards')
         self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
+        self.float8 = None if all_gather_dtype is None else Float8Gather(all_gather_dtype)
 
     def _adopt(self, units):
         """Run ``units`` (each unit's gathered copy, its gradients' reduce-scatter) from now on."""
+        if self.float8 is not None:
+            self.float8.check(units)
         self.units = units
         self.unit_of = {id(p): u for u in self.units for p in u.params}
         # every segment, group by group: the optimizer's parameter i is segments[i]'s shard
@@ -130,6 +136,10 @@ class ZeRO3:
     def _start_gather(self, u, flat):
         """Start the all-gathers of u's segments into ``flat`` (u's place in a slot)."""
         # collectives run on the communicator's thread in the order started, alike on all ranks
+        if self.float8 is not None:  # FP8 bytes now, dequantised into flat in _use
+            u.work = [self.float8.start(self.comm, seg, self.gather_algorithm)
+                      for seg in u.segments]
+            return
         u.work = [iall_gather(self.comm, seg.shard.data.astype(flat.dtype, copy=False),
                               self.gather_algorithm,
                               out=flat[seg.start:seg.start + seg.numel].reshape(self.comm.size, -1))
@@ -146,10 +156,13 @@ class ZeRO3:
         """Wait for unit u's gather (starting it if nobody did) and point its parameters in."""
         if u.work is None:
             self._gather(u)
-        Request.wait_all(u.work)
+        gathered, flat = Request.wait_all(u.work), self._buffer(u)
         u.work = None
         u.state = state
-        u.point(self._buffer(u))
+        if self.float8 is not None:  # FP8 gathered (none: a kept copy, dequantised in forward)
+            for seg, data in zip(u.segments, gathered):
+                self.float8.finish(seg, data, flat[seg.start:seg.start + seg.numel])
+        u.point(flat)
 
     def _buffer(self, u):  # the gathered copy u's parameters point into while it computes
         return self.slots[u.slot]
@@ -182,6 +195,8 @@ class ZeRO3:
         self.forwards += 1
         self.ran = []
         self._drop_slots()
+        if self.float8 is not None:  # this forward's (and backward's) FP8 shards
+            self.float8.cast(self.comm, self.units, "ring")
 
     # before its forward: wait for its all-gather (started one unit earlier), start the next
     # unit's (prefetch), point the parameters into the gathered copy

@@ -1,15 +1,22 @@
 """ZeRO-3's bookkeeping (zero3.py): a unit (one layer, gathered whole only while it computes),
-its segments (one per param group, each padded to a multiple of N, rank r keeping chunk r) and
-the placeholder a parameter holds between its uses.
+its segments (one per param group, each padded to a multiple of N, rank r keeping chunk r), the
+placeholder a parameter holds between its uses, and the all-gather in FP8 (``Float8Gather``).
 
     unit = Unit(name, module, params, comm, group_of)  # group_of: id(p) -> its param group
     unit.point(slot[:unit.numel])  # parameters: views of the gathered copy; then
     unit.release()                 # back to placeholders
+
+FP8: torchao's float8 all-gather for FSDP2 (precompute_float8_dynamic_scale_for_fsdp), one
+tensor-wise scale a parameter; bytes and rounding points in docs/float8.md.
 """
 from ... import backend
+from ...amp.float8_recipes import Quantized, dequantize, float8_dtype, saturate
+from ...backend import dtypes
 from ...comm import chunk_bounds
+from ...comm.nonblocking import iall_gather
 from ...flat import flatten_parameters, offsets, padded_numel
 from ...nn.module import Parameter
+from .hooks.float8 import tensorwise_scale
 
 
 def layer_units(module):
@@ -39,6 +46,13 @@ class Segment:
         # [lo, hi): this rank's chunk of the segment's flat vector
         self.lo, hi = chunk_bounds(self.numel, comm.size)[comm.rank:comm.rank + 2]
         self.shard = Parameter(flat[self.lo:hi].copy())
+
+    def stretch(self, offset, size):
+        """[a, b) in this rank's shard of the parameter at ``offset`` with ``size`` elements
+        (a == b when none of it falls here)."""
+        hi = self.lo + self.shard.size
+        a, b = min(max(offset, self.lo), hi), max(min(offset + size, hi), self.lo)
+        return a - self.lo, b - self.lo
 
 
 class Unit:
@@ -76,3 +90,57 @@ class Unit:
         array of its shape."""
         for p in self.params:
             p.data = placeholder(p)
+
+
+class Float8Gather:
+    """ZeRO-3's parameter all-gather in FP8 (``ZeRO3(all_gather_dtype="float8_e4m3fn")``): at
+    each forward's start ``cast`` makes every shard FP8, each parameter's stretch with the
+    tensor-wise scale of the whole parameter (the amaxes of all the model's stretches in one
+    all-reduce under max, so every rank has every scale and none travels with the data); the
+    forward's and backward's all-gathers move those bytes, 1 an element, and ``finish``
+    dequantises them into the unit's slot, in the slot's dtype."""
+
+    def __init__(self, dtype):
+        self.dtype = float8_dtype(dtype, "ZeRO3 all_gather_dtype")
+
+    def check(self, units):
+        """A TypeError naming the unit whose parameters are FP8 already (a Parameter is a
+        float: the engine refuses others): the shards are the masters, wider than the wire."""
+        for u in units:
+            for seg in u.segments:
+                if seg.shard.dtype in dtypes.FLOAT8:
+                    raise TypeError(f"ZeRO3 all_gather_dtype={self.dtype.name}: unit {u.name!r} "
+                                    f"has {seg.shard.dtype} parameters; an FP8 all-gather casts "
+                                    f"float16, bfloat16, float32 or float64 parameters")
+
+    def cast(self, comm, units, algorithm):
+        """``seg.float8`` (this rank's shard in FP8) and ``seg.scales`` (one a parameter)."""
+        segments = [seg for u in units for seg in u.segments]
+        wide = [seg.shard.data.astype(dtypes.float32) for seg in segments]
+        stretches = [[seg.stretch(o, q.size) for q, o in zip(seg.params, seg.offsets)]
+                     for seg in segments]
+        xp = backend.get_array_module(wide[0]) if wide else backend.xp()
+        amax = xp.array([abs(x[a:b]).max(initial=0) for x, st in zip(wide, stretches)
+                         for a, b in st], dtypes.float32)
+        # one all-reduce for the model, on the thread that runs the all-gathers, after any
+        # collective still under way
+        s = iter(tensorwise_scale(comm.iall_reduce(amax, op="max", algorithm=algorithm).wait(),
+                                  self.dtype))
+        for seg, x, st in zip(segments, wide, stretches):
+            factor, seg.scales = xp.zeros(x.size, dtypes.float32), []  # padding: 0, cast to 0
+            for a, b in st:
+                scale = next(s)
+                factor[a:b] = scale
+                seg.scales.append(dtypes.float32.type(1) / scale)
+            seg.float8 = saturate(x * factor, self.dtype)
+
+    def start(self, comm, seg, algorithm):
+        """The all-gather of seg's FP8 shard: a Work whose wait() gives (p, chunk) FP8."""
+        return iall_gather(comm, seg.float8, algorithm)
+
+    def finish(self, seg, gathered, flat):
+        """Each parameter of seg dequantised from ``gathered`` into ``flat``, seg's place."""
+        data = gathered.reshape(-1)
+        for q, o, scale in zip(seg.params, seg.offsets, seg.scales):
+            flat[o:o + q.size] = dequantize(Quantized(data[o:o + q.size], scale, (q.size,)),
+                                            flat.dtype)
