@@ -23,7 +23,8 @@ SMALL = {"01_autograd.py": 1, "02_checkpointing.py": 1, "03_send_recv.py": 2,
          "13_mixed_precision.py": 2,
          "14_long_context.py": 4,
          "15_compressed_communication.py": 2,
-         "16_planning.py": 4}
+         "16_planning.py": 4,
+         "17_fp8.py": 2}
 
 
 def has_lesson_command():

@@ -30,6 +30,7 @@ def figures_named(out):
     ("14_long_context.py", 4, ["14_memory.png", "14_ring.png", "14_work.png"]),
     ("15_compressed_communication.py", 2, ["15_loss.png", "15_loss_bytes.png"]),
     ("16_planning.py", 4, ["16_plan.png"]),
+    ("17_fp8.py", 2, ["17_loss.png", "17_outliers.png"]),
 ])
 def test_plot_writes_each_figure_and_names_it(name, nprocs, expected, tmp_path):
     pytest.importorskip("matplotlib")
