@@ -154,7 +154,9 @@ def _class_loss(name, z, given, t, ignore_index, reduction, normalise, weight=No
     safe_t = xp.where(keep, t, 0)
     rows = xp.arange(zf.shape[0])
     w = _class_weights(name, weight, classes, zf)
-    wt = keep.astype(zf.dtype) if w is None else w[safe_t] * keep  # each row's weight
+    def row_weights(dtype=zf.dtype):  # each row's weight; made again in backward, not kept
+        return keep.astype(dtype) if w is None else w[safe_t] * keep
+    wt = row_weights()
     lse, p, smooth = 0, None, 0
     if normalise:  # logsumexp(z), and softmax(z) for backward from the same exponentials
         m = zf.max(axis=-1, keepdims=True)
@@ -180,7 +182,7 @@ def _class_loss(name, z, given, t, ignore_index, reduction, normalise, weight=No
 
     def backward(g):  # d/dz of a·(lse − z_t) + b·Σ_c w_c (lse − z_c), row by row
         g = g.reshape(-1) if reduction == "none" else g
-        a = (1 - eps) * wt * (g / n if reduction == "mean" else g)
+        a = (1 - eps) * row_weights() * (g / n if reduction == "mean" else g)
         dz = p * a[:, None] if normalise else xp.zeros(flat_shape, dtype)
         dz[rows, safe_t] -= a
         if eps:
