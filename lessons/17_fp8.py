@@ -30,7 +30,9 @@ from minipar.parallel.data import DistributedDataParallel
 from _kit import arguments, check, figure, finish, mpi_world, progress, say
 
 CONFIG = dict(block_size=32, n_layer=2, n_head=4, n_embd=64)
-BATCH, LR = 16, 3e-3
+# lesson 13's 3e-3 overshoots at step 7 in every run, float32 included (loss 3.24 -> 4.85, then
+# back): Adam's first steps on this tiny GPT; 2e-3 trains without the jump
+BATCH, LR = 16, 2e-3
 KINDS = ("float32", "bf16", *RECIPES)  # every FP8 run is the bf16 run with its Linears in FP8
 # the gaps to bf16's loss the lesson accepts: FP8 at the last step (tests/test_float8_training's
 # band; measured up to 0.01 at step 50), bf16 to float32 over the whole curve
@@ -299,7 +301,9 @@ def part4_data_parallel(world, data, vocab, steps, serial):
         f"  One rank sends {model.sent / flat.size:.3f} bytes per parameter a step (ring: "
         f"2(N-1)/N x 2 = {4 * (world.size - 1) / world.size:.3f}): DDP all-reduces the bf16 "
         "gradients;",
-        "  FP8 changes the GEMMs, not the messages.")
+        "  FP8 changes the GEMMs, not the messages (float8_compress_hook sends e5m2 gradients, "
+        "half of these bytes:",
+        "  docs/float8.md, tests/test_float8_comm.py).")
     sent = model.sent / flat.size
     check("DDP over FP8: the parameters are equal on every rank", apart == 0, "0",
           f"{apart:.3g}")
