@@ -23,9 +23,10 @@ def _same_device_for_every_test():
 
 
 # The heavy tests: whole lessons and benchmarks run end to end, assignment trees made and
-# graded, the fault cases (each ends a job on purpose), torch's own runs of the ported scripts,
-# the layouts on eight ranks (four a core here), the collectives on 5 and 8 ranks (the code
-# paths of 3 and 4) and FP8's 50-step band. scripts/test leaves them out, so that a laptop runs
+# graded, the fault cases (each ends a job on purpose: test_faults_*, @pytest.mark.fault),
+# torch's own runs of the ported scripts, the layouts on eight ranks (four a core here), the
+# collectives of shared memory on 3 ranks and all of them on 5 and 8 (the code paths of 3 and
+# 4), and FP8's 50-step band. scripts/test leaves them out, so that a laptop runs
 # the suite in under 5 minutes; scripts/test --all and CI (.ci/run) run them too.
 HEAVY_FILES = {
     "test_assignments.py", "test_assignments_bite.py", "test_assignments_cheats.py",
@@ -47,5 +48,5 @@ HEAVY_CASES = {"test_collectives_equal_mpi[5]", "test_collectives_equal_mpi[8]",
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if (item.path.name in HEAVY_FILES or item.name in HEAVY_CASES
-                or "eight_ranks" in item.name):
+                or "eight_ranks" in item.name or item.get_closest_marker("fault")):
             item.add_marker(pytest.mark.heavy)
