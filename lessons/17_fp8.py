@@ -15,6 +15,8 @@ models grow: what one scale for the tensor does to its small values, against 1x1
 Read next: minipar/amp/float8_recipes.py, float8.py, docs/float8.md; proved by
 tests/test_float8_recipes.py, tests/test_float8_training.py and tests/test_lesson17.py.
 """
+import sys
+
 import numpy as np
 
 import minipar
@@ -341,6 +343,13 @@ def draw_figures(directory, runs, spiked, flush_below):
 def main():
     args = arguments(__doc__, plot=True)
     world = mpi_world(__doc__, ranks=(1, 2, 4))
+    try:  # FP8 arrays live on NumPy: on CuPy (and the strict device) one line says so
+        backend.check_dtype("float8_e4m3fn")
+    except TypeError as error:
+        if world.rank == 0:
+            print(f"lesson 17 needs the CPU: {error} minipar lesson 17 -n 2", file=sys.stderr,
+                  flush=True)
+        raise SystemExit(2)
     text = load_text("sonnets")
     tok = CharTokenizer(text)
     data = np.array(tok.encode(text))
