@@ -90,15 +90,23 @@ def _along(x, size, axis, where):
     return tuple(block)
 
 
+def tensorwise_scale(amax, dtype):
+    """torchao's amax_to_scale: s = fmax / max(amax, 1e-12), computed in float64 and rounded to
+    float32; the multiplier x · s is cast with, 1 / s its scale. Given an amax all ranks agreed
+    on (an all-reduce under max: the FP8 DDP hook, ZeRO-3's FP8 all-gather), all cast alike."""
+    fmax = float(dtypes.finfo(dtype).max)
+    with numpy.errstate(divide="ignore"):  # an inf amax: s = 0, and every value reads back NaN
+        return (fmax / amax.astype(dtypes.float64).clip(1e-12, None)).astype(FLOAT32)
+
+
 def quantize_tensorwise(x, dtype="float8_e4m3fn"):
-    """torchao's tensorwise current scaling: s = fmax / max(amax, 1e-12), computed in float64
-    and rounded to float32 (amax_to_scale); data = saturate(x · s); scale = 1 / s. amax 0: s is
-    fmax / 1e-12, data all zero; an inf gives s = 0 and NaN everywhere; a NaN, NaN everywhere."""
+    """torchao's tensorwise current scaling: s = tensorwise_scale(amax); data = saturate(x · s);
+    scale = 1 / s. amax 0: s is fmax / 1e-12, data all zero; an inf gives s = 0 and NaN
+    everywhere; a NaN, NaN everywhere."""
     d = float8_dtype(dtype, "quantize_tensorwise")
     x = _float32(x, "quantize_tensorwise")
-    amax = backend.get_array_module(x).abs(x).max().astype(dtypes.float64)
+    s = tensorwise_scale(backend.get_array_module(x).abs(x).max(), d)
     with numpy.errstate(divide="ignore", invalid="ignore"):  # amax inf: s = 0, 1 / s = inf
-        s = (float(dtypes.finfo(d).max) / amax.clip(1e-12, None)).astype(FLOAT32)
         return Quantized(saturate(x * s, d), FLOAT32.type(1) / s, tuple(x.shape))
 
 

@@ -10,13 +10,13 @@ FP8: torchao's float8 all-gather for FSDP2 (precompute_float8_dynamic_scale_for_
 tensor-wise scale a parameter; bytes and rounding points in docs/float8.md.
 """
 from ... import backend
-from ...amp.float8_recipes import Quantized, dequantize, float8_dtype, saturate
+from ...amp.float8_recipes import (Quantized, dequantize, float8_dtype, saturate,
+                                  tensorwise_scale)
 from ...backend import dtypes
 from ...comm import chunk_bounds
 from ...comm.nonblocking import iall_gather
 from ...flat import flatten_parameters, offsets, padded_numel
 from ...nn.module import Parameter
-from .hooks.float8 import tensorwise_scale
 
 
 def layer_units(module):

@@ -1,6 +1,5 @@
 """DDP's gradient hook in FP8 (e5m2, as gradients use: Micikevicius et al. 2022), beside the
-16-bit ones of default.py; and the tensor-wise scale all ranks agree on, which ZeRO-3's FP8
-all-gather (zero3_units.py) casts with too.
+16-bit ones of default.py, cast with one tensor-wise scale from the amax all ranks agree on.
 
     model.register_comm_hook(None, float8_compress_hook)    # None: the model's communicator
 
@@ -13,20 +12,11 @@ cast to FP8 again, are all-gathered. Bytes per rank for a bucket of n elements o
 import numpy
 
 from .... import backend
-from ....amp.float8_recipes import Quantized, dequantize, saturate
+from ....amp.float8_recipes import Quantized, dequantize, saturate, tensorwise_scale
 from ....backend import dtypes
 from .default import communicator
 
 FLOAT32 = dtypes.float32
-
-
-def tensorwise_scale(amax, dtype):
-    """torchao's amax_to_scale, as quantize_tensorwise computes it: s = fmax / max(amax, 1e-12)
-    in float64, rounded to float32; data = saturate(x s), its scale 1 / s. Given the amax all
-    ranks agreed on (an all-reduce under max), every rank casts with the same s."""
-    fmax = float(dtypes.finfo(dtype).max)
-    with numpy.errstate(divide="ignore"):  # an inf amax: s = 0, and every value reads back NaN
-        return (fmax / amax.astype(dtypes.float64).clip(1e-12, None)).astype(FLOAT32)
 
 
 def float8_compress_hook(process_group, bucket):
