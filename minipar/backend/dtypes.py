@@ -60,16 +60,20 @@ def refusal(d, device):
                      f"{d.name} dtype; {HOST_ONLY[d]}, or MINIPAR_DEVICE=cpu")
 
 
+# ml_dtypes' floating types, whose NumPy kind is 'V': a set, as every op asks (autograd.apply)
+_V_FLOATS = frozenset((bfloat16, *FLOAT8))
+
+
 def is_floating(d):
     """True for float16, bfloat16, float32, float64 and the two FP8 formats (torch's
     ``is_floating_point``; ml_dtypes' types have NumPy kind 'V')."""
-    d = dtype(d)
-    return d.kind == "f" or d == bfloat16 or d in FLOAT8
+    d = d if isinstance(d, numpy.dtype) else dtype(d)  # a dtype already: no name to resolve
+    return d.kind == "f" or d in _V_FLOATS
 
 
 def is_low_precision(d):
     """True for the 16-bit floats of mixed precision."""
-    d = dtype(d)
+    d = d if isinstance(d, numpy.dtype) else dtype(d)
     # the size first: float32 and float64, the common case, answer without the name check
     return d.itemsize == 2 and (d.kind == "f" or d == bfloat16)
 
