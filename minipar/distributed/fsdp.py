@@ -68,11 +68,10 @@ def pieces(unit):
     """{id(parameter): ShardedParameter viewing its stretch of this rank's chunk} for a unit."""
     out = {}
     for seg in unit.segments:
-        lo, hi = seg.lo, seg.lo + seg.shard.size
         for p, o in zip(seg.params, seg.offsets):
-            a, b = min(max(o, lo), hi), max(min(o + p.size, hi), lo)
+            a, b = seg.stretch(o, p.size)
             piece = ShardedParameter(seg.shard.data[:0])
-            piece.data = seg.shard.data[a - lo:b - lo]  # a view: Parameter() would copy
+            piece.data = seg.shard.data[a:b]  # a view: Parameter() would copy
             piece._unit, piece._param = unit, p
             out[id(p)] = piece
     return out
